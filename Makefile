@@ -1,0 +1,31 @@
+# Set up and run. `make smoke` trains a small model on CPU; `make test` runs the test suite.
+# TORCH_SPEC chooses the torch to install: on these machines torch==2.13.0 is the CPU wheel on disk;
+# on a GPU cluster use e.g. TORCH_SPEC='torch>=2.4' (or a CUDA wheel index in PIP_EXTRA_INDEX_URL).
+PYTHON     ?= python3
+VENV       ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+PY         := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: venv smoke test lint clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $@
+
+venv: $(VENV)/.installed
+
+smoke: venv
+	$(PY) -m tinygpt.train --out-dir runs/smoke
+
+test: venv
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) runs jobs/*/ .pytest_cache

@@ -1,0 +1,103 @@
+"""Shared fixtures: tiny corpora made by the tests, a trainer runner, and the Slurm gate."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+# A small corpus with some structure, made here so that tests need no network and no files.
+TINY_TEXT = "".join(
+    f"{name}: {verb} the {thing}, {name.lower()}!\n"
+    for name in ("ROMEO", "JULIET", "NURSE", "FRIAR", "TYBALT")
+    for verb in ("love", "fear", "seek", "keep", "lose", "greet")
+    for thing in ("rose", "moon", "night", "sword", "ring", "letter", "tomb")
+)
+
+TINY_FLAGS = [
+    "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--batch-size", "4",
+    "--max-steps", "20", "--eval-interval", "10", "--log-interval", "5", "--ckpt-interval", "10",
+    "--warmup-steps", "2", "--eval-windows", "16", "--sample-tokens", "0", "--progress", "plain",
+    "--threads", "1",
+]
+
+
+@pytest.fixture
+def tiny_corpus(tmp_path: Path) -> Path:
+    path = tmp_path / "corpus.txt"
+    path.write_text(TINY_TEXT)
+    return path
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path, monkeypatch) -> Path:
+    d = tmp_path / "data"
+    monkeypatch.setenv("TINYGPT_DATA_DIR", str(d))
+    monkeypatch.setenv("TINYGPT_OFFLINE", "1")
+    return d
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def loss_series(run_dir: Path) -> list[tuple]:
+    """(step, train_loss, val_loss) of every training and evaluation line, in order."""
+    return [(r["step"], r.get("train_loss"), r.get("val_loss")) for r in read_metrics(run_dir) if "event" not in r]
+
+
+def python_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("TINYGPT_OFFLINE", "1")
+    env.update(extra)
+    return env
+
+
+def run_module(module: str, *args: str, cwd: Path | None = None, timeout: float = 300, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
+                          cwd=cwd or ROOT, timeout=timeout, env=python_env(**env))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Slurm gate: tests marked `slurm` skip with a reason when no cluster answers, and fail instead when
+# TINYGPT_REQUIRE_SLURM=1 (CI), so that a cluster that did not come up can never pass silently.
+
+
+def slurm_problem() -> str | None:
+    if shutil.which("sinfo") is None:
+        return "sinfo is not on PATH (bring a cluster up with: sudo hpc_lab/local_cluster/up.sh)"
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.SubprocessError) as err:
+        return f"sinfo failed: {err}"
+    if out.returncode != 0:
+        return f"sinfo failed: {out.stderr.strip()}"
+    states = out.stdout.split()
+    if not any(s.startswith(("idle", "mix", "alloc")) for s in states):
+        return f"no usable Slurm node (states: {' '.join(states) or 'none'})"
+    return None
+
+
+_SLURM_PROBLEM: list = []
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("slurm") is None:
+        return
+    if not _SLURM_PROBLEM:
+        _SLURM_PROBLEM.append(slurm_problem())
+    problem = _SLURM_PROBLEM[0]
+    if problem is None:
+        return
+    if os.environ.get("TINYGPT_REQUIRE_SLURM") == "1":
+        pytest.fail(f"TINYGPT_REQUIRE_SLURM=1 but Slurm is not available: {problem}", pytrace=False)
+    pytest.skip(f"Slurm not available: {problem}")

@@ -1,0 +1,168 @@
+"""The trainer end to end, in-process on CPU, with the tests' own tiny corpus."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from conftest import TINY_FLAGS, loss_series, read_metrics, run_module
+from tinygpt import checkpoint as ckpt
+from tinygpt import config, train
+
+
+def run(tmp_path, corpus, *extra, name="run"):
+    out = tmp_path / name
+    argv = [*TINY_FLAGS, "--data-file", str(corpus), "--out-dir", str(out), *extra]
+    result = train.train(config.resolve(argv))
+    return out, result
+
+
+def test_lr_schedule_warms_up_then_decays_to_min_lr():
+    o = config.OptimConfig(lr=1.0, min_lr=0.1, warmup_steps=10, max_steps=110)
+    lrs = [train.lr_at(s, o) for s in range(120)]
+    assert lrs[0] < lrs[5] < lrs[9] < 1.0
+    assert max(lrs) == pytest.approx(1.0, abs=1e-3)
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
+    assert lrs[110] == lrs[119] == 0.1
+
+
+def test_weight_decay_applies_to_matrices_only():
+    from tinygpt.model import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=10, block_size=8, n_layer=1, n_head=1, n_embd=8, bias=True))
+    opt = train.make_optimizer(model, config.OptimConfig(weight_decay=0.1), fused=False)
+    decayed, plain = opt.param_groups
+    assert decayed["weight_decay"] == 0.1 and all(p.dim() == 2 for p in decayed["params"])
+    assert plain["weight_decay"] == 0.0 and all(p.dim() == 1 for p in plain["params"])
+
+
+def test_a_run_writes_metrics_config_checkpoints_and_sample(tmp_path, tiny_corpus, data_dir):
+    out, result = run(tmp_path, tiny_corpus, "--sample-tokens", "40", "--sample-prompt", "ROMEO")
+    assert result.finished and result.step == 20
+    records = read_metrics(out)
+    train_lines = [r for r in records if "lr" in r]
+    assert [r["step"] for r in train_lines] == [5, 10, 15, 20]
+    for r in train_lines:
+        assert {"train_loss", "lr", "tokens_per_s", "elapsed_s"} <= r.keys()
+    evals = [r for r in records if "val_loss" in r]
+    assert [r["step"] for r in evals] == [10, 20] and all("train_loss" in r for r in evals)
+    assert records[-1]["event"] == "finished"
+    assert evals[-1]["val_loss"] < math.log(len(set(tiny_corpus.read_text())))  # it learned something
+    saved = config.resolve(["--config", str(out / "config.yaml")])
+    assert saved.model.n_embd == 32 and saved.data.data_file == str(tiny_corpus)
+    assert [p.name for p in ckpt.list_checkpoints(out)] == ["step_00000010.pt", "step_00000020.pt"]
+    sample = (out / "samples.txt").read_text()
+    assert sample.startswith("ROMEO") and len(sample) == len("ROMEO") + 40 + 1
+
+
+def test_stopped_and_resumed_run_is_bit_identical(tmp_path, tiny_corpus, data_dir):
+    common = ["--max-steps", "40", "--dropout", "0.1", "--log-interval", "1"]
+    whole, _ = run(tmp_path, tiny_corpus, *common, name="whole")
+    part, first = run(tmp_path, tiny_corpus, *common, "--stop-after", "20", name="part")
+    assert not first.finished and first.step == 20
+    _, second = run(tmp_path, tiny_corpus, *common, name="part")
+    assert second.finished and second.step == 40
+    assert loss_series(whole) == loss_series(part)  # exact floats, train and val
+    a = ckpt.load(ckpt.path_for_step(whole, 40))["model"]
+    b = ckpt.load(ckpt.path_for_step(part, 40))["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    events = [r["event"] for r in read_metrics(part) if "event" in r]
+    assert events == ["start", "paused", "start", "finished"]
+
+
+def test_resume_drops_metrics_logged_after_the_checkpoint(tmp_path, tiny_corpus, data_dir):
+    out, _ = run(tmp_path, tiny_corpus, "--max-steps", "20", "--ckpt-interval", "10", "--stop-after", "15")
+    # stop_after saves at 15; pretend the process died later, having logged more steps
+    with open(out / "metrics.jsonl", "a") as fh:
+        fh.write(json.dumps({"step": 17, "train_loss": 9.9}) + "\n" + '{"step": 18, "trai')
+    run(tmp_path, tiny_corpus, "--max-steps", "20", "--ckpt-interval", "10")
+    steps = [r["step"] for r in read_metrics(out) if "lr" in r]
+    assert steps == [5, 10, 15, 20]
+
+
+def test_keeps_the_newest_k_checkpoints(tmp_path, tiny_corpus, data_dir):
+    out, _ = run(tmp_path, tiny_corpus, "--max-steps", "25", "--ckpt-interval", "5", "--keep-checkpoints", "2")
+    assert [p.name for p in ckpt.list_checkpoints(out)] == ["step_00000020.pt", "step_00000025.pt"]
+
+
+def test_corrupt_newest_checkpoint_is_skipped_with_a_warning(tmp_path, tiny_corpus, data_dir, capsys):
+    out, _ = run(tmp_path, tiny_corpus, "--max-steps", "20", "--ckpt-interval", "10")
+    newest = ckpt.path_for_step(out, 20)
+    newest.write_bytes(newest.read_bytes()[:1000])  # truncated
+    path, state = ckpt.load_newest(out, warn=print)
+    assert path == ckpt.path_for_step(out, 10) and state["step"] == 10
+    assert "skipping checkpoint" in capsys.readouterr().out
+    _, result = run(tmp_path, tiny_corpus, "--max-steps", "20", "--ckpt-interval", "10")
+    assert result.finished and result.step == 20
+
+
+def test_checkpoint_holds_every_part_and_loads_weights_only(tmp_path, tiny_corpus, data_dir):
+    out, _ = run(tmp_path, tiny_corpus)
+    state = torch.load(ckpt.path_for_step(out, 20), weights_only=True)
+    for key in ("model", "model_args", "optimizer", "step", "config", "rng", "data", "best_val_loss", "world_size"):
+        assert key in state
+    assert not any(k.startswith(("_orig_mod", "module.")) for k in state["model"])
+    assert {"python", "numpy", "torch"} <= state["rng"][0].keys()
+
+
+def test_resume_never_starts_over_and_explicit_path_must_exist(tmp_path, tiny_corpus, data_dir):
+    out, _ = run(tmp_path, tiny_corpus)
+    _, result = run(tmp_path, tiny_corpus, "--resume", "never")
+    assert result.step == 20 and [r["event"] for r in read_metrics(out) if "event" in r] == ["start", "finished"]
+    with pytest.raises(train.TrainingError, match="does not exist"):
+        run(tmp_path, tiny_corpus, "--resume", str(tmp_path / "nope.pt"))
+    _, again = run(tmp_path, tiny_corpus, "--resume", str(ckpt.path_for_step(out, 10)), name="other")
+    assert again.step == 20
+
+
+def test_checkpoint_model_settings_win_on_resume(tmp_path, tiny_corpus, data_dir, capsys):
+    out, _ = run(tmp_path, tiny_corpus, "--max-steps", "10")
+    _, result = run(tmp_path, tiny_corpus, "--max-steps", "20", "--n-embd", "64")
+    assert result.step == 20
+    assert "n_embd=32 (asked: 64)" in capsys.readouterr().out
+    assert config.resolve(["--config", str(out / "config.yaml")]).model.n_embd == 32
+
+
+def test_non_finite_loss_stops_with_a_clear_message_and_keeps_checkpoints(tmp_path, tiny_corpus, data_dir,
+                                                                         monkeypatch):
+    out, _ = run(tmp_path, tiny_corpus, "--max-steps", "10")
+    from tinygpt.model import GPT
+
+    real_forward = GPT.forward
+
+    def poisoned(self, idx, targets=None):
+        logits, loss = real_forward(self, idx, targets)
+        return logits, (loss * float("nan") if loss is not None else None)
+
+    monkeypatch.setattr(GPT, "forward", poisoned)
+    with pytest.raises(train.TrainingError, match="training loss became nan at step 15"):
+        run(tmp_path, tiny_corpus, "--max-steps", "20")
+    assert [p.name for p in ckpt.list_checkpoints(out)] == ["step_00000010.pt"]
+
+
+def test_cli_help_errors_and_sample(tmp_path, tiny_corpus):
+    help_out = run_module("tinygpt.train", "--help")
+    assert help_out.returncode == 0 and "--n-layer" in help_out.stdout
+    bad = run_module("tinygpt.train", "--n-layers", "2", "--lr", "-1")
+    assert bad.returncode == 2
+    assert "did you mean `n_layer`" in bad.stderr and "lr: must be > 0" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    missing = run_module("tinygpt.train", "--data-file", str(tmp_path / "missing.txt"), "--out-dir",
+                         str(tmp_path / "x"))
+    assert missing.returncode == 1 and "does not exist" in missing.stderr and "Traceback" not in missing.stderr
+
+    out = tmp_path / "cli"
+    done = run_module("tinygpt.train", *TINY_FLAGS, "--data-file", str(tiny_corpus), "--out-dir", str(out),
+                      "--data-dir", str(tmp_path / "d"))
+    assert done.returncode == 0, done.stderr
+    assert "done: step 20" in done.stdout and str(out) in done.stdout
+    sample = run_module("tinygpt.sample", "--run", str(out), "--prompt", "JULIET:", "--tokens", "30",
+                        "--temperature", "0.8", "--top-k", "5", "--seed", "1")
+    assert sample.returncode == 0, sample.stderr
+    assert sample.stdout.startswith("JULIET:") and len(sample.stdout.rstrip("\n")) == len("JULIET:") + 30
+    again = run_module("tinygpt.sample", "--run", str(out), "--prompt", "JULIET:", "--tokens", "30",
+                       "--top-k", "5", "--seed", "1")
+    assert again.stdout == sample.stdout
+    empty = run_module("tinygpt.sample", "--run", str(tmp_path / "nothing"))
+    assert empty.returncode == 1 and "no valid checkpoint" in empty.stderr

@@ -1,0 +1,202 @@
+"""Who am I? Rank, world size and rendezvous from torchrun, from srun, or a single process.
+
+Detection order:
+1. torchrun (or any launcher that sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT);
+2. Slurm tasks started by srun (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID): the master is the first
+   host of SLURM_JOB_NODELIST and the port is derived from the job id, so two jobs sharing a node do
+   not collide (MASTER_ADDR / MASTER_PORT, when set, win);
+3. otherwise one process.
+
+A Slurm batch shell itself (SLURM_JOB_ID set, SLURM_STEP_ID unset, one task) counts as one process.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+DEFAULT_PORT_BASE = 20000
+PORT_RANGE = 20000
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    launcher: str = "single"  # "single", "torchrun" or "slurm"
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Expand a Slurm host list such as `gpu[001-003,010],cpu7` without scontrol.
+
+    Handles several bracket groups per name (`rack[1-2]-n[01-02]`) and keeps zero padding.
+    """
+    hosts: list[str] = []
+    for item in _split_top_level(nodelist.strip()):
+        if not item:
+            continue
+        expanded = [""]
+        for literal, group in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", item):
+            if not literal and not group:
+                continue
+            options = [""]
+            if group:
+                options = []
+                for part in group.split(","):
+                    lo, dash, hi = part.partition("-")
+                    if dash:
+                        width = len(lo)
+                        options += [str(n).zfill(width) for n in range(int(lo), int(hi) + 1)]
+                    else:
+                        options.append(part)
+            expanded = [prefix + literal + option for prefix in expanded for option in options]
+        hosts.extend(expanded)
+    return hosts
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split on commas that are not inside brackets."""
+    parts, depth, current = [], 0, []
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    parts.append("".join(current))
+    return parts
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm node list: `scontrol show hostnames`, else our own parser."""
+    if shutil.which("scontrol"):
+        try:
+            out = subprocess.run(
+                ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=10
+            )
+            if out.returncode == 0 and out.stdout.split():
+                return out.stdout.split()[0]
+        except (OSError, subprocess.SubprocessError):
+            pass
+    hosts = expand_nodelist(nodelist)
+    if not hosts:
+        raise ValueError(f"SLURM_JOB_NODELIST {nodelist!r} names no host")
+    return hosts[0]
+
+
+def port_for_job(job_id: str | int) -> int:
+    """A port from the job id: stable for the job (every rank agrees), different for neighbours."""
+    digits = re.sub(r"\D", "", str(job_id)) or "0"
+    return DEFAULT_PORT_BASE + int(digits) % PORT_RANGE
+
+
+def detect(environ: dict[str, str] | None = None) -> DistEnv:
+    env = os.environ if environ is None else environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return DistEnv(
+            rank=int(env["RANK"]),
+            world_size=int(env["WORLD_SIZE"]),
+            local_rank=int(env.get("LOCAL_RANK", 0)),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(env.get("MASTER_PORT", 29500)),
+            launcher="torchrun",
+        )
+    ntasks = int(env.get("SLURM_NTASKS", env.get("SLURM_NPROCS", "1")) or 1)
+    if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env and ntasks > 1:
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "127.0.0.1"
+        job_id = env.get("SLURM_JOB_ID", "0")
+        return DistEnv(
+            rank=int(env["SLURM_PROCID"]),
+            world_size=ntasks,
+            local_rank=int(env.get("SLURM_LOCALID", 0)),
+            master_addr=env.get("MASTER_ADDR") or first_host(nodelist),
+            master_port=int(env.get("MASTER_PORT") or port_for_job(job_id)),
+            launcher="slurm",
+        )
+    return DistEnv()
+
+
+def init(dist_env: DistEnv, device: str, timeout_s: float = 300.0) -> None:
+    """Join the process group (NCCL on CUDA, gloo on CPU) with a bounded timeout."""
+    if not dist_env.is_distributed:
+        return
+    import torch
+    import torch.distributed as dist
+
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        backend=backend,
+        init_method=f"tcp://{dist_env.master_addr}:{dist_env.master_port}",
+        rank=dist_env.rank,
+        world_size=dist_env.world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+
+
+def teardown() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def any_rank(flag: bool, device: str) -> bool:
+    """True on every rank when `flag` is True on any rank (a collective; plain value when alone)."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item() > 0)
+
+
+def mean_over_ranks(value: float, device: str) -> float:
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return float(t.item()) / dist.get_world_size()
+
+
+def gather_objects(obj, dist_env: DistEnv) -> list:
+    """Every rank's `obj`, on every rank (list indexed by rank)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return [obj]
+    out = [None] * dist_env.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()

@@ -1,0 +1,100 @@
+"""Leaving gracefully when Slurm says the time is up, and coming back.
+
+The handlers only record the request: a signal can arrive in the middle of a CUDA call, a collective or
+a checkpoint write, and doing I/O or collectives inside a handler is how jobs hang. The training loop
+looks at the flag at every step boundary, all ranks agree with one collective (`any_rank`), rank 0 saves
+a checkpoint, and then:
+
+- on the *preemption signal* (default USR2; what `#SBATCH --signal=USR2@120` sends before the time
+  limit, or `scancel -s USR2`), rank 0 requeues the job with `scontrol requeue`, and the next start
+  resumes from the checkpoint. When scontrol is missing (containers) or fails, the process exits with
+  EXIT_REQUEUE, which the batch scripts turn into a resubmission.
+- on SIGTERM (scancel, or preemption with PreemptMode=REQUEUE, where Slurm requeues the job itself),
+  it saves and leaves without requeueing: a user's scancel means stop.
+
+Why USR2 by default: submitit uses it too, so every backend signals alike, and USR1 is taken by some
+communication libraries and debuggers for their own purposes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+from dataclasses import dataclass, field
+
+EXIT_REQUEUE = 75  # EX_TEMPFAIL: "try again"; the batch scripts resubmit on it
+
+
+@dataclass
+class StopRequest:
+    signal_name: str
+    reason: str
+
+
+@dataclass
+class PreemptionHandler:
+    signal_name: str = "USR2"
+    request: StopRequest | None = None
+    _previous: dict = field(default_factory=dict)
+
+    def install(self) -> PreemptionHandler:
+        wanted = {self.signal_name, "TERM"}
+        for name in sorted(wanted):
+            signum = getattr(signal, f"SIG{name}")
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame) -> None:  # noqa: ARG002 (signal API)
+        name = signal.Signals(signum).name.removeprefix("SIG")
+        if self.request is not None and self.request.signal_name == self.signal_name:
+            return  # a requeue was asked for already; a later TERM does not undo it
+        if name == "TERM":
+            self.request = StopRequest(name, "terminated (scancel or preemption)")
+        else:
+            self.request = StopRequest(name, f"SIG{name} (time limit approaching, or sent by hand)")
+
+    @property
+    def requested(self) -> bool:
+        return self.request is not None
+
+    @property
+    def wants_requeue(self) -> bool:
+        return self.request is not None and self.request.signal_name != "TERM"
+
+
+def slurm_job_id(environ: dict[str, str] | None = None) -> str | None:
+    """The id `scontrol requeue` needs: `<array job>_<task>` for an array task, else the job id."""
+    env = os.environ if environ is None else environ
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return env.get("SLURM_JOB_ID")
+
+
+def restart_count(environ: dict[str, str] | None = None) -> int:
+    env = os.environ if environ is None else environ
+    try:
+        return int(env.get("SLURM_RESTART_COUNT", "0") or 0)
+    except ValueError:
+        return 0
+
+
+def requeue(job_id: str, timeout_s: float = 30.0) -> tuple[bool, str]:
+    """Ask Slurm to requeue `job_id`; (ok, message)."""
+    if shutil.which("scontrol") is None:
+        return False, "scontrol is not on PATH"
+    try:
+        out = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return False, f"scontrol requeue {job_id} timed out after {timeout_s:.0f} s"
+    except OSError as err:
+        return False, f"scontrol could not run: {err}"
+    if out.returncode != 0:
+        return False, (out.stderr or out.stdout).strip() or f"scontrol exited with {out.returncode}"
+    return True, f"requeued job {job_id}"

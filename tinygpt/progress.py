@@ -1,0 +1,119 @@
+"""What the trainer prints on rank 0: a rich progress bar on a terminal, greppable lines in a Slurm log.
+
+Plain lines look like
+
+    step   250/2000 | loss 2.0412 | lr 9.70e-04 | 48,113 tok/s | mfu 31.2% | eta 1m12s
+
+so `grep '^step' logs/...out` gives a loss curve, and `val` lines the evaluations.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+
+def format_duration(seconds: float | None) -> str:
+    if seconds is None or seconds != seconds or seconds < 0:
+        return "?"
+    seconds = int(round(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    if h:
+        return f"{h}h{m:02d}m"
+    if m:
+        return f"{m}m{s:02d}s"
+    return f"{s}s"
+
+
+def step_line(step: int, max_steps: int, metrics: dict) -> str:
+    parts = [f"step {step:>{len(str(max_steps))}}/{max_steps}", f"loss {metrics['train_loss']:.4f}",
+             f"lr {metrics['lr']:.2e}", f"{metrics['tokens_per_s']:,.0f} tok/s"]
+    if metrics.get("mfu") is not None:
+        parts.append(f"mfu {100 * metrics['mfu']:.1f}%")
+    parts.append(f"eta {format_duration(metrics.get('eta_s'))}")
+    return " | ".join(parts)
+
+
+class Progress:
+    """Base: prints messages; subclasses show steps."""
+
+    def __init__(self, max_steps: int, start_step: int):
+        self.max_steps = max_steps
+        self.start_step = start_step
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def message(self, text: str) -> None:
+        print(text, flush=True)
+
+    def step(self, step: int, metrics: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class Silent(Progress):
+    def message(self, text: str) -> None:
+        pass
+
+
+class PlainLines(Progress):
+    """One line per logged step, at most every `min_interval_s` seconds (and always the last)."""
+
+    def __init__(self, max_steps: int, start_step: int, min_interval_s: float = 2.0):
+        super().__init__(max_steps, start_step)
+        self.min_interval_s = min_interval_s
+        self._last = -1e9
+
+    def step(self, step: int, metrics: dict) -> None:
+        now = time.monotonic()
+        if now - self._last >= self.min_interval_s or step == self.max_steps:
+            self._last = now
+            print(step_line(step, self.max_steps, metrics), flush=True)
+
+
+class RichBar(Progress):
+    def __init__(self, max_steps: int, start_step: int):
+        super().__init__(max_steps, start_step)
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+        from rich.progress import Progress as RP
+
+        self.console = Console(stderr=False)
+        self.bar = RP(
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=False,
+        )
+        self.task = self.bar.add_task("train", total=max_steps, completed=start_step, info="")
+        self.bar.start()
+
+    def message(self, text: str) -> None:
+        self.bar.console.print(text, markup=False, highlight=False)
+
+    def step(self, step: int, metrics: dict) -> None:
+        info = f"loss {metrics['train_loss']:.4f}  {metrics['tokens_per_s']:,.0f} tok/s"
+        if metrics.get("mfu") is not None:
+            info += f"  mfu {100 * metrics['mfu']:.1f}%"
+        self.bar.update(self.task, completed=step, info=info)
+
+    def close(self) -> None:
+        self.bar.stop()
+
+
+def make(mode: str, is_main: bool, max_steps: int, start_step: int) -> Progress:
+    if not is_main or mode == "off":
+        return Silent(max_steps, start_step)
+    if mode == "bar" or (mode == "auto" and sys.stdout.isatty()):
+        return RichBar(max_steps, start_step)
+    return PlainLines(max_steps, start_step)

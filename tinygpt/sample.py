@@ -1,0 +1,60 @@
+"""`python -m tinygpt.sample --run DIR --prompt "ROMEO:" --tokens 400`: text from a trained run."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tinygpt.sample", description=__doc__)
+    parser.add_argument("--run", required=True, help="run directory (its newest valid checkpoint is used)")
+    parser.add_argument("--checkpoint", help="a specific checkpoint file instead of the newest")
+    parser.add_argument("--prompt", default="\n", help="text to continue")
+    parser.add_argument("--tokens", type=int, default=400, help="characters to generate")
+    parser.add_argument("--temperature", type=float, default=0.8, help="> 0; lower is more conservative")
+    parser.add_argument("--top-k", type=int, default=20, help="sample among the k likeliest (0: all)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args(argv)
+    if args.temperature <= 0:
+        parser.error(f"--temperature must be > 0, got {args.temperature}")
+    if args.tokens < 0:
+        parser.error(f"--tokens must be >= 0, got {args.tokens}")
+
+    import torch  # noqa: F401  (after argument checks: --help stays fast)
+
+    from . import checkpoint as ckpt
+    from .config import from_dict
+    from .data import DataError, prepare_from_config
+    from .model import GPT, GPTConfig
+    from .train import sample_text
+
+    run = Path(args.run)
+    try:
+        if args.checkpoint:
+            state = ckpt.load(args.checkpoint)
+        else:
+            _, state = ckpt.load_newest(run, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
+            if state is None:
+                print(f"error: no valid checkpoint in {ckpt.checkpoint_dir(run)}; train first", file=sys.stderr)
+                return 1
+        cfg = from_dict(state["config"])
+        prepared = prepare_from_config(cfg.data.dataset, cfg.data.data_file, cfg.data.data_dir)
+    except (ckpt.CheckpointError, DataError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    model = GPT(GPTConfig(**state["model_args"])).to(args.device)
+    model.load_state_dict(state["model"])
+    unknown = sorted({ch for ch in args.prompt if ch not in set(prepared.vocab)})
+    if unknown:
+        print(f"warning: dropping characters the model never saw: {''.join(unknown)!r}", file=sys.stderr)
+    text = sample_text(model, prepared, args.prompt, args.tokens, args.seed, args.device,
+                       temperature=args.temperature, top_k=args.top_k or None)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
