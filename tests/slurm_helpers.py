@@ -1,0 +1,96 @@
+"""Submitting to and waiting on the real local Slurm cluster from tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
+            "DEADLINE"}
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def unique_name(prefix: str) -> str:
+    return f"tg-{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def job_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("TINYGPT_OFFLINE", "1")
+    env.update(extra)
+    return env
+
+
+def sbatch(*args: str, script: str | None = None, cwd: Path | None = None, env: dict | None = None) -> str:
+    """Submit with `sbatch --parsable`; return the job id (raises with sbatch's message on failure)."""
+    out = subprocess.run(["sbatch", "--parsable", *args], input=script, capture_output=True, text=True,
+                         cwd=cwd, env=env or job_env(), timeout=60)
+    if out.returncode != 0:
+        raise RuntimeError(f"sbatch failed ({out.returncode}): {out.stderr.strip()}")
+    return out.stdout.strip().split(";")[0]
+
+
+def scontrol_state(job_id: str) -> str | None:
+    out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, timeout=30)
+    if out.returncode != 0:
+        return None
+    for field in out.stdout.split():
+        if field.startswith("JobState="):
+            return field.split("=", 1)[1]
+    return None
+
+
+def sacct_state(job_id: str) -> str | None:
+    out = subprocess.run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State"], capture_output=True,
+                         text=True, timeout=30)
+    lines = [line.split()[0] for line in out.stdout.splitlines() if line.strip()]
+    return lines[0] if out.returncode == 0 and lines else None
+
+
+def wait(job_id: str, timeout: float = 240.0, poll: float = 1.0) -> str:
+    """Block until the job is in a terminal state; return it (scontrol first, sacct when it has aged out)."""
+    deadline = time.monotonic() + timeout
+    state = None
+    while time.monotonic() < deadline:
+        state = scontrol_state(job_id) or sacct_state(job_id)
+        if state and state.split()[0] in TERMINAL:
+            return state.split()[0]
+        time.sleep(poll)
+    cancel(job_id)
+    raise TimeoutError(f"job {job_id} did not finish within {timeout:.0f} s (last state {state})")
+
+
+def wait_sacct(job_id: str, want: str, timeout: float = 60.0) -> str:
+    """Accounting lags a little behind the controller: poll sacct until it reports `want` (or time out)."""
+    deadline = time.monotonic() + timeout
+    state = None
+    while time.monotonic() < deadline:
+        state = sacct_state(job_id)
+        if state == want:
+            return state
+        time.sleep(1.0)
+    return state or "<none>"
+
+
+def wait_until(predicate, timeout: float = 120.0, poll: float = 0.5, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise TimeoutError(f"{what} not reached within {timeout:.0f} s")
+
+
+def cancel(*job_ids: str) -> None:
+    if job_ids:
+        subprocess.run(["scancel", *job_ids], capture_output=True, timeout=30)
+
+
+def python() -> str:
+    return sys.executable
