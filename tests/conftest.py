@@ -62,7 +62,8 @@ def python_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_module(module: str, *args: str, cwd: Path | None = None, timeout: float = 300, **env) -> subprocess.CompletedProcess:
+def run_module(module: str, *args: str, cwd: Path | None = None, timeout: float = 300,
+               **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
                           cwd=cwd or ROOT, timeout=timeout, env=python_env(**env))
 

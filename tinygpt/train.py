@@ -13,10 +13,12 @@ A step is one optimizer update; `step` in metrics and checkpoints counts complet
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import random
+import socket
 import sys
 import time
 from contextlib import nullcontext
@@ -157,6 +159,24 @@ def sample_text(model: GPT, prepared, prompt: str, tokens: int, seed: int, devic
     return prepared.decode(out[0].tolist())
 
 
+def peak_memory_mb(device: str) -> float:
+    """Peak memory of this process: allocated GPU memory on CUDA, resident set size on CPU."""
+    if device.startswith("cuda"):
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """A short hash of every parameter's bytes: equal on all ranks when DDP kept them in sync."""
+    h = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def _model_config(cfg: TrainConfig, vocab_size: int, saved: dict | None, say) -> GPTConfig:
     wanted = {k: getattr(cfg.model, k) for k in MODEL_KEYS}
     if saved is None:
@@ -274,9 +294,12 @@ def _train(cfg: TrainConfig, dist_env, device: str, policy, argv) -> TrainResult
     say(f"global batch: {cfg.data.batch_size} x {o.grad_accum} accum x {dist_env.world_size} ranks = "
         f"{cfg.data.batch_size * o.grad_accum * dist_env.world_size} sequences "
         f"({tokens_per_step:,} tokens) per step; data {prepared.meta['source']}")
+    hostnames = dist_mod.gather_objects(socket.gethostname(), dist_env)
     metrics.write({"step": step, "event": "start", "resumed_from": str(resume_path) if resume_path else None,
-                   "restarts": restarts, "world_size": dist_env.world_size, "precision": policy.precision,
-                   "compile": policy.compile, "device": device})
+                   "restarts": restarts, "world_size": dist_env.world_size, "launcher": dist_env.launcher,
+                   "master": f"{dist_env.master_addr}:{dist_env.master_port}" if dist_env.is_distributed else None,
+                   "hostnames": hostnames, "precision": policy.precision, "compile": policy.compile,
+                   "device": device, "tokens_per_step": tokens_per_step})
 
     def checkpoint_state() -> dict:
         rng = dist_mod.gather_objects(ckpt.capture_rng(), dist_env)
@@ -333,7 +356,8 @@ def _train(cfg: TrainConfig, dist_env, device: str, policy, argv) -> TrainResult
                 steps_here += 1
 
                 if step % cfg.run.log_interval == 0 or step == o.max_steps:
-                    train_loss = loss_sum.item()
+                    # Averaged over ranks, so every rank sees the same value and stops together.
+                    train_loss = dist_mod.mean_over_ranks(loss_sum.item(), device)
                     if not math.isfinite(train_loss):
                         raise TrainingError(
                             f"the training loss became {train_loss} at step {step}; the last good checkpoint is "
@@ -379,6 +403,9 @@ def _train(cfg: TrainConfig, dist_env, device: str, policy, argv) -> TrainResult
         return _leave_early(cfg, out_dir, step, stop_reason, handler, restarts, metrics, say, dist_env,
                             best_val, last_val)
 
+    digests = dist_mod.gather_objects(weights_digest(model), dist_env)
+    if len(set(digests)) > 1:
+        say(f"warning: the ranks' weights differ at the end ({digests}); DDP lost synchronisation")
     sample = None
     if is_main:
         if cfg.run.sample_tokens > 0:
@@ -388,7 +415,8 @@ def _train(cfg: TrainConfig, dist_env, device: str, policy, argv) -> TrainResult
             say("--- sample " + "-" * 60)
             say(sample)
             say("-" * 71)
-        metrics.write({"step": step, "event": "finished", "best_val_loss": best_val, "elapsed_s": total_s})
+        metrics.write({"step": step, "event": "finished", "best_val_loss": best_val, "elapsed_s": total_s,
+                       "weights_digest": digests, "peak_memory_mb": peak_memory_mb(device)})
         best = f"{best_val:.4f}" if best_val is not None else "n/a"
         say(f"done: step {step}, best val loss {best}, {progress_mod.format_duration(total_s)} of training; "
             f"run directory {out_dir}")

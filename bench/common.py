@@ -1,0 +1,72 @@
+"""Shared by the benchmarks: run the real trainer in a fresh process and read its figures back.
+
+Benchmarks time `python -m tinygpt.train` itself (no second copy of the training step), with one
+metrics line per step, and report the median step time after a warm-up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+
+PRESETS = {
+    "small": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12),
+    "medium": dict(n_layer=4, n_head=4, n_embd=128, block_size=128, batch_size=32),
+    "large": dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64),
+}
+
+
+def flags_for(config: dict) -> list[str]:
+    out = []
+    for key, value in config.items():
+        out += [f"--{key.replace('_', '-')}", str(value)]
+    return out
+
+
+def data_flags() -> list[str]:
+    """Tiny Shakespeare when it is beside the repository, else the built-in corpus (speed is the same)."""
+    return ["--data-file", str(SHAKESPEARE)] if SHAKESPEARE.exists() else ["--dataset", "pydoc"]
+
+
+def run_trainer(config: dict, steps: int, warmup: int, extra: list[str] | None = None) -> dict:
+    """Train `steps` steps in a subprocess; return timing, memory and policy figures."""
+    with tempfile.TemporaryDirectory(prefix="tinygpt-bench-") as tmp:
+        out = Path(tmp) / "run"
+        cmd = [sys.executable, "-m", "tinygpt.train", *flags_for(config), *data_flags(),
+               "--max-steps", str(steps), "--log-interval", "1", "--eval-interval", str(10 * steps),
+               "--ckpt-interval", str(10 * steps), "--eval-windows", "16", "--sample-tokens", "0",
+               "--warmup-steps", "10", "--out-dir", str(out), "--resume", "never", "--progress", "off",
+               "--data-dir", str(Path(tmp) / "data"), *(extra or [])]
+        env = dict(os.environ, PYTHONPATH=str(ROOT), TINYGPT_OFFLINE="1")
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            raise SystemExit(f"trainer failed:\n{proc.stdout}\n{proc.stderr}")
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    start = next(r for r in records if r.get("event") == "start")
+    finished = next(r for r in records if r.get("event") == "finished")
+    steps_timed = [r for r in records if "lr" in r]
+    times = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(steps_timed, steps_timed[1:])][warmup:]
+    ms = 1000 * statistics.median(times)
+    tokens_per_step = start["tokens_per_step"]
+    result = {
+        "precision": start["precision"],
+        "compile": start["compile"],
+        "device": start["device"],
+        "steps_timed": len(times),
+        "ms_per_iter": round(ms, 2),
+        "tokens_per_s": round(tokens_per_step / (ms / 1000)),
+        "peak_memory_mb": round(finished["peak_memory_mb"], 1),
+        "final_train_loss": round(steps_timed[-1]["train_loss"], 4),
+    }
+    mfus = [r["mfu"] for r in steps_timed[warmup + 1:] if "mfu" in r]
+    if mfus:
+        result["mfu"] = round(statistics.median(mfus), 4)
+    return result

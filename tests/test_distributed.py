@@ -1,0 +1,132 @@
+"""Rank detection, rendezvous from Slurm variables, and real 2-process DDP (gloo on CPU)."""
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import TINY_FLAGS, loss_series, python_env, read_metrics
+from tinygpt import distributed as d
+
+
+@pytest.mark.parametrize(
+    "nodelist, hosts",
+    [
+        ("node1", ["node1"]),
+        ("gpu[001-004,010],cpu7", ["gpu001", "gpu002", "gpu003", "gpu004", "gpu010", "cpu7"]),
+        ("n[08-10]", ["n08", "n09", "n10"]),
+        ("rack[1-2]-n[1,3]", ["rack1-n1", "rack1-n3", "rack2-n1", "rack2-n3"]),
+        ("a,b[2-3]", ["a", "b2", "b3"]),
+    ],
+)
+def test_nodelist_fallback_parser(nodelist, hosts):
+    assert d.expand_nodelist(nodelist) == hosts
+
+
+def slurm_env(**kw):
+    env = {"SLURM_JOB_ID": "123456", "SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
+           "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "gpu[007-008]"}
+    env.update(kw)
+    return env
+
+
+def test_slurm_env_gives_rank_master_and_job_derived_port(monkeypatch):
+    monkeypatch.setattr(d.shutil, "which", lambda name: None)  # as inside a container: no scontrol
+    env = d.detect(slurm_env())
+    assert (env.rank, env.world_size, env.local_rank, env.launcher) == (3, 8, 1, "slurm")
+    assert env.master_addr == "gpu007"
+    assert env.master_port == d.port_for_job("123456") == 20000 + 123456 % 20000
+    assert d.port_for_job("123457") != env.master_port  # a neighbouring job does not collide
+
+
+def test_master_address_and_port_from_the_environment_win(monkeypatch):
+    monkeypatch.setattr(d.shutil, "which", lambda name: None)
+    env = d.detect(slurm_env(MASTER_ADDR="10.0.0.5", MASTER_PORT="4242"))
+    assert (env.master_addr, env.master_port) == ("10.0.0.5", 4242)
+
+
+def test_torchrun_env_comes_first():
+    env = d.detect({**slurm_env(), "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "h",
+                    "MASTER_PORT": "29501"})
+    assert (env.rank, env.world_size, env.launcher, env.master_port) == (1, 2, "torchrun", 29501)
+
+
+def test_batch_shell_and_single_task_steps_are_single_processes():
+    assert d.detect({"SLURM_JOB_ID": "5", "SLURM_PROCID": "0", "SLURM_NTASKS": "4"}).launcher == "single"
+    assert d.detect(slurm_env(SLURM_NTASKS="1", SLURM_PROCID="0")).world_size == 1
+    assert d.detect({}).launcher == "single"
+
+
+def torchrun(tmp_path, corpus, out, *extra):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "tinygpt.train", *TINY_FLAGS, "--data-file", str(corpus), "--out-dir", str(out),
+           "--data-dir", str(tmp_path / "data"), *extra]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=python_env(OMP_NUM_THREADS="1"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+@pytest.mark.distributed
+def test_two_ranks_under_torchrun_stay_in_sync_and_rank0_alone_writes(tmp_path, tiny_corpus):
+    out = tmp_path / "ddp"
+    result = torchrun(tmp_path, tiny_corpus, out, "--dropout", "0.1")
+    records = read_metrics(out)
+    start, finished = records[0], records[-1]
+    assert start["world_size"] == 2 and start["launcher"] == "torchrun"
+    assert start["tokens_per_step"] == 4 * 16 * 2  # global batch = batch_size * grad_accum * world_size
+    digests = finished["weights_digest"]
+    assert len(digests) == 2 and digests[0] == digests[1]
+    steps = [r["step"] for r in records if "lr" in r]
+    assert steps == sorted(set(steps))  # one writer: no step logged twice
+    assert result.stdout.count("done: step 20") == 1
+    assert "global batch: 4 x 1 accum x 2 ranks = 8 sequences" in result.stdout
+
+
+@pytest.mark.distributed
+def test_two_rank_run_stopped_and_resumed_is_identical(tmp_path, tiny_corpus):
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    common = ["--dropout", "0.1", "--log-interval", "1", "--grad-accum", "2"]
+    torchrun(tmp_path, tiny_corpus, whole, *common)
+    torchrun(tmp_path, tiny_corpus, part, *common, "--stop-after", "10")
+    torchrun(tmp_path, tiny_corpus, part, *common)
+    assert loss_series(whole) == loss_series(part)
+    assert read_metrics(whole)[-1]["weights_digest"] == read_metrics(part)[-1]["weights_digest"]
+
+
+@pytest.mark.distributed
+def test_resume_with_another_world_size_rederives_the_data_streams(tmp_path, tiny_corpus):
+    from tinygpt import config, train
+
+    out = tmp_path / "grow"
+    train.train(config.resolve([*TINY_FLAGS, "--data-file", str(tiny_corpus), "--out-dir", str(out),
+                                "--data-dir", str(tmp_path / "data"), "--stop-after", "10"]))
+    result = torchrun(tmp_path, tiny_corpus, out)
+    assert "written by 1 ranks, this run has 2" in result.stdout
+    assert read_metrics(out)[-1]["event"] == "finished"
+
+
+@pytest.mark.slurm
+def test_two_nodes_under_srun_find_the_master_from_the_nodelist_and_stay_in_sync(tmp_path, tiny_corpus):
+    from slurm_helpers import cancel, job_env, python, sbatch, unique_name, wait
+
+    out = tmp_path / "srun"
+    flags = " ".join([*TINY_FLAGS, "--data-file", str(tiny_corpus), "--out-dir", str(out),
+                      "--data-dir", str(tmp_path / "data"), "--dropout", "0.1"])
+    script = f"#!/bin/bash\nsrun {python()} -m tinygpt.train {flags}\n"
+    job = sbatch("-J", unique_name("ddp2n"), "-N", "2", "--ntasks-per-node", "1", "-o", str(tmp_path / "out.txt"),
+                 script=script, env=job_env())
+    try:
+        assert wait(job) == "COMPLETED", (tmp_path / "out.txt").read_text()
+    finally:
+        cancel(job)
+    records = read_metrics(out)
+    start, finished = records[0], records[-1]
+    assert start["launcher"] == "slurm" and start["world_size"] == 2
+    assert len(set(start["hostnames"])) == 2  # one rank on each node
+    master_host = start["master"].split(":")[0]
+    assert master_host == start["hostnames"][0] == "node1"  # first host of SLURM_JOB_NODELIST
+    assert start["master"].split(":")[1] == str(d.port_for_job(job))
+    assert finished["weights_digest"][0] == finished["weights_digest"][1]
+    steps = [r["step"] for r in records if "lr" in r]
+    assert steps == sorted(set(steps))
+    assert (tmp_path / "out.txt").read_text().count("done: step 20") == 1
