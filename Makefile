@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed
 
 smoke: venv
-	$(PY) -m tinygpt.train --out-dir runs/smoke
+	$(PY) launch.py jobs/smoke.yaml --local
 
 test: venv
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -418,6 +418,9 @@ def load_yaml(path: str | Path) -> Any:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        context, start = getattr(err, "context", None), getattr(err, "context_mark", None)
+        if context and start is not None and (mark is None or start.line != mark.line):
+            problem += f" ({context} at line {start.line + 1}, column {start.column + 1})"
         raise ConfigError(f"{path}:{where}: YAML syntax error: {problem}; fix the file") from None
 
 

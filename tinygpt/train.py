@@ -207,7 +207,12 @@ def _find_resume(cfg: TrainConfig, out_dir: Path, say):
         raise TrainingError(f"resume: {err}") from None
 
 
-def train(cfg: TrainConfig, argv: list[str] | None = None) -> TrainResult:
+def train(cfg: TrainConfig, argv: list[str] | None = None, requeue_hook=None) -> TrainResult:
+    """Train (or continue) the run `cfg` describes.
+
+    requeue_hook: called on rank 0, after the checkpoint is saved, instead of `scontrol requeue` when a
+    preemption signal asks for a requeue (the submitit backend hands over to submitit's handler here).
+    """
     dist_env = dist_mod.detect()
     _set_threads(cfg)
     device = precision_mod.pick_device(cfg.run.device, dist_env.local_rank)
@@ -215,12 +220,12 @@ def train(cfg: TrainConfig, argv: list[str] | None = None) -> TrainResult:
     precision_mod.apply(policy)
     dist_mod.init(dist_env, device)
     try:
-        return _train(cfg, dist_env, device, policy, argv)
+        return _train(cfg, dist_env, device, policy, argv, requeue_hook)
     finally:
         dist_mod.teardown()
 
 
-def _train(cfg: TrainConfig, dist_env, device: str, policy, argv) -> TrainResult:
+def _train(cfg: TrainConfig, dist_env, device: str, policy, argv, requeue_hook) -> TrainResult:
     is_main = dist_env.is_main
     out_dir = Path(cfg.run.out_dir)
     if is_main:
@@ -401,7 +406,7 @@ def _train(cfg: TrainConfig, dist_env, device: str, policy, argv) -> TrainResult
     total_s = elapsed_before + time.perf_counter() - t_start
     if stop_reason is not None:
         return _leave_early(cfg, out_dir, step, stop_reason, handler, restarts, metrics, say, dist_env,
-                            best_val, last_val)
+                            best_val, last_val, requeue_hook)
 
     digests = dist_mod.gather_objects(weights_digest(model), dist_env)
     if len(set(digests)) > 1:
@@ -423,7 +428,8 @@ def _train(cfg: TrainConfig, dist_env, device: str, policy, argv) -> TrainResult
     return TrainResult(out_dir, step, True, best_val, last_val, 0, sample)
 
 
-def _leave_early(cfg, out_dir, step, reason, handler, restarts, metrics, say, dist_env, best_val, last_val):
+def _leave_early(cfg, out_dir, step, reason, handler, restarts, metrics, say, dist_env, best_val, last_val,
+                 requeue_hook=None):
     exit_code = 0
     if reason == "signal" and dist_env.is_main:
         request = handler.request
@@ -433,6 +439,12 @@ def _leave_early(cfg, out_dir, step, reason, handler, restarts, metrics, say, di
             job = preempt_mod.slurm_job_id()
             if restarts >= cfg.run.max_requeues:
                 event["requeue"] = f"not requeued: {restarts} restarts reached max_requeues"
+            elif requeue_hook is not None:
+                event["requeue"] = "handed over to the launcher's requeue mechanism"
+                metrics.write(event)
+                say(f"stopping at step {step}: {why}; checkpoint saved; requeueing through the launcher")
+                requeue_hook()  # may not return (submitit requeues and exits)
+                return TrainResult(out_dir, step, False, best_val, last_val, exit_code)
             elif job is None:
                 event["requeue"] = "not in a Slurm job; resume by running the same command again"
             else:

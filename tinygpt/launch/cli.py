@@ -1,11 +1,158 @@
-"""`python launch.py`: the launcher's command line (being built; see the launcher issue)."""
+"""`python launch.py`: YAML jobs and sweeps to Slurm (sbatch job arrays or submitit), or to this machine.
+
+    python launch.py SPEC.yaml                  validate, write scripts and manifest, submit
+    python launch.py SPEC.yaml --dry-run        the same without submitting: a table of runs and resources
+    python launch.py SPEC.yaml --local          run every run here on CPU, one after another
+    python launch.py status SPEC.yaml [--watch] a table of the sweep's runs
+    python launch.py cancel SPEC.yaml           scancel the sweep's jobs
+    python launch.py report SPEC.yaml           loss curves, final losses, samples, attention maps
+
+Errors in the spec are all reported at once, and nothing is submitted; the exit status is 1.
+"""
 
 from __future__ import annotations
 
+import argparse
 import sys
+from pathlib import Path
+
+from .errors import LaunchError
+
+COMMANDS = ("status", "cancel", "report")
+
+
+def _parser(command: str | None) -> argparse.ArgumentParser:
+    if command is None:
+        p = argparse.ArgumentParser(prog="launch.py", description=__doc__,
+                                    formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("spec", help="a job or sweep YAML (see jobs/)")
+        p.add_argument("--cluster", help="profile name in hpc_lab/clusters/, a profile path, or auto "
+                                         "(overrides the spec's `cluster`)")
+        p.add_argument("--backend", choices=("sbatch", "submitit"), help="overrides the spec's `backend`")
+        p.add_argument("--dry-run", action="store_true", help="write scripts and manifest, submit nothing")
+        p.add_argument("--local", action="store_true", help="run here on CPU instead of submitting")
+        p.add_argument("--nproc", type=int, default=1, help="with --local: gloo ranks per run (default 1)")
+    else:
+        p = argparse.ArgumentParser(prog=f"launch.py {command}")
+        p.add_argument("spec", help="the spec that was launched")
+        if command == "status":
+            p.add_argument("--watch", action="store_true", help="refresh until every run has ended")
+            p.add_argument("--interval", type=float, default=5.0, help="seconds between refreshes")
+        if command == "report":
+            p.add_argument("--prompt", default=None, help="prompt for the attention maps and samples")
+    p.add_argument("--workdir", default=".", help="where jobs/, logs/ and runs/ go (default: here)")
+    return p
+
+
+def _manifest_path(spec: str, workdir: str) -> Path:
+    from .spec import load_name
+
+    return Path(workdir).resolve() / "jobs" / load_name(spec) / "manifest.json"
 
 
 def main(argv: list[str] | None = None) -> int:
-    print("launch.py: the launcher is not built yet; train directly with `python -m tinygpt.train --help`",
-          file=sys.stderr)
-    return 1
+    argv = sys.argv[1:] if argv is None else argv
+    command = argv[0] if argv and argv[0] in COMMANDS else None
+    args = _parser(command).parse_args(argv[1:] if command else argv)
+    try:
+        if command == "status":
+            from . import status
+
+            status.show(_manifest_path(args.spec, args.workdir), watch=args.watch, interval=args.interval)
+            return 0
+        if command == "cancel":
+            return _cancel(args)
+        if command == "report":
+            from tinygpt import report
+
+            return report.sweep_report(_manifest_path(args.spec, args.workdir), prompt=args.prompt)
+        return _launch(args)
+    except LaunchError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _launch(args) -> int:
+    from . import plan as plan_mod
+    from . import spec as spec_mod
+
+    if args.nproc < 1:
+        raise LaunchError(f"--nproc: must be >= 1, got {args.nproc}")
+    if args.local and args.dry_run:
+        raise LaunchError("--local and --dry-run: choose one")
+    sweep = spec_mod.load(args.spec, cluster=args.cluster, backend=args.backend)
+    plan = plan_mod.build(sweep, Path(args.workdir))
+    _print_plan(plan, args)
+    if args.dry_run:
+        print("dry run: nothing submitted")
+        return 0
+    if args.local:
+        from . import local
+
+        failed = local.run_all(plan, nproc=args.nproc)
+        print(f"{len(sweep.runs) - failed}/{len(sweep.runs)} run(s) finished; see `python launch.py status "
+              f"{args.spec}`")
+        return 1 if failed else 0
+    plan_mod.prepare_data(plan)
+    if sweep.backend == "submitit":
+        from . import submitit_backend
+
+        ids = submitit_backend.submit(plan)
+    else:
+        from . import manifest as manifest_mod
+        from . import slurm_cli
+
+        ids = []
+        for path, array, offset, indices in plan.scripts:
+            job_id = slurm_cli.sbatch(str(path))
+            manifest_mod.record_submission(plan.manifest_path, "sbatch", job_id, indices, array=array,
+                                           offset=offset, script=str(path))
+            ids.append(job_id)
+    print(f"submitted {len(sweep.runs)} run(s) as job array {', '.join(ids)}; follow with "
+          f"`python launch.py status {args.spec}`")
+    return 0
+
+
+def _print_plan(plan, args) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    sweep = plan.sweep
+    console = Console()
+    t = Table(title=f"{sweep.name}: {len(sweep.runs)} run(s), backend "
+                    f"{'local' if args.local else sweep.backend}, cluster {sweep.profile.name}",
+              title_justify="left")
+    t.add_column("#", justify="right")
+    t.add_column("run")
+    t.add_column("settings")
+    shown = sweep.runs if len(sweep.runs) <= 40 else sweep.runs[:20] + sweep.runs[-5:]
+    for run in shown:
+        settings = ", ".join(f"{k}={v}" for k, v in run.overrides.items()) or "(base config)"
+        t.add_row(str(run.index), run.name, settings)
+    console.print(t)
+    if len(shown) < len(sweep.runs):
+        console.print(f"... {len(sweep.runs) - len(shown)} more runs not shown")
+    console.print(f"resources per run: {sweep.resources.describe()}"
+                  + (f"; at most {sweep.array_parallelism} at once" if sweep.array_parallelism else ""))
+    for path, array, _, _ in plan.scripts:
+        console.print(f"script: {path} (array {array})")
+    console.print(f"manifest: {plan.manifest_path}")
+
+
+def _cancel(args) -> int:
+    from . import manifest as manifest_mod
+    from . import slurm_cli
+
+    path = _manifest_path(args.spec, args.workdir)
+    manifest = manifest_mod.load(path)
+    ids = sorted({sub["job_id"] for sub in manifest.get("submissions", []) if sub.get("backend") != "local"})
+    if not ids:
+        print("nothing to cancel: no job of this sweep was submitted to Slurm")
+        return 0
+    ok, message = slurm_cli.scancel(ids)
+    if not ok:
+        raise LaunchError(f"scancel failed for {', '.join(ids)}: {message}")
+    print(f"cancelled {', '.join(ids)}")
+    return 0

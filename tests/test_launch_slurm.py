@@ -1,0 +1,174 @@
+"""The launcher and the hand-written batch script against the real local cluster."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, read_metrics
+from slurm_helpers import cancel, job_env, sbatch, wait, wait_until
+
+pytestmark = pytest.mark.slurm
+
+TINY_TRAIN = ("n_layer: 1, n_head: 2, n_embd: 32, block_size: 16, batch_size: 4, max_steps: 20, eval_interval: 10, "
+              "sample_tokens: 0, eval_windows: 8, threads: 1")
+
+
+def launch(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    base = job_env(COLUMNS="160")
+    base.update(env or {})
+    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args], capture_output=True, text=True,
+                          env=base, cwd=ROOT, timeout=180)
+
+
+def manifest_of(workdir: Path, name: str) -> dict:
+    return json.loads((workdir / "jobs" / name / "manifest.json").read_text())
+
+
+def job_ids(workdir: Path, name: str) -> list[str]:
+    return [s["job_id"] for s in manifest_of(workdir, name)["submissions"]]
+
+
+def wait_all(workdir: Path, name: str, timeout: float = 300) -> dict[str, str]:
+    from tinygpt.launch.manifest import task_job_ids
+
+    ids = task_job_ids(manifest_of(workdir, name))
+    return {manifest_of(workdir, name)["runs"][i]["name"]: wait(j, timeout=timeout) for i, j in ids.items()}
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    w = tmp_path / "work dir"  # a space in every generated path: the quoting is exercised for real
+    w.mkdir()
+    yield w
+    for m in (w / "jobs").glob("*/manifest.json"):
+        cancel(*[s["job_id"] for s in json.loads(m.read_text())["submissions"] if s["backend"] != "local"])
+
+
+@pytest.fixture
+def sbatch_counter(tmp_path):
+    """A real sbatch behind a counter on PATH, to count how many times the launcher calls it."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    count = tmp_path / "sbatch-calls"
+    real = subprocess.run(["which", "sbatch"], capture_output=True, text=True).stdout.strip()
+    shim = bindir / "sbatch"
+    shim.write_text(f'#!/bin/bash\necho "$@" >> "{count}"\nexec {real} "$@"\n')
+    shim.chmod(0o755)
+    return {"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}, count
+
+
+def sweep_spec(tmp_path: Path, corpus: Path, name: str, extra: str = "") -> Path:
+    spec = tmp_path / f"{name}.yaml"
+    spec.write_text(f"name: {name}\ncluster: local\ntrain: {{data_file: {corpus}, {TINY_TRAIN}}}\n"
+                    f"grid:\n  n_layer: [1, 2]\n  lr: [1.0e-3, 2.0e-3]\nresources: {{time: '00:10:00'}}\n{extra}")
+    return spec
+
+
+def test_sweep_is_one_sbatch_call_and_every_run_completes(tmp_path, workdir, tiny_corpus, sbatch_counter):
+    env, count = sbatch_counter
+    spec = sweep_spec(tmp_path, tiny_corpus, "sweep4", "array_parallelism: 4\n")
+    out = launch(str(spec), "--cluster", "local", "--workdir", str(workdir), env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert len(count.read_text().splitlines()) == 1  # ONE job array
+    states = wait_all(workdir, "sweep4")
+    assert set(states.values()) == {"COMPLETED"}, states
+    run_dirs = sorted(p.name for p in (workdir / "runs" / "sweep4").iterdir())
+    assert run_dirs == sorted(["n_layer=1,lr=0.001", "n_layer=1,lr=0.002", "n_layer=2,lr=0.001", "n_layer=2,lr=0.002"])
+    for d in run_dirs:
+        assert read_metrics(workdir / "runs" / "sweep4" / d)[-1]["event"] == "finished"
+    logs = list((workdir / "logs" / "sweep4").glob("*.out"))
+    assert len(logs) == 4 and all("done: step 20" in p.read_text() for p in logs)
+    status = launch("status", str(spec), "--workdir", str(workdir))
+    assert status.returncode == 0 and status.stdout.count("COMPLETED") == 4 and "sacct" in status.stdout
+
+
+def test_submitit_backend_completes_the_same_sweep(tmp_path, workdir, tiny_corpus):
+    spec = sweep_spec(tmp_path, tiny_corpus, "sub4")
+    out = launch(str(spec), "--backend", "submitit", "--workdir", str(workdir))
+    assert out.returncode == 0, out.stdout + out.stderr
+    states = wait_all(workdir, "sub4")
+    assert set(states.values()) == {"COMPLETED"}, states
+    for run in manifest_of(workdir, "sub4")["runs"]:
+        assert read_metrics(Path(run["out_dir"]))[-1]["event"] == "finished"
+
+
+def test_a_two_node_run_puts_one_rank_on_each_node(tmp_path, workdir, tiny_corpus):
+    spec = tmp_path / "two.yaml"
+    spec.write_text(f"name: two\ntrain: {{data_file: {tiny_corpus}, {TINY_TRAIN}}}\n"
+                    f"resources: {{nodes: 2, tasks_per_node: 1, time: '00:10:00'}}\n")
+    out = launch(str(spec), "--workdir", str(workdir))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert wait_all(workdir, "two") == {"base": "COMPLETED"}
+    start = read_metrics(workdir / "runs" / "two" / "base")[0]
+    assert start["world_size"] == 2 and sorted(start["hostnames"]) == ["node1", "node2"]
+
+
+def test_dry_run_leaves_the_queue_untouched(tmp_path, workdir, tiny_corpus, sbatch_counter):
+    env, count = sbatch_counter
+    before = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout
+    out = launch(str(sweep_spec(tmp_path, tiny_corpus, "dry")), "--dry-run", "--workdir", str(workdir), env=env)
+    assert out.returncode == 0 and "nothing submitted" in out.stdout
+    assert not count.exists()
+    assert manifest_of(workdir, "dry")["submissions"] == []
+    assert subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout == before
+
+
+def test_status_and_cancel_of_a_pending_sweep(tmp_path, workdir, tiny_corpus):
+    spec = sweep_spec(tmp_path, tiny_corpus, "held")
+    out = launch(str(spec), "--workdir", str(workdir))
+    assert out.returncode == 0, out.stderr
+    array = job_ids(workdir, "held")[0]
+    subprocess.run(["scontrol", "hold", array], check=True, capture_output=True)
+    status = launch("status", str(spec), "--workdir", str(workdir))
+    assert status.stdout.count("PENDING") == 4 and f"{array}_0" in status.stdout
+    cancelled = launch("cancel", str(spec), "--workdir", str(workdir))
+    assert cancelled.returncode == 0 and array in cancelled.stdout
+    states = wait_all(workdir, "held")
+    assert set(states.values()) == {"CANCELLED"}
+
+
+@pytest.mark.parametrize("from_own_folder", [False, True], ids=["repo-root", "own-folder"])
+def test_hand_written_train_sbatch_forwards_every_argument(tmp_path, tiny_corpus, from_own_folder):
+    out_dir = tmp_path / "run"
+    cwd = ROOT / "hpc_lab" / "04_tinygpt" if from_own_folder else ROOT
+    script = "train.sbatch" if from_own_folder else "hpc_lab/04_tinygpt/train.sbatch"
+    job = sbatch(script, "--data-file", str(tiny_corpus), "--n-layer", "1", "--n-head", "2", "--n-embd", "32",
+                 "--block-size", "16", "--max-steps", "20", "--sample-tokens", "0", "--out-dir", str(out_dir),
+                 "--data-dir", str(tmp_path / "data"), "--threads", "1", cwd=cwd)
+    log = ROOT / "logs" / f"tinygpt-{job}.out"
+    try:
+        assert wait(job) == "COMPLETED", log.read_text() if log.exists() else "no log"
+        records = read_metrics(out_dir)
+        assert records[-1]["event"] == "finished" and records[-1]["step"] == 20
+        text = log.read_text()
+        assert "train.sbatch: job" in text and "done: step 20" in text
+    finally:
+        cancel(job)
+        log.unlink(missing_ok=True)
+
+
+def test_failed_sbatch_reports_sbatchs_own_message(tmp_path, workdir, tiny_corpus):
+    spec = sweep_spec(tmp_path, tiny_corpus, "toomuch")
+    spec.write_text(spec.read_text().replace("resources: {time: '00:10:00'}",
+                                             "resources: {time: '00:10:00', mem: 900G}"))
+    prof = tmp_path / "big.yaml"
+    prof.write_text("name: big\npartitions: {debug: {}}\nnode: {cpus: 2}\n")
+    out = launch(str(spec), "--cluster", str(prof), "--workdir", str(workdir))
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "sbatch rejected" in out.stderr and "memory" in out.stderr.lower()
+
+
+def test_status_reads_squeue_when_running(tmp_path, workdir, tiny_corpus):
+    spec = tmp_path / "slow.yaml"
+    train = TINY_TRAIN.replace("max_steps: 20", "max_steps: 100000")
+    spec.write_text(f"name: slow\ntrain: {{data_file: {tiny_corpus}, {train}}}\nresources: {{time: '00:10:00'}}\n")
+    assert launch(str(spec), "--workdir", str(workdir)).returncode == 0
+    run_dir = workdir / "runs" / "slow" / "base"
+    wait_until(lambda: (run_dir / "metrics.jsonl").exists() and "lr" in (run_dir / "metrics.jsonl").read_text(),
+               timeout=120, what="first metrics")
+    status = launch("status", str(spec), "--workdir", str(workdir))
+    assert "RUNNING" in status.stdout and "/100000" in status.stdout

@@ -1,0 +1,294 @@
+"""The launcher on the login node: specs, profiles, rendered scripts, dry runs. No Slurm needed."""
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from tinygpt.launch import profiles
+from tinygpt.launch import spec as spec_mod
+from tinygpt.launch.errors import LaunchError
+from tinygpt.launch.plan import build
+from tinygpt.launch.sbatch import ScriptParams, render
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def write(tmp_path: Path, text: str, name: str = "spec.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def launch(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="120")
+    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=120)
+
+
+def test_grid_expands_to_named_runs(tmp_path):
+    path = write(tmp_path, "name: s\ntrain: {max_steps: 10}\ngrid:\n  n_layer: [2, 4]\n  model.n_embd: [64, 128]\n")
+    sweep = spec_mod.load(path)
+    assert [r.name for r in sweep.runs] == ["n_layer=2,n_embd=64", "n_layer=2,n_embd=128", "n_layer=4,n_embd=64",
+                                            "n_layer=4,n_embd=128"]
+    assert sweep.runs[3].train["n_embd"] == 128 and sweep.runs[3].train["max_steps"] == 10
+    assert sweep.varying == ["n_layer", "n_embd"]
+
+
+def test_explicit_runs_and_single_job(tmp_path):
+    path = write(tmp_path, "name: s\nruns:\n  - {name: a, n_head: 1}\n  - {block_size: 16}\n")
+    assert [r.name for r in spec_mod.load(path).runs] == ["a", "block_size=16"]
+    single = write(tmp_path, "name: one\ntrain: {n_layer: 2}\n", "one.yaml")
+    assert [r.name for r in spec_mod.load(single).runs] == ["base"]
+
+
+def test_every_problem_in_a_spec_is_reported_at_once(tmp_path):
+    path = write(tmp_path, """
+name: bad
+clster: local
+train: {lr: -1, n_embed: 64, out_dir: /tmp/x}
+grid:
+  dropout: [0.5, 1.5]
+resources: {gpus_per_node: 2, time: "99:00:00:00", nodes: 0}
+""")
+    with pytest.raises(LaunchError) as err:
+        spec_mod.load(path)
+    text = "\n".join(err.value.problems)
+    assert "unknown key `clster` (did you mean `cluster`?)" in text
+    assert "unknown key `n_embed` (did you mean `n_embd`?)" in text
+    assert "`out_dir` is set by the launcher" in text
+    assert "lr: must be > 0" in text
+    assert "run `dropout=1.5`: dropout: must be in [0, 1)" in text
+    assert "resources.gpus_per_node: 2 GPUs asked, but a node of cluster profile `local` has 0" in text
+    assert "resources.time" in text and "resources.nodes" in text
+    assert len(err.value.problems) >= 8
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("name: s\ngrid: {}\n", "grid: is empty"),
+        ("name: s\ngrid: {n_layer: []}\n", "grid.n_layer: the list of values is empty"),
+        ("name: s\nruns:\n  - {name: x, n_layer: 1}\n  - {name: x, n_layer: 2}\n", "run name `x` is used twice"),
+        ("name: s\ngrid: {data_file: [a/t.txt, b/t.txt]}\n", "is used twice"),
+        ("name: ../../etc\n", "cannot be used as a file or job name"),
+        ("name: \"a'; echo foo\"\n", "cannot be used as a file or job name"),
+        ("name: s\nruns:\n  - {name: \"$(reboot)\"}\n", "cannot be used as a file or job name"),
+        ("name: s\nruns:\n  - {name: a/b}\n", "cannot be used as a file or job name"),
+        ("name: s\ncluster: nosuch\n", "unknown cluster profile `nosuch`; available: "),
+        ("name: s\ncluster: locl\n", "(did you mean `local`?)"),
+        ("name: s\nresources: {partition: gpu}\n", "unknown partition `gpu`"),
+        ("name: s\ncluster: a100-example\nresources: {gpus_per_node: 8}\n", "a node of cluster profile"),
+        ("name: s\ncluster: a100-example\nresources: {time: '3-00:00:00'}\n", "over the maximum 2-00:00:00"),
+        ("name: s\ncluster: a100-example\nresources: {nodes: 17}\n", "at most 16"),
+        ("name: s\ntrain: {data_file: /nonexistent/book.txt}\n", "data_file: /nonexistent/book.txt does not exist"),
+        ("name: s\nbackend: slurmx\n", "backend: 'slurmx' is not one of sbatch, submitit"),
+        ("name: s\ntrain: {n_embd: 30, n_head: 4}\n", "n_embd: 30 is not divisible by n_head 4"),
+        ("name: s\narray_parallelism: 0\n", "array_parallelism: expected a whole number >= 1"),
+        ("name: s\ntrain: [1, 2]\n", "train: expected a mapping"),
+        ("name: s\nmodel: [1, 2\n", "at line 2, column 8"),
+    ],
+)
+def test_bad_specs_are_clear_errors(tmp_path, text, message):
+    path = write(tmp_path, text)
+    with pytest.raises(LaunchError) as err:
+        spec_mod.load(path)
+    assert message in str(err.value)
+
+
+def test_empty_data_file_is_refused(tmp_path):
+    (tmp_path / "empty.txt").write_text("")
+    path = write(tmp_path, f"name: s\ntrain: {{data_file: {tmp_path / 'empty.txt'}}}\n")
+    with pytest.raises(LaunchError, match="is empty"):
+        spec_mod.load(path)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "jobs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_spec_loads_and_renders(path, tmp_path):
+    sweep = spec_mod.load(path)
+    plan = build(sweep, tmp_path)
+    assert plan.scripts and all(p.exists() for p, *_ in plan.scripts)
+    manifest = json.loads(plan.manifest_path.read_text())
+    assert [r["name"] for r in manifest["runs"]] == [r.name for r in sweep.runs]
+    for script, *_ in plan.scripts:
+        assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+
+
+def test_exercises_spec_holds_the_classic_exercises():
+    names = [r.name for r in spec_mod.load(ROOT / "jobs" / "exercises.yaml").runs]
+    assert names == ["base", "one-head", "block-16", "block-128", "no-pos-emb", "twice-bigger"]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "hpc_lab" / "clusters").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_cluster_profile_loads(path):
+    profile = profiles.from_file(path)
+    assert profile.name == path.stem
+    assert profile.default_partition in profile.partitions
+
+
+def test_time_and_memory_parsing():
+    assert profiles.parse_time_min("30") == 30
+    assert profiles.parse_time_min("01:30:00") == 90
+    assert profiles.parse_time_min("2-00:00:00") == 2880
+    assert profiles.parse_time_min("1-12") == 2160
+    assert profiles.parse_time_min("00:00:30") == 1
+    assert profiles.parse_time_min("INFINITE") is None
+    assert profiles.format_time(2880 + 61) == "2-01:01:00"
+    assert profiles.parse_mem_mb("4G") == 4096 and profiles.parse_mem_mb("500M") == 500
+    with pytest.raises(ValueError):
+        profiles.parse_time_min("soon")
+
+
+def hostile_params(tmp_path: Path, **kw) -> ScriptParams:
+    profile = profiles.Profile(
+        name="hostile", path="x", account="acct with space", qos="a\"=0\"",
+        partitions={"p'; echo foo": profiles.Partition("p'; echo foo", None, None)},
+        default_partition="p'; echo foo", node_gpus=4, gpu_type="a100", gpu_request="gres",
+        modules=("cuda/12.1", "a'; echo foo"), env={"EVIL": "$(reboot)", "QUOTE": "it's \"quoted\""},
+        setup=("source /opt/venv/bin/activate",),
+        container=profiles.Container("apptainer", "/images/my image.sif", "--nv --bind '/a b'"),
+        signal="USR2", signal_lead_s=90,
+    )
+    resources = spec_mod.Resources(nodes=2, gpus_per_node=4, tasks_per_node=4, cpus_per_task=8, mem_mb=4096,
+                                   time_min=90, partition="p'; echo foo", qos="a\"=0\"", account="acct with space",
+                                   constraint="`touch /tmp/pwned`")
+    params = dict(job_name="sweep", array="0-3%2", offset=0, manifest="/w/jobs/sweep $(reboot)/manifest.json",
+                  script_path="/w/jobs/sweep/sweep.sbatch", log_dir="/w/logs/it's here", workdir="/w/a\"b",
+                  python="/opt/py thon/bin/python", pythonpath="/repo", resources=resources, profile=profile)
+    params.update(kw)
+    return ScriptParams(**params)
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("TINYGPT_REGEN_GOLDEN") == "1":
+        path.write_text(text)
+    assert path.exists(), f"missing golden file {path}; create it with TINYGPT_REGEN_GOLDEN=1 pytest {__file__}"
+    assert text == path.read_text(), (
+        f"{name} differs from the rendered script; if the change is intended, regenerate with "
+        f"TINYGPT_REGEN_GOLDEN=1 python -m pytest tests/test_launch_spec.py"
+    )
+
+
+def test_render_hostile_values_golden(tmp_path):
+    text = render(hostile_params(tmp_path))
+    check_golden("hostile.sbatch", text)
+    assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+
+
+def test_every_sbatch_value_round_trips_through_the_shell(tmp_path):
+    params = hostile_params(tmp_path)
+    text = render(params)
+    options = {}
+    for line in text.splitlines():
+        if line.startswith("#SBATCH --"):
+            key, _, value = line[len("#SBATCH --"):].partition("=")
+            options[key] = shlex.split(value)[0] if value else None
+    assert options["partition"] == "p'; echo foo"
+    assert options["qos"] == 'a"=0"'
+    assert options["account"] == "acct with space"
+    assert options["constraint"] == "`touch /tmp/pwned`"
+    assert options["output"] == "/w/logs/it's here/%A_%a.out"
+    assert options["gres"] == "gpu:a100:4"
+    assert options["signal"] == "USR2@90" and "requeue" in options
+    # The setup section, run for real in a shell, exports values verbatim and executes nothing.
+    setup = text.split("# Setup\n")[1].split("\n# Command")[0]
+    setup = "\n".join(line for line in setup.splitlines() if not line.startswith(("module ", "source ")))
+    out = subprocess.run(["bash", "-c", setup + '\nprintf "%s\\n" "$EVIL" "$QUOTE" "$MANIFEST" "$PYTHON"'],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.stdout.splitlines() == ["$(reboot)", "it's \"quoted\"", "/w/jobs/sweep $(reboot)/manifest.json",
+                                       "/opt/py thon/bin/python"]
+
+
+def test_render_local_profile_golden():
+    profile = profiles.load("local")
+    resources = spec_mod.Resources(1, 0, 1, 1, None, 30, "debug", None, None, None)
+    params = ScriptParams(job_name="width-depth", array="0-3%4", offset=0, manifest="/w/jobs/width-depth/manifest.json",
+                          script_path="/w/jobs/width-depth/width-depth.sbatch", log_dir="/w/logs/width-depth",
+                          workdir="/w", python="/w/.venv/bin/python", pythonpath="/repo", resources=resources,
+                          profile=profile)
+    text = render(params)
+    check_golden("local.sbatch", text)
+    assert "#SBATCH --gres" not in text and "#SBATCH --gpus-per-node" not in text
+    assert "srun --kill-on-bad-exit=1" in text and "SLURM_ARRAY_TASK_ID" in text
+
+
+def test_rendering_is_pure():
+    profile = profiles.load("a100-example")
+    resources = spec_mod.Resources(2, 4, 4, 16, None, 60, "gpu", None, "my-project", None)
+    params = ScriptParams("s", "0-1", 0, "/m", "/s", "/l", "/w", "/p", "/r", resources, profile)
+    assert render(params) == render(params)
+    assert "#SBATCH --gres=gpu:a100:4" in render(params)
+
+
+def test_long_sweeps_are_split_below_max_array_size(tmp_path):
+    prof = tmp_path / "small.yaml"
+    prof.write_text("name: small\npartitions: {debug: {}}\nnode: {cpus: 4}\nmax_array_size: 4\n")
+    path = write(tmp_path, "name: big\ngrid: {seed: [1, 2, 3, 4, 5, 6, 7]}\n")
+    plan = build(spec_mod.load(path, cluster=str(prof)), tmp_path)
+    assert [(a, off, idx) for _, a, off, idx in plan.scripts] == [("0-2", 0, [0, 1, 2]), ("0-2", 3, [3, 4, 5]),
+                                                                  ("0-0", 6, [6])]
+    assert "RUN_INDEX=$(( 3 + ${SLURM_ARRAY_TASK_ID:-0} ))" in plan.scripts[1][0].read_text()
+
+
+def test_manifest_lookup_on_the_node(tmp_path):
+    path = write(tmp_path, "name: s\ngrid: {n_layer: [1, 2]}\n")
+    plan = build(spec_mod.load(path), tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-m", "tinygpt.launch.manifest", "config", str(plan.manifest_path), "1"],
+                         capture_output=True, text=True, env=env)
+    assert out.returncode == 0 and out.stdout.strip().endswith("configs/n_layer=2.yaml")
+    from tinygpt import config
+
+    cfg = config.resolve(["--config", out.stdout.strip()])
+    assert cfg.model.n_layer == 2 and cfg.run.out_dir == str(tmp_path.resolve() / "runs" / "s" / "n_layer=2")
+    bad = subprocess.run([sys.executable, "-m", "tinygpt.launch.manifest", "config", str(plan.manifest_path), "7"],
+                         capture_output=True, text=True, env=env)
+    assert bad.returncode == 1 and "cannot find run 7" in bad.stderr
+
+
+def test_cli_dry_run_prints_the_plan_and_errors_have_no_traceback(tmp_path):
+    spec = write(tmp_path, "name: s\ngrid: {n_layer: [1, 2]}\nresources: {time: '00:10:00'}\n")
+    out = launch(str(spec), "--dry-run", "--workdir", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert "n_layer=1" in out.stdout and "dry run: nothing submitted" in out.stdout and "00:10:00" in out.stdout
+    manifest = json.loads((tmp_path / "jobs" / "s" / "manifest.json").read_text())
+    assert manifest["submissions"] == []
+    bad = write(tmp_path, "name: s\ntrain: {n_layers: 2}\n", "bad.yaml")
+    out = launch(str(bad), "--dry-run", "--workdir", str(tmp_path / "w2"))
+    assert out.returncode == 1 and "did you mean `n_layer`" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "w2" / "jobs").exists()  # nothing written for a bad spec
+    missing = launch(str(tmp_path / "nope.yaml"), "--dry-run")
+    assert missing.returncode == 1 and "no such file" in missing.stderr
+    help_out = launch("--help")
+    assert help_out.returncode == 0 and "--dry-run" in help_out.stdout
+
+
+def test_launcher_never_imports_torch():
+    code = ("import sys; sys.argv = ['launch.py', '--help']\n"
+            "import launch, tinygpt.launch, tinygpt.launch.cli, tinygpt.launch.spec, tinygpt.launch.plan\n"
+            "import tinygpt.launch.status, tinygpt.launch.sbatch, tinygpt.launch.local, tinygpt.config\n"
+            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0
+
+
+def test_local_backend_runs_every_run_through_the_trainer(tmp_path, tiny_corpus):
+    spec = write(tmp_path, f"""
+name: loc
+train: {{data_file: {tiny_corpus}, n_layer: 1, n_head: 2, n_embd: 32, block_size: 16, batch_size: 4,
+        max_steps: 10, eval_interval: 5, sample_tokens: 0, eval_windows: 8, threads: 1}}
+grid: {{lr: [1.0e-3, 3.0e-3]}}
+""")
+    out = launch(str(spec), "--local", "--workdir", str(tmp_path))
+    assert out.returncode == 0, out.stdout + out.stderr
+    for name in ("lr=0.001", "lr=0.003"):
+        metrics = (tmp_path / "runs" / "loc" / name / "metrics.jsonl").read_text()
+        assert '"event": "finished"' in metrics
+    status = launch("status", str(spec), "--workdir", str(tmp_path))
+    assert status.returncode == 0 and status.stdout.count("FINISHED") == 2 and "run dir" in status.stdout

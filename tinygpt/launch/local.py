@@ -1,0 +1,40 @@
+"""The CPU fallback: every run of a spec, one after another, on this machine, through the same entry point.
+
+`--nproc N` starts each run with N gloo ranks under torchrun. Same configs, same run directories as on
+the cluster, so a login-node smoke test exercises exactly what the cluster will run.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from . import manifest as manifest_mod
+from .plan import REPO_ROOT, Plan
+
+
+def command(config_path: str, nproc: int) -> list[str]:
+    trainer = ["-m", "tinygpt.train", "--config", config_path, "--device", "cpu"]
+    if nproc <= 1:
+        return [sys.executable, *trainer]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *trainer]
+
+
+def run_all(plan: Plan, nproc: int = 1, say=print) -> int:
+    """Run every run in order; return the number that failed."""
+    manifest = manifest_mod.load(plan.manifest_path)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    if nproc > 1:
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    failed = 0
+    runs = manifest["runs"]
+    manifest_mod.record_submission(plan.manifest_path, "local", "local", [r["index"] for r in runs], nproc=nproc)
+    for run in runs:
+        say(f"=== run {run['index'] + 1}/{len(runs)}: {run['name']} -> {run['out_dir']}")
+        result = subprocess.run(command(run["config"], nproc), env=env, cwd=plan.workdir)
+        if result.returncode != 0:
+            failed += 1
+            say(f"=== run {run['name']} failed with exit status {result.returncode}")
+    return failed

@@ -1,0 +1,88 @@
+"""`jobs/<sweep>/manifest.json`: the runs of a sweep, where they live, and the jobs that run them.
+
+Written by the launcher before anything is submitted, updated with job ids after each submission, and
+read by every array task on the nodes (`python -m tinygpt.launch.manifest config MANIFEST INDEX` prints
+the run's config file) and by `launch.py status|cancel|report`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .errors import LaunchError
+
+FORMAT = 1
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def save(path: Path, manifest: dict[str, Any]) -> None:
+    write_atomic(path, json.dumps(manifest, indent=1) + "\n")
+
+
+def load(path: Path) -> dict[str, Any]:
+    try:
+        manifest = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise LaunchError(f"{path}: no manifest; launch the spec first (or with --dry-run)") from None
+    except ValueError as err:
+        raise LaunchError(f"{path}: not a valid manifest ({err})") from None
+    if manifest.get("format") != FORMAT:
+        raise LaunchError(f"{path}: manifest format {manifest.get('format')}, this version reads {FORMAT}")
+    return manifest
+
+
+def record_submission(path: Path, backend: str, job_id: str, indices: list[int], **extra: Any) -> None:
+    manifest = load(path)
+    manifest.setdefault("submissions", []).append(
+        {"backend": backend, "job_id": job_id, "indices": indices, "submitted_at": time.time(), **extra}
+    )
+    save(path, manifest)
+
+
+def task_job_ids(manifest: dict[str, Any]) -> dict[int, str]:
+    """Run index -> the Slurm id of its newest job (`<array>_<task>` for array tasks)."""
+    ids: dict[int, str] = {}
+    for sub in manifest.get("submissions", []):
+        if sub.get("backend") == "local":
+            continue
+        offset = sub.get("offset", 0)
+        for index in sub["indices"]:
+            if sub.get("array"):
+                ids[index] = f"{sub['job_id']}_{index - offset}"
+            else:
+                ids[index] = sub["per_run_ids"][str(index)] if "per_run_ids" in sub else sub["job_id"]
+    return ids
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 3 or argv[0] != "config":
+        print("usage: python -m tinygpt.launch.manifest config MANIFEST INDEX", file=sys.stderr)
+        return 2
+    try:
+        manifest = load(Path(argv[1]))
+        run = manifest["runs"][int(argv[2])]
+    except (LaunchError, IndexError, ValueError) as err:
+        print(f"tinygpt: cannot find run {argv[2]} in {argv[1]}: {err}", file=sys.stderr)
+        return 1
+    print(run["config"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""From a validated sweep to files on disk: run configs, batch scripts and the manifest.
+
+    <workdir>/jobs/<sweep>/manifest.json         the runs and, after submission, their job ids
+    <workdir>/jobs/<sweep>/configs/<run>.yaml    each run's resolved trainer config
+    <workdir>/jobs/<sweep>/<sweep>.sbatch        the job array (…-partN.sbatch when split)
+    <workdir>/logs/<sweep>/                      Slurm output, one file per array task
+    <workdir>/runs/<sweep>/<run>/                what the trainer writes
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from tinygpt import config as train_config
+
+from . import manifest as manifest_mod
+from .sbatch import ScriptParams, render
+from .spec import Sweep
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Plan:
+    sweep: Sweep
+    workdir: Path
+    jobs_dir: Path
+    logs_dir: Path
+    manifest_path: Path
+    scripts: list[tuple[Path, str, int, list[int]]]  # (path, array spec, offset, run indices)
+
+    @property
+    def python(self) -> str:
+        return self.sweep.profile.python or sys.executable
+
+
+def run_config(sweep: Sweep, workdir: Path, run) -> train_config.TrainConfig:
+    values = dict(run.train)
+    values["out_dir"] = str(sweep.run_dir(workdir, run))
+    values.setdefault("data_dir", str(workdir / "data"))
+    return train_config.build(values)
+
+
+def build(sweep: Sweep, workdir: Path) -> Plan:
+    """Write every run's config, the batch scripts and the manifest. Submits nothing."""
+    workdir = workdir.resolve()
+    jobs_dir = workdir / "jobs" / sweep.name
+    logs_dir = workdir / "logs" / sweep.name
+    manifest_path = jobs_dir / "manifest.json"
+    (jobs_dir / "configs").mkdir(parents=True, exist_ok=True)
+    logs_dir.mkdir(parents=True, exist_ok=True)
+
+    runs = []
+    for run in sweep.runs:
+        cfg = run_config(sweep, workdir, run)
+        config_path = jobs_dir / "configs" / f"{run.name}.yaml"
+        manifest_mod.write_atomic(config_path, train_config.dump_yaml(cfg))
+        runs.append({"index": run.index, "name": run.name, "overrides": run.overrides, "out_dir": cfg.run.out_dir,
+                     "config": str(config_path), "max_steps": cfg.optim.max_steps})
+
+    previous = manifest_mod.load(manifest_path).get("submissions", []) if manifest_path.exists() else []
+    r = sweep.resources
+    manifest = {
+        "format": manifest_mod.FORMAT,
+        "name": sweep.name,
+        "spec": str(sweep.spec_path.resolve()),
+        "backend": sweep.backend,
+        "cluster": sweep.profile.name,
+        "workdir": str(workdir),
+        "logs_dir": str(logs_dir),
+        "resources": {"nodes": r.nodes, "gpus_per_node": r.gpus_per_node, "tasks_per_node": r.tasks_per_node,
+                      "cpus_per_task": r.cpus_per_task, "mem_mb": r.mem_mb, "time": r.time,
+                      "partition": r.partition},
+        "runs": runs,
+        "submissions": previous,
+    }
+    manifest_mod.save(manifest_path, manifest)
+
+    scripts = []
+    if sweep.backend == "sbatch":
+        size = max(1, sweep.profile.max_array_size - 1)  # indices must stay below MaxArraySize
+        chunks = [list(range(i, min(i + size, len(runs)))) for i in range(0, len(runs), size)]
+        for k, indices in enumerate(chunks):
+            suffix = f"-part{k + 1}" if len(chunks) > 1 else ""
+            path = jobs_dir / f"{sweep.name}{suffix}.sbatch"
+            array = f"0-{len(indices) - 1}"
+            if sweep.array_parallelism:
+                array += f"%{sweep.array_parallelism}"
+            params = ScriptParams(
+                job_name=sweep.name, array=array, offset=indices[0], manifest=str(manifest_path),
+                script_path=str(path), log_dir=str(logs_dir), workdir=str(workdir),
+                python=sweep.profile.python or sys.executable, pythonpath=str(REPO_ROOT),
+                resources=r, profile=sweep.profile,
+            )
+            manifest_mod.write_atomic(path, render(params))
+            path.chmod(0o755)
+            scripts.append((path, array, indices[0], indices))
+    return Plan(sweep, workdir, jobs_dir, logs_dir, manifest_path, scripts)
+
+
+def prepare_data(plan: Plan) -> list[str]:
+    """Prepare each distinct corpus once on this node, so array tasks only read. Returns what was prepared."""
+    from tinygpt.data import DataError, prepare_from_config
+
+    from .errors import LaunchError
+
+    done, seen = [], set()
+    for run in plan.sweep.runs:
+        cfg = run_config(plan.sweep, plan.workdir, run)
+        key = (cfg.data.dataset, cfg.data.data_file, cfg.data.data_dir)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            prepared = prepare_from_config(*key, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
+        except DataError as err:
+            raise LaunchError(f"run `{run.name}`: {err}") from None
+        done.append(str(prepared.path))
+    return done

@@ -1,0 +1,317 @@
+"""Per-cluster hardware profiles: `hpc_lab/clusters/<name>.yaml`.
+
+A profile says what a cluster's nodes hold and how to ask for them, so that a spec only says what a run
+needs (`nodes: 2, gpus_per_node: 4, time: "04:00:00"`) and the launcher writes the right `#SBATCH` lines
+and refuses, before submission, what the cluster could never give. Keys (all but `name` optional):
+
+    name, cluster_name          profile name; Slurm's ClusterName, for `--cluster auto`
+    account, qos                defaults for every job
+    partitions                  {name: {max_time, max_nodes}}; default_partition names one of them
+    node                        {gpus, gpu_type, cpus, mem}: what one node holds
+    gpu_request                 "gpus-per-node" (--gpus-per-node=N), "gres" (--gres=gpu:TYPE:N) or "none"
+    cpus_per_gpu, mem_per_gpu   what a GPU brings along when a spec does not say
+    max_array_size              Slurm's MaxArraySize (arrays longer than this are split)
+    modules, env, setup         `module load` lines, exported variables, shell lines (venv activation)
+    python                      the interpreter on the nodes (default: the one running launch.py)
+    container                   {runtime: apptainer, image: PATH, args: "--nv"}: run the trainer inside it
+    signal, signal_lead_s       the signal Slurm sends before the time limit, and how long before
+    precision, compile          trainer defaults on this hardware
+    peak_flops                  peak FLOP/s of one GPU (or CPU node), for MFU
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .errors import LaunchError
+
+PROFILE_DIR = Path(__file__).resolve().parents[2] / "hpc_lab" / "clusters"
+GPU_REQUESTS = ("gpus-per-node", "gres", "none")
+SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "XCPU")
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    max_time_min: int | None  # None: no limit
+    max_nodes: int | None
+
+
+@dataclass(frozen=True)
+class Container:
+    runtime: str
+    image: str
+    args: str = ""
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    path: str
+    cluster_name: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    partitions: dict[str, Partition] = field(default_factory=dict)
+    default_partition: str | None = None
+    node_gpus: int = 0
+    gpu_type: str | None = None
+    node_cpus: int | None = None
+    node_mem_mb: int | None = None
+    gpu_request: str = "gpus-per-node"
+    cpus_per_gpu: int | None = None
+    mem_per_gpu_mb: int | None = None
+    max_array_size: int = 1001
+    modules: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    setup: tuple[str, ...] = ()
+    python: str | None = None
+    container: Container | None = None
+    signal: str = "USR2"
+    signal_lead_s: int = 120
+    precision: str | None = None
+    compile: str | None = None
+    peak_flops: float | None = None
+
+
+KEYS = ("name", "cluster_name", "account", "qos", "partitions", "default_partition", "node", "gpu_request",
+        "cpus_per_gpu", "mem_per_gpu", "max_array_size", "modules", "env", "setup", "python", "container",
+        "signal", "signal_lead_s", "precision", "compile", "peak_flops", "description")
+
+
+def parse_time_min(value: Any) -> int | None:
+    """Slurm time (`MM`, `MM:SS`, `HH:MM:SS`, `D-HH`, `D-HH:MM`, `D-HH:MM:SS`) in whole minutes, rounded up.
+
+    `INFINITE`/`UNLIMITED`/None give None. Raises ValueError on anything else.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError(value)
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(value)
+        return value
+    text = str(value).strip()
+    if text.upper() in ("INFINITE", "UNLIMITED"):
+        return None
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
+    if not m:
+        raise ValueError(text)
+    days, a, b, c = m.groups()
+    if days is not None:  # D-HH[:MM[:SS]]
+        h, mi, s = int(a), int(b or 0), int(c or 0)
+        total_s = int(days) * 86400 + h * 3600 + mi * 60 + s
+    elif c is not None:  # HH:MM:SS
+        total_s = int(a) * 3600 + int(b) * 60 + int(c)
+    elif b is not None:  # MM:SS
+        total_s = int(a) * 60 + int(b)
+    else:  # MM
+        total_s = int(a) * 60
+    return -(-total_s // 60)
+
+
+def format_time(minutes: int) -> str:
+    days, rem = divmod(minutes, 1440)
+    hours, mins = divmod(rem, 60)
+    return f"{days}-{hours:02d}:{mins:02d}:00" if days else f"{hours:02d}:{mins:02d}:00"
+
+
+def parse_mem_mb(value: Any) -> int:
+    """`4G`, `500M`, `1T`, `2048` (MB) -> MB. Raises ValueError."""
+    if isinstance(value, bool):
+        raise ValueError(value)
+    if isinstance(value, int):
+        return value
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)B?\s*", str(value), re.I)
+    if not m:
+        raise ValueError(value)
+    number, unit = float(m.group(1)), m.group(2).upper()
+    return int(number * {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}[unit])
+
+
+def available() -> list[str]:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
+
+
+def load(name_or_path: str) -> Profile:
+    """A profile by name (`hpc_lab/clusters/<name>.yaml`) or by path; `auto` asks Slurm for the cluster name."""
+    if name_or_path == "auto":
+        return detect()
+    path = Path(name_or_path)
+    if path.suffix not in (".yaml", ".yml") or not path.exists():
+        if "/" in name_or_path or path.suffix:
+            if not path.exists():
+                raise LaunchError(f"cluster: profile file {path} does not exist")
+        else:
+            path = PROFILE_DIR / f"{name_or_path}.yaml"
+            if not path.exists():
+                from tinygpt.config import suggest
+
+                raise LaunchError(
+                    f"cluster: unknown cluster profile `{name_or_path}`{suggest(name_or_path, available())}; "
+                    f"available: {', '.join(available()) or 'none'} (files in {PROFILE_DIR}), "
+                    f"or `auto`, or a path to a profile YAML"
+                )
+    return from_file(path)
+
+
+def from_file(path: Path) -> Profile:
+    from tinygpt.config import ConfigError, load_yaml, suggest
+
+    try:
+        data = load_yaml(path)
+    except ConfigError as err:
+        raise LaunchError(err.problems) from None
+    if not isinstance(data, dict):
+        raise LaunchError(f"{path}: a profile is a mapping of keys to values")
+    problems: list[str] = []
+    for key in data:
+        if key not in KEYS:
+            problems.append(f"unknown profile key `{key}`{suggest(str(key), KEYS)}; valid keys: {', '.join(KEYS)}")
+
+    def get(key, kind, default=None):
+        value = data.get(key, default)
+        if value is None:
+            return default
+        if kind is int and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            problems.append(f"{key}: expected a whole number >= 0, got {value!r}")
+            return default
+        if kind is str and not isinstance(value, (str, int, float)):
+            problems.append(f"{key}: expected a single value, got {value!r}")
+            return default
+        return str(value) if kind is str else value
+
+    partitions: dict[str, Partition] = {}
+    raw_parts = data.get("partitions") or {}
+    if not isinstance(raw_parts, dict):
+        problems.append("partitions: expected a mapping {name: {max_time: ..., max_nodes: ...}}")
+        raw_parts = {}
+    for pname, spec in raw_parts.items():
+        spec = spec or {}
+        try:
+            max_time = parse_time_min(spec.get("max_time"))
+        except ValueError:
+            problems.append(f"partitions.{pname}.max_time: {spec.get('max_time')!r} is not a Slurm time "
+                            f"(e.g. 2-00:00:00, 04:00:00 or INFINITE)")
+            max_time = None
+        partitions[str(pname)] = Partition(str(pname), max_time, spec.get("max_nodes"))
+    default_partition = get("default_partition", str, next(iter(partitions), None))
+    if default_partition is not None and partitions and default_partition not in partitions:
+        problems.append(f"default_partition: `{default_partition}` is not among partitions "
+                        f"({', '.join(partitions)})")
+    node = data.get("node") or {}
+    if not isinstance(node, dict):
+        problems.append("node: expected a mapping {gpus, gpu_type, cpus, mem}")
+        node = {}
+    mem = None
+    if node.get("mem") is not None:
+        try:
+            mem = parse_mem_mb(node["mem"])
+        except ValueError:
+            problems.append(f"node.mem: {node['mem']!r} is not a memory size (e.g. 512G)")
+    mem_per_gpu = None
+    if data.get("mem_per_gpu") is not None:
+        try:
+            mem_per_gpu = parse_mem_mb(data["mem_per_gpu"])
+        except ValueError:
+            problems.append(f"mem_per_gpu: {data['mem_per_gpu']!r} is not a memory size (e.g. 120G)")
+    gpu_request = get("gpu_request", str, "gpus-per-node")
+    if gpu_request not in GPU_REQUESTS:
+        problems.append(f"gpu_request: {gpu_request!r} is not one of {', '.join(GPU_REQUESTS)}")
+    signal = get("signal", str, "USR2").removeprefix("SIG")
+    if signal not in SIGNALS:
+        problems.append(f"signal: {signal!r} is not one of {', '.join(SIGNALS)}")
+    container = None
+    if data.get("container"):
+        c = data["container"]
+        if not isinstance(c, dict) or not c.get("image"):
+            problems.append("container: expected {runtime: apptainer, image: PATH, args: ...}")
+        else:
+            container = Container(str(c.get("runtime", "apptainer")), str(c["image"]), str(c.get("args", "")))
+    env = data.get("env") or {}
+    if not isinstance(env, dict) or not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(k)) for k in env):
+        problems.append("env: expected a mapping of variable names (letters, digits, _) to values")
+        env = {}
+    for key in ("modules", "setup"):
+        value = data.get(key) or []
+        if not isinstance(value, list):
+            problems.append(f"{key}: expected a list of strings")
+    peak = data.get("peak_flops")
+    if peak is not None:
+        try:
+            peak = float(peak)
+        except (TypeError, ValueError):
+            problems.append(f"peak_flops: expected a number such as 312e12, got {peak!r}")
+            peak = None
+    profile = Profile(
+        name=str(data.get("name") or path.stem),
+        path=str(path),
+        cluster_name=get("cluster_name", str),
+        account=get("account", str),
+        qos=get("qos", str),
+        partitions=partitions,
+        default_partition=default_partition,
+        node_gpus=get_int(node, "gpus", problems, 0),
+        gpu_type=str(node["gpu_type"]) if node.get("gpu_type") else None,
+        node_cpus=get_int(node, "cpus", problems, None),
+        node_mem_mb=mem,
+        gpu_request=gpu_request,
+        cpus_per_gpu=get("cpus_per_gpu", int),
+        mem_per_gpu_mb=mem_per_gpu,
+        max_array_size=get("max_array_size", int, 1001) or 1001,
+        modules=tuple(str(m) for m in data.get("modules") or [] if isinstance(data.get("modules"), list)),
+        env={str(k): str(v) for k, v in env.items()},
+        setup=tuple(str(s) for s in data.get("setup") or [] if isinstance(data.get("setup"), list)),
+        python=get("python", str),
+        container=container,
+        signal=signal,
+        signal_lead_s=get("signal_lead_s", int, 120),
+        precision=get("precision", str),
+        compile=get("compile", str),
+        peak_flops=peak,
+    )
+    if problems:
+        raise LaunchError(problems, str(path))
+    return profile
+
+
+def get_int(mapping: dict, key: str, problems: list[str], default):
+    value = mapping.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        problems.append(f"node.{key}: expected a whole number >= 0, got {value!r}")
+        return default
+    return value
+
+
+def detect() -> Profile:
+    """The profile whose cluster_name is this Slurm's ClusterName."""
+    from .slurm_cli import cluster_name
+
+    name = cluster_name()
+    if name is None:
+        raise LaunchError("cluster: `auto` needs a reachable Slurm (scontrol show config did not answer); "
+                          "name a profile with --cluster NAME")
+    matches = [p for p in (from_file(PROFILE_DIR / f"{n}.yaml") for n in available()) if p.cluster_name == name]
+    if not matches:
+        raise LaunchError(f"cluster: no profile in {PROFILE_DIR} has cluster_name `{name}`; add one "
+                          f"(copy hpc_lab/clusters/a100-example.yaml) or name a profile with --cluster")
+    return matches[0]
+
+
+def profile_fields() -> list[str]:
+    return [f.name for f in fields(Profile)]
+
+
+def probe_max_array_size() -> int | None:
+    try:
+        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"^MaxArraySize\s*=\s*(\d+)", out.stdout, re.M)
+    return int(m.group(1)) if m else None

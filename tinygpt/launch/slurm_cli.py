@@ -1,0 +1,131 @@
+"""The one place that talks to Slurm's commands: sbatch, squeue, sacct, scontrol, scancel.
+
+Every call has a timeout; a missing command or a failed call gives a clear error or None (for the
+queries), so that status falls back from sacct (accounting) to squeue to what the run directory says.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from .errors import LaunchError
+
+TIMEOUT_S = 30
+
+
+@dataclass(frozen=True)
+class JobState:
+    job_id: str  # e.g. 1234_0 for an array task
+    state: str  # COMPLETED, RUNNING, PENDING, ...
+    restarts: int | None
+    source: str  # "sacct" or "squeue"
+    reason: str = ""
+
+
+def available() -> bool:
+    return shutil.which("sbatch") is not None
+
+
+def _run(cmd: list[str], timeout: float = TIMEOUT_S, input: str | None = None) -> subprocess.CompletedProcess | None:
+    if shutil.which(cmd[0]) is None:
+        return None
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, input=input)
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def sbatch(script_path: str, extra: list[str] | None = None) -> str:
+    """Submit a script with `sbatch --parsable`; return the job id. Errors carry sbatch's own message."""
+    if shutil.which("sbatch") is None:
+        raise LaunchError("sbatch is not on PATH: submit from a login node of the cluster, or use --local "
+                          "(or --dry-run to only write the scripts)")
+    try:
+        out = subprocess.run(["sbatch", "--parsable", *(extra or []), script_path], capture_output=True,
+                             text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        raise LaunchError(f"sbatch {script_path} did not answer within 120 s; is slurmctld up?") from None
+    if out.returncode != 0:
+        message = (out.stderr or out.stdout).strip() or f"exit status {out.returncode}"
+        raise LaunchError(f"sbatch rejected {script_path}: {message}")
+    job_id = out.stdout.strip().split(";")[0]
+    if not job_id:
+        raise LaunchError(f"sbatch gave no job id for {script_path}: {out.stderr.strip()}")
+    return job_id
+
+
+def scancel(job_ids: list[str], signal: str | None = None) -> tuple[bool, str]:
+    if not job_ids:
+        return True, "nothing to cancel"
+    cmd = ["scancel", *([f"--signal={signal}"] if signal else []), *job_ids]
+    out = _run(cmd)
+    if out is None:
+        return False, "scancel is not on PATH or did not answer"
+    return out.returncode == 0, (out.stderr or out.stdout).strip()
+
+
+def cluster_name() -> str | None:
+    out = _run(["scontrol", "show", "config"], timeout=10)
+    if out is None or out.returncode != 0:
+        return None
+    for line in out.stdout.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "ClusterName":
+            return value.strip()
+    return None
+
+
+def sacct_states(job_ids: list[str]) -> dict[str, JobState] | None:
+    """{job id: state} from accounting (array tasks as `<array>_<task>`); None when accounting is off."""
+    if not job_ids:
+        return {}
+    # -D lists every life of a requeued job (the earlier ones as REQUEUED): restarts = rows - 1.
+    out = _run(["sacct", "-X", "-n", "-P", "-D", "-j", ",".join(job_ids), "-o", "JobID,State"])
+    if out is None or out.returncode != 0:
+        return None
+    lives: dict[str, list[str]] = {}
+    for line in out.stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) >= 2 and parts[1]:
+            lives.setdefault(parts[0], []).append(parts[1].split()[0])
+    states: dict[str, JobState] = {}
+    for job_id, history in lives.items():
+        states[job_id] = JobState(job_id, history[-1], len(history) - 1, "sacct")
+    return states
+
+
+def squeue_states(job_ids: list[str]) -> dict[str, JobState] | None:
+    """{job id: state} of jobs still known to the controller; None when squeue is unavailable."""
+    if not job_ids:
+        return {}
+    out = _run(["squeue", "-h", "-r", "-j", ",".join(job_ids), "-o", "%i|%T|%r"])
+    if out is None:
+        return None
+    if out.returncode != 0:
+        # squeue errors on ids it has forgotten: those jobs are simply not in the queue any more.
+        return {} if "Invalid job id" in out.stderr else None
+    states: dict[str, JobState] = {}
+    for line in out.stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) >= 2:
+            states[parts[0]] = JobState(parts[0], parts[1], None, "squeue", parts[2] if len(parts) > 2 else "")
+    return states
+
+
+def restart_counts(job_ids: list[str]) -> dict[str, int]:
+    """Restarts per job from scontrol (works without accounting, for jobs the controller still knows)."""
+    counts: dict[str, int] = {}
+    for job_id in job_ids:
+        out = _run(["scontrol", "-o", "show", "job", job_id], timeout=10)
+        if out is None or out.returncode != 0:
+            continue
+        for record in out.stdout.splitlines():
+            fields = dict(f.split("=", 1) for f in record.split() if "=" in f)
+            jid = fields.get("JobId")
+            if fields.get("ArrayJobId") and fields.get("ArrayTaskId", "").isdigit():
+                jid = f"{fields['ArrayJobId']}_{fields['ArrayTaskId']}"
+            if jid and fields.get("Restarts", "").isdigit():
+                counts[jid] = int(fields["Restarts"])
+    return counts

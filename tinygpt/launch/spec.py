@@ -1,0 +1,358 @@
+"""Job and sweep specs: one YAML file in, a list of fully validated runs out.
+
+    name: width-depth             # the sweep's name: jobs/<name>/, runs/<name>/, logs/<name>/
+    cluster: local                # a profile in hpc_lab/clusters/, or auto
+    backend: sbatch               # or submitit
+    train: {max_steps: 2000, ...} # the base trainer config: the trainer's own keys
+    grid:                         # cartesian product; keys flat (n_layer) or dotted (model.n_layer)
+      n_layer: [2, 4]
+      n_embd: [64, 128]
+    runs:                         # explicit extra points (with an optional `name`)
+      - {name: one-head, n_head: 1}
+    resources: {nodes: 1, gpus_per_node: 0, cpus_per_task: 1, mem: 2G, time: "00:30:00"}
+    array_parallelism: 4          # at most this many array tasks at once
+
+With both `grid` and `runs`, the sweep has the grid's points followed by the explicit runs. Each run's
+trainer config is checked with the trainer's own schema, and every problem in the file is reported at
+once. A run's name comes from its sweep point (`n_layer=2,n_embd=64`), so a requeued job finds its own
+run directory and checkpoints.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tinygpt import config as train_config
+from tinygpt.config import ConfigError, suggest
+
+from .errors import LaunchError
+from .profiles import Profile, format_time, parse_mem_mb, parse_time_min
+
+SPEC_KEYS = ("name", "description", "cluster", "backend", "train", "grid", "runs", "resources",
+             "array_parallelism")
+RESOURCE_KEYS = ("nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "mem", "time", "partition", "qos",
+                 "account", "constraint")
+BACKENDS = ("sbatch", "submitit")
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+-]{0,119}")
+LAUNCHER_KEYS = ("out_dir",)  # set by the launcher, never by a spec
+
+
+@dataclass(frozen=True)
+class Resources:
+    nodes: int
+    gpus_per_node: int
+    tasks_per_node: int
+    cpus_per_task: int
+    mem_mb: int | None
+    time_min: int
+    partition: str | None
+    qos: str | None
+    account: str | None
+    constraint: str | None
+
+    @property
+    def time(self) -> str:
+        return format_time(self.time_min)
+
+    def describe(self) -> str:
+        gpus = f", {self.gpus_per_node} GPU/node" if self.gpus_per_node else ""
+        mem = f", {self.mem_mb} MB" if self.mem_mb else ""
+        part = f" on {self.partition}" if self.partition else ""
+        return (f"{self.nodes} node(s) x {self.tasks_per_node} task(s){gpus}, {self.cpus_per_task} CPU/task"
+                f"{mem}, {self.time}{part}")
+
+
+@dataclass(frozen=True)
+class Run:
+    index: int
+    name: str
+    overrides: dict[str, Any]  # the values that make this sweep point
+    train: dict[str, Any]  # the full flat trainer overrides (base + point + launcher-set keys)
+
+
+@dataclass
+class Sweep:
+    name: str
+    spec_path: Path
+    profile: Profile
+    backend: str
+    resources: Resources
+    array_parallelism: int | None
+    runs: list[Run] = field(default_factory=list)
+    varying: list[str] = field(default_factory=list)  # keys whose value differs between runs
+
+    def run_dir(self, workdir: Path, run: Run) -> Path:
+        return workdir / "runs" / self.name / run.name
+
+
+def _value_token(key: str, value: Any) -> str:
+    """The part of a run name that one value contributes."""
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, float):
+        text = repr(value)
+    elif key in ("data_file", "data_dir") and value is not None:
+        text = Path(str(value)).stem  # a path: its file name is the readable part
+    else:
+        text = str(value)
+    return text
+
+
+def run_name(point: dict[str, Any]) -> str:
+    if not point:
+        return "base"
+    return ",".join(f"{key}={_value_token(key, value)}" for key, value in point.items())
+
+
+def _expand_grid(grid: Any, problems: list[str]) -> list[dict[str, Any]]:
+    if grid is None:
+        return []
+    if not isinstance(grid, dict):
+        problems.append("grid: expected a mapping of keys to lists of values, e.g. {n_layer: [2, 4]}")
+        return []
+    if not grid:
+        problems.append("grid: is empty; give at least one key with a list of values, or remove `grid`")
+        return []
+    keys, value_lists = [], []
+    for key, values in grid.items():
+        name = train_config.normalise_key(str(key)).rpartition(".")[2]
+        if not isinstance(values, list):
+            values = [values]
+        if not values:
+            problems.append(f"grid.{key}: the list of values is empty; give at least one value")
+            return []
+        keys.append(name)
+        value_lists.append(values)
+    return [dict(zip(keys, combo)) for combo in itertools.product(*value_lists)]
+
+
+def _check_keys(mapping: dict, where: str, problems: list[str]) -> dict[str, Any]:
+    """Flatten a trainer mapping (flat, dotted or nested), reporting unknown keys and launcher-owned ones."""
+    sub: list[str] = []
+    flat = train_config.flatten_overrides(mapping, where, sub)
+    problems.extend(f"{where}: {p}" for p in sub)
+    for key in LAUNCHER_KEYS:
+        if key in flat:
+            problems.append(f"{where}: `{key}` is set by the launcher (runs/<sweep>/<run>); remove it")
+            flat.pop(key)
+    return flat
+
+
+def _resources(raw: Any, profile: Profile, problems: list[str]) -> Resources | None:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        problems.append("resources: expected a mapping such as {nodes: 1, time: '01:00:00'}")
+        return None
+    for key in raw:
+        if key not in RESOURCE_KEYS:
+            problems.append(f"resources: unknown key `{key}`{suggest(str(key), RESOURCE_KEYS)}; "
+                            f"valid keys: {', '.join(RESOURCE_KEYS)}")
+
+    def whole(key: str, default: int, minimum: int) -> int:
+        value = raw.get(key, default)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            problems.append(f"resources.{key}: expected a whole number >= {minimum}, got {value!r}")
+            return default
+        return value
+
+    nodes = whole("nodes", 1, 1)
+    gpus = whole("gpus_per_node", profile.node_gpus if profile.node_gpus else 0, 0)
+    tasks = whole("tasks_per_node", gpus or 1, 1)
+    default_cpus = profile.cpus_per_gpu if (gpus and profile.cpus_per_gpu) else 1
+    cpus = whole("cpus_per_task", default_cpus, 1)
+    partition = raw.get("partition") or profile.default_partition
+    try:
+        time_min = parse_time_min(raw.get("time", "01:00:00"))
+    except ValueError:
+        problems.append(f"resources.time: {raw.get('time')!r} is not a Slurm time; use HH:MM:SS, D-HH:MM:SS "
+                        f"or minutes")
+        time_min = 60
+    if time_min is None or time_min < 1:
+        problems.append("resources.time: give a finite time limit of at least one minute (e.g. '00:30:00')")
+        time_min = 60
+    mem_mb = None
+    if raw.get("mem") is not None:
+        try:
+            mem_mb = parse_mem_mb(raw["mem"])
+        except ValueError:
+            problems.append(f"resources.mem: {raw['mem']!r} is not a memory size; use e.g. 4G or 500M")
+    elif gpus and profile.mem_per_gpu_mb:
+        mem_mb = gpus * profile.mem_per_gpu_mb
+
+    # Limits of the profile: refuse before submission what the cluster could never give.
+    where = f"cluster profile `{profile.name}`"
+    if gpus > profile.node_gpus:
+        problems.append(f"resources.gpus_per_node: {gpus} GPUs asked, but a node of {where} has "
+                        f"{profile.node_gpus}; ask for at most {profile.node_gpus} and more nodes instead")
+    if profile.node_cpus and tasks * cpus > profile.node_cpus:
+        problems.append(f"resources: {tasks} task(s) x {cpus} CPU(s) per node is more than the "
+                        f"{profile.node_cpus} CPUs of a node of {where}")
+    if profile.node_mem_mb and mem_mb and mem_mb > profile.node_mem_mb:
+        problems.append(f"resources.mem: {mem_mb} MB is more than the {profile.node_mem_mb} MB of a node of {where}")
+    if profile.partitions:
+        part = profile.partitions.get(str(partition)) if partition else None
+        if partition is None:
+            problems.append(f"resources.partition: {where} has no default partition; choose one of "
+                            f"{', '.join(profile.partitions)}")
+        elif part is None:
+            problems.append(f"resources.partition: unknown partition `{partition}`"
+                            f"{suggest(str(partition), profile.partitions)}; {where} has "
+                            f"{', '.join(profile.partitions)}")
+        else:
+            if part.max_time_min is not None and time_min > part.max_time_min:
+                problems.append(f"resources.time: {format_time(time_min)} is over the maximum "
+                                f"{format_time(part.max_time_min)} of partition `{partition}`; ask for less "
+                                f"(the job resumes from its checkpoint when requeued)")
+            if part.max_nodes is not None and nodes > part.max_nodes:
+                problems.append(f"resources.nodes: {nodes} nodes asked, partition `{partition}` has at most "
+                                f"{part.max_nodes}")
+    return Resources(nodes, gpus, tasks, cpus, mem_mb, time_min, str(partition) if partition else None,
+                     raw.get("qos") or profile.qos, raw.get("account") or profile.account,
+                     raw.get("constraint"))
+
+
+def check_safe_name(value: str, field_name: str, problems: list[str]) -> bool:
+    if not SAFE_NAME.fullmatch(value) or ".." in value:
+        problems.append(
+            f"{field_name}: {value!r} cannot be used as a file or job name; use letters, digits and . _ = , + - "
+            f"(starting with a letter or digit, at most 120 characters, no '..')"
+        )
+        return False
+    return True
+
+
+def load(path: str | Path, cluster: str | None = None, backend: str | None = None) -> Sweep:
+    """Read and validate a spec; raise LaunchError listing every problem."""
+    from . import profiles
+
+    path = Path(path)
+    try:
+        data = train_config.load_yaml(path)
+    except ConfigError as err:
+        raise LaunchError(err.problems) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise LaunchError(f"{path}: a spec is a mapping with keys such as name, train, grid, resources")
+    problems: list[str] = []
+    for key in data:
+        if key not in SPEC_KEYS:
+            problems.append(f"unknown key `{key}`{suggest(str(key), SPEC_KEYS)}; valid keys: {', '.join(SPEC_KEYS)}")
+
+    name = str(data.get("name") or path.stem)
+    check_safe_name(name, "name", problems)
+    backend = backend or data.get("backend") or "sbatch"
+    if backend not in BACKENDS:
+        problems.append(f"backend: {backend!r} is not one of {', '.join(BACKENDS)}")
+    profile = None
+    try:
+        profile = profiles.load(str(cluster or data.get("cluster") or "local"))
+    except LaunchError as err:
+        problems.extend(err.problems)
+
+    parallel = data.get("array_parallelism")
+    if parallel is not None and (isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1):
+        problems.append(f"array_parallelism: expected a whole number >= 1, got {parallel!r}")
+        parallel = None
+
+    base_raw = data.get("train") or {}
+    if not isinstance(base_raw, dict):
+        problems.append("train: expected a mapping of trainer keys, e.g. {max_steps: 2000, n_layer: 4}")
+        base_raw = {}
+    base = _check_keys(base_raw, "train", problems)
+    if profile is not None:
+        for key in ("precision", "compile", "peak_flops"):
+            if getattr(profile, key) is not None and key not in base:
+                base[key] = getattr(profile, key)
+        base.setdefault("preempt_signal", profile.signal)
+
+    points: list[tuple[str | None, dict[str, Any]]] = []
+    grid_points = _expand_grid(data.get("grid"), problems)
+    for point in grid_points:
+        sub: list[str] = []
+        flat = train_config.flatten_overrides(point, "grid", sub)
+        problems.extend(f"grid: {p}" for p in sub if f"grid: {p}" not in problems)
+        for key in LAUNCHER_KEYS:
+            if key in flat:
+                problems.append(f"grid: `{key}` is set by the launcher; remove it")
+        points.append((None, flat))
+    explicit = data.get("runs")
+    if explicit is not None and not isinstance(explicit, list):
+        problems.append("runs: expected a list of mappings, e.g. [{name: one-head, n_head: 1}]")
+        explicit = []
+    for i, entry in enumerate(explicit or []):
+        if not isinstance(entry, dict):
+            problems.append(f"runs[{i}]: expected a mapping of trainer keys (and an optional name)")
+            continue
+        entry = dict(entry)
+        given = entry.pop("name", None)
+        flat = _check_keys(entry, f"runs[{i}]", problems)
+        points.append((str(given) if given is not None else None, flat))
+    if data.get("grid") is None and explicit is None:
+        points.append((None, {}))  # a single job
+    elif not points and not problems:
+        problems.append("the spec defines no run: give a non-empty grid or runs list")
+
+    # Which keys vary: names are built from those alone, so a run's name says what makes it different.
+    all_keys = list(dict.fromkeys(k for _, p in points for k in p))
+    varying = [k for k in all_keys if len({repr(p.get(k, base.get(k))) for _, p in points}) > 1]
+
+    runs: list[Run] = []
+    seen: dict[str, int] = {}
+    for index, (given, point) in enumerate(points):
+        label = given if given is not None else run_name({k: v for k, v in point.items() if k in varying or
+                                                          len(points) == 1})
+        where = f"runs[{index - len(grid_points)}]" if index >= len(grid_points) else f"grid point {index}"
+        if not check_safe_name(label, f"{where} name", problems):
+            continue
+        if label in seen:
+            problems.append(f"{where}: run name `{label}` is used twice (also by run {seen[label]}); give the runs "
+                            f"different values or explicit `name`s")
+            continue
+        seen[label] = index
+        merged = {**base, **point}
+        try:
+            train_config.build({**merged, "out_dir": "runs/check"})
+        except ConfigError as err:
+            problems.extend(f"run `{label}`: {p}" for p in err.problems)
+            continue
+        data_file = merged.get("data_file")
+        if data_file:
+            file = Path(str(data_file)).expanduser()
+            if not file.is_absolute():
+                file = Path.cwd() / file
+            if not file.is_file():
+                problems.append(f"run `{label}`: data_file: {data_file} does not exist; check the path "
+                                f"(relative paths start at {Path.cwd()})")
+            elif file.stat().st_size == 0:
+                problems.append(f"run `{label}`: data_file: {data_file} is empty; give a file with text in it")
+            else:
+                merged["data_file"] = str(file)
+        runs.append(Run(index, label, point, merged))
+
+    resources = _resources(data.get("resources"), profile, problems) if profile is not None else None
+    unique_problems = list(dict.fromkeys(problems))
+    if unique_problems:
+        raise LaunchError(unique_problems, str(path))
+    return Sweep(name, path, profile, backend, resources, parallel, runs, varying)
+
+
+def load_name(path: str | Path) -> str:
+    """Only the sweep's name (for status, cancel and report, which read the manifest, not the spec)."""
+    path = Path(path)
+    try:
+        data = train_config.load_yaml(path)
+    except ConfigError as err:
+        raise LaunchError(err.problems) from None
+    name = str((data or {}).get("name") or path.stem) if isinstance(data, dict) else path.stem
+    problems: list[str] = []
+    if not check_safe_name(name, "name", problems):
+        raise LaunchError(problems, str(path))
+    return name
