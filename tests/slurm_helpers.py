@@ -12,6 +12,7 @@ from pathlib import Path
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
             "DEADLINE"}
 ROOT = Path(__file__).resolve().parent.parent
+SESSION_START = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 120))
 
 
 def unique_name(prefix: str) -> str:
@@ -46,8 +47,9 @@ def scontrol_state(job_id: str) -> str | None:
 
 
 def sacct_state(job_id: str) -> str | None:
-    out = subprocess.run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State"], capture_output=True,
-                         text=True, timeout=30)
+    # -S: only records of this test session, never an older job that had the same id
+    out = subprocess.run(["sacct", "-S", SESSION_START, "-j", job_id, "-X", "-n", "-P", "-o", "State"],
+                         capture_output=True, text=True, timeout=30)
     lines = [line.split()[0] for line in out.stdout.splitlines() if line.strip()]
     return lines[0] if out.returncode == 0 and lines else None
 

@@ -18,7 +18,7 @@ TINY_TRAIN = ("n_layer: 1, n_head: 2, n_embd: 32, block_size: 16, batch_size: 4,
 
 
 def launch(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    base = job_env(COLUMNS="160")
+    base = job_env(COLUMNS="250")
     base.update(env or {})
     return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args], capture_output=True, text=True,
                           env=base, cwd=ROOT, timeout=180)
@@ -119,12 +119,11 @@ def test_dry_run_leaves_the_queue_untouched(tmp_path, workdir, tiny_corpus, sbat
 
 def test_status_and_cancel_of_a_pending_sweep(tmp_path, workdir, tiny_corpus):
     spec = sweep_spec(tmp_path, tiny_corpus, "held")
-    out = launch(str(spec), "--workdir", str(workdir))
+    out = launch(str(spec), "--workdir", str(workdir), "--hold")
     assert out.returncode == 0, out.stderr
     array = job_ids(workdir, "held")[0]
-    subprocess.run(["scontrol", "hold", array], check=True, capture_output=True)
     status = launch("status", str(spec), "--workdir", str(workdir))
-    assert status.stdout.count("PENDING") == 4 and f"{array}_0" in status.stdout
+    assert status.stdout.count("PENDING") == 4 and f"{array}_0" in status.stdout, status.stdout
     cancelled = launch("cancel", str(spec), "--workdir", str(workdir))
     assert cancelled.returncode == 0 and array in cancelled.stdout
     states = wait_all(workdir, "held")

@@ -292,3 +292,11 @@ grid: {{lr: [1.0e-3, 3.0e-3]}}
         assert '"event": "finished"' in metrics
     status = launch("status", str(spec), "--workdir", str(tmp_path))
     assert status.returncode == 0 and status.stdout.count("FINISHED") == 2 and "run dir" in status.stdout
+
+
+def test_pending_array_ids_are_expanded():
+    from tinygpt.launch.slurm_cli import expand_array_id
+
+    assert expand_array_id("30_[0-3]") == ["30_0", "30_1", "30_2", "30_3"]
+    assert expand_array_id("30_[1,4-5%2]") == ["30_1", "30_4", "30_5"]
+    assert expand_array_id("30_2") == ["30_2"] and expand_array_id("31") == ["31"]

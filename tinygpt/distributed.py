@@ -158,6 +158,12 @@ def teardown() -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        # Leave together: a rank that tears gloo down while a peer is still finishing (rank 0 writes the
+        # sample) can abort in gloo's connection threads ("terminate called without an active exception").
+        try:
+            dist.barrier()
+        except Exception:  # noqa: BLE001 (a peer that died already: tear down anyway)
+            pass
         dist.destroy_process_group()
 
 

@@ -7,8 +7,9 @@
 #   sudo hpc_lab/local_cluster/down.sh           # stop what this script started
 #
 # Options: --nodes N (default 1), --cpus N (CPUs per node; default nproc: nodes may oversubscribe the
-# real cores), --reset (forget queued and finished jobs of slurmctld), --no-accounting (no MariaDB and
-# slurmdbd; sacct will not answer).
+# real cores), --reset (cancel every job left in the queue, e.g. by an earlier life of this machine; job
+# ids keep counting up, so accounting never sees an id twice), --no-accounting (no MariaDB and slurmdbd;
+# sacct will not answer).
 #
 # Everything lives under one folder, $TINYGPT_SLURM_HOME (default /var/lib/tinygpt-slurm):
 #   etc/ (slurm.conf, slurmdbd.conf; /etc/slurm/*.conf link here), log/, run/ (pid files), state/, spool/
@@ -90,11 +91,6 @@ export PATH=$PATH:/usr/sbin:/sbin
 
 # --- 2. configuration ---------------------------------------------------------------------------------
 mkdir -p "$ETC" "$LOG" "$RUN" "$HOME_DIR/state" "$HOME_DIR/spool" /etc/slurm
-if [ "$RESET" = 1 ]; then
-  say "--reset: forgetting slurmctld's saved jobs"
-  "$(dirname "$0")/down.sh" --slurm-only >/dev/null 2>&1 || true
-  rm -rf "${HOME_DIR:?}/state" && mkdir -p "$HOME_DIR/state"
-fi
 
 free_mb=$(awk '/MemTotal/ {print int($2 / 1024)}' /proc/meminfo)
 node_mem=$(( free_mb * 6 / 10 / NODES ))
@@ -291,6 +287,15 @@ if ! wait_for 30 nodes_ready; then
 fi
 if [ "$ACCOUNTING" = 1 ]; then
   wait_for 30 sacct -n -X -S now-1hours || die slurmdbd "$LOG/slurmdbd.log" "sacct does not answer"
+fi
+if [ "$RESET" = 1 ]; then
+  left=$(squeue -h -o %i 2>/dev/null | paste -sd' ' -)
+  if [ -n "$left" ]; then
+    say "--reset: cancelling jobs left in the queue: $left"
+    # shellcheck disable=SC2086
+    scancel $left >/dev/null 2>&1 || true
+    wait_for 60 sh -c '[ -z "$(squeue -h -o %i 2>/dev/null)" ]' || say "warning: some jobs are still ending"
+  fi
 fi
 say "cluster '$CLUSTER' is up: $NODES node(s) ($names), $CPUS CPUs each, partition debug" \
     "($(awk -v t0="$T0" -v t1="$(date +%s.%N)" 'BEGIN {printf "%.1f", t1 - t0}') s)"

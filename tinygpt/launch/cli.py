@@ -31,6 +31,8 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
         p.add_argument("--backend", choices=("sbatch", "submitit"), help="overrides the spec's `backend`")
         p.add_argument("--dry-run", action="store_true", help="write scripts and manifest, submit nothing")
         p.add_argument("--local", action="store_true", help="run here on CPU instead of submitting")
+        p.add_argument("--hold", action="store_true",
+                       help="submit held (sbatch --hold); start them with `scontrol release JOBID`")
         p.add_argument("--nproc", type=int, default=1, help="with --local: gloo ranks per run (default 1)")
     else:
         p = argparse.ArgumentParser(prog=f"launch.py {command}")
@@ -83,6 +85,8 @@ def _launch(args) -> int:
     if args.local and args.dry_run:
         raise LaunchError("--local and --dry-run: choose one")
     sweep = spec_mod.load(args.spec, cluster=args.cluster, backend=args.backend)
+    if args.hold and (args.local or sweep.backend != "sbatch"):
+        raise LaunchError("--hold: only for submissions with the sbatch backend")
     plan = plan_mod.build(sweep, Path(args.workdir))
     _print_plan(plan, args)
     if args.dry_run:
@@ -106,7 +110,7 @@ def _launch(args) -> int:
 
         ids = []
         for path, array, offset, indices in plan.scripts:
-            job_id = slurm_cli.sbatch(str(path))
+            job_id = slurm_cli.sbatch(str(path), ["--hold"] if args.hold else None)
             manifest_mod.record_submission(plan.manifest_path, "sbatch", job_id, indices, array=array,
                                            offset=offset, script=str(path))
             ids.append(job_id)

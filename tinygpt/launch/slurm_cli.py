@@ -6,8 +6,10 @@ queries), so that status falls back from sacct (accounting) to squeue to what th
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 
 from .errors import LaunchError
@@ -77,12 +79,17 @@ def cluster_name() -> str | None:
     return None
 
 
-def sacct_states(job_ids: list[str]) -> dict[str, JobState] | None:
-    """{job id: state} from accounting (array tasks as `<array>_<task>`); None when accounting is off."""
+def sacct_states(job_ids: list[str], since: float | None = None) -> dict[str, JobState] | None:
+    """{job id: state} from accounting (array tasks as `<array>_<task>`); None when accounting is off.
+
+    since: a Unix time before the jobs were submitted; older records that reuse the same ids (a
+    controller whose state was wiped starts counting again) are left out.
+    """
     if not job_ids:
         return {}
+    window = ["-S", time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since - 120))] if since else []
     # -D lists every life of a requeued job (the earlier ones as REQUEUED): restarts = rows - 1.
-    out = _run(["sacct", "-X", "-n", "-P", "-D", "-j", ",".join(job_ids), "-o", "JobID,State"])
+    out = _run(["sacct", "-X", "-n", "-P", "-D", *window, "-j", ",".join(job_ids), "-o", "JobID,State"])
     if out is None or out.returncode != 0:
         return None
     lives: dict[str, list[str]] = {}
@@ -92,8 +99,22 @@ def sacct_states(job_ids: list[str]) -> dict[str, JobState] | None:
             lives.setdefault(parts[0], []).append(parts[1].split()[0])
     states: dict[str, JobState] = {}
     for job_id, history in lives.items():
-        states[job_id] = JobState(job_id, history[-1], len(history) - 1, "sacct")
+        for one in expand_array_id(job_id):
+            states[one] = JobState(one, history[-1], len(history) - 1, "sacct")
     return states
+
+
+def expand_array_id(job_id: str) -> list[str]:
+    """`123_[0-3,7%2]` (a pending array, as sacct and squeue print it) -> 123_0 ... 123_3, 123_7."""
+    m = re.fullmatch(r"(\d+)_\[([^\]]+)\]", job_id)
+    if not m:
+        return [job_id]
+    ids = []
+    for part in m.group(2).split("%")[0].split(","):
+        lo, _, hi = part.partition("-")
+        if lo.isdigit() and (not hi or hi.isdigit()):
+            ids += [f"{m.group(1)}_{i}" for i in range(int(lo), int(hi or lo) + 1)]
+    return ids
 
 
 def squeue_states(job_ids: list[str]) -> dict[str, JobState] | None:
@@ -110,7 +131,8 @@ def squeue_states(job_ids: list[str]) -> dict[str, JobState] | None:
     for line in out.stdout.splitlines():
         parts = line.split("|")
         if len(parts) >= 2:
-            states[parts[0]] = JobState(parts[0], parts[1], None, "squeue", parts[2] if len(parts) > 2 else "")
+            for one in expand_array_id(parts[0]):
+                states[one] = JobState(one, parts[1], None, "squeue", parts[2] if len(parts) > 2 else "")
     return states
 
 

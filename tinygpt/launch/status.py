@@ -81,7 +81,9 @@ def collect(manifest_path: Path) -> list[Row]:
     wanted = sorted(set(ids.values()))
     slurm_states = {}
     if wanted:
-        accounted = slurm_cli.sacct_states(wanted) or {}
+        since = min((s["submitted_at"] for s in manifest["submissions"] if s.get("backend") != "local"),
+                    default=None)
+        accounted = slurm_cli.sacct_states(wanted, since) or {}
         missing = [j for j in wanted if j not in accounted]
         queued = slurm_cli.squeue_states(missing) if missing else {}
         slurm_states = {**(queued or {}), **accounted}
@@ -120,7 +122,7 @@ def table(rows: list[Row], title: str):
     for col, justify in (("#", "right"), ("run", "left"), ("job", "left"), ("state", "left"), ("from", "left"),
                          ("restarts", "right"), ("step", "right"), ("train", "right"), ("val", "right"),
                          ("tok/s", "right"), ("ETA", "right")):
-        t.add_column(col, justify=justify, no_wrap=col != "run")
+        t.add_column(col, justify=justify, no_wrap=col != "run", min_width=len(col))
     t.add_column("run dir", overflow="fold")
     colors = {"COMPLETED": "green", "FINISHED": "green", "RUNNING": "cyan", "PENDING": "yellow",
               "FAILED": "red", "CANCELLED": "magenta", "TIMEOUT": "red", "REQUEUED": "yellow"}
