@@ -96,3 +96,41 @@ def cancel(*job_ids: str) -> None:
 
 def python() -> str:
     return sys.executable
+
+
+def job_fields(job_id: str) -> dict[str, str]:
+    out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, timeout=30)
+    if out.returncode != 0 or not out.stdout.strip():
+        return {}
+    return dict(f.split("=", 1) for f in out.stdout.splitlines()[0].split() if "=" in f)
+
+
+def run_to_completion(job_id: str, timeout: float = 300.0) -> tuple[str, int]:
+    """Wait for the end of a job that may requeue itself; release Slurm's BeginTime hold after each requeue
+    (Slurm holds a requeued job for a while before it may start again). Returns (state, restarts)."""
+    deadline = time.monotonic() + timeout
+    fields: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        fields = job_fields(job_id) or fields
+        state = fields.get("JobState", "")
+        if state in TERMINAL:
+            return state, int(fields.get("Restarts", "0"))
+        if state == "PENDING" and fields.get("Reason") == "BeginTime":
+            subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], capture_output=True,
+                           timeout=30)
+        time.sleep(0.5)
+    cancel(job_id)
+    raise TimeoutError(f"job {job_id} did not finish within {timeout:.0f} s (last: {fields.get('JobState')})")
+
+
+def signal_when_training(job_id: str, metrics: Path, signal: str = "USR2", min_lines: int = 5,
+                         timeout: float = 120.0) -> None:
+    """Send `signal` to the job's steps (the trainers) once its metrics show it training."""
+    def training() -> bool:
+        try:
+            return sum('"lr"' in line for line in metrics.read_text().splitlines()) >= min_lines
+        except OSError:
+            return False
+
+    wait_until(training, timeout=timeout, poll=0.05, what=f"job {job_id} training")
+    subprocess.run(["scancel", "-s", signal, job_id], check=True, capture_output=True, timeout=30)

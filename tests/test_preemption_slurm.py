@@ -1,0 +1,150 @@
+"""Jobs that survive: signals, requeues and time limits on the real local cluster, resumed exactly."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, TINY_FLAGS, loss_series, read_metrics
+from slurm_helpers import cancel, job_env, python, run_to_completion, sbatch, signal_when_training, unique_name
+from tinygpt import config, train
+from tinygpt.launch.manifest import task_job_ids
+
+pytestmark = pytest.mark.slurm
+
+LONG = ["--max-steps", "600", "--log-interval", "1", "--eval-interval", "100", "--ckpt-interval", "1000",
+        "--dropout", "0.1"]
+
+
+def flags(corpus: Path, out: Path, data: Path, *extra: str) -> list[str]:
+    return [*TINY_FLAGS, *LONG, "--data-file", str(corpus), "--out-dir", str(out), "--data-dir", str(data), *extra]
+
+
+def reference(tmp_path: Path, corpus: Path, *extra: str) -> Path:
+    out = tmp_path / "reference"
+    train.train(config.resolve(flags(corpus, out, tmp_path / "data", *extra)))
+    return out
+
+
+def spec_train(corpus: Path, data: Path) -> dict:
+    """The same settings as `flags`, as a spec's `train:` mapping (the launcher sets out_dir)."""
+    args = flags(corpus, Path("unused"), data)
+    keys = {a.lstrip("-").replace("-", "_"): v for a, v in zip(args[::2], args[1::2])}
+    keys.pop("out_dir")
+    return keys
+
+
+def launch(spec: Path, workdir: Path) -> dict:
+    import subprocess
+
+    out = subprocess.run([sys.executable, str(ROOT / "launch.py"), str(spec), "--workdir", str(workdir)],
+                         capture_output=True, text=True, env=job_env(), cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads((workdir / "jobs" / spec.stem / "manifest.json").read_text())
+
+
+def events(run_dir: Path) -> list[dict]:
+    return [r for r in read_metrics(run_dir) if "event" in r]
+
+
+def test_signalled_sbatch_job_requeues_resumes_and_matches_an_uninterrupted_run(tmp_path, tiny_corpus):
+    ref = reference(tmp_path, tiny_corpus)
+    out = tmp_path / "job"
+    job = sbatch("hpc_lab/04_tinygpt/train.sbatch", *flags(tiny_corpus, out, tmp_path / "data"), cwd=ROOT)
+    log = ROOT / "logs" / f"tinygpt-{job}.out"
+    try:
+        signal_when_training(job, out / "metrics.jsonl")
+        state, restarts = run_to_completion(job)
+        assert state == "COMPLETED" and restarts == 1, log.read_text()
+    finally:
+        cancel(job)
+        log.unlink(missing_ok=True)
+    preempted = [e for e in events(out) if e["event"] == "preempted"]
+    assert len(preempted) == 1 and "SIGUSR2" in preempted[0]["reason"]
+    assert preempted[0]["requeue"] == f"requeued job {job}"
+    assert [e["restarts"] for e in events(out) if e["event"] == "start"] == [0, 1]
+    assert loss_series(out) == loss_series(ref)  # bit-identical train and val losses
+
+
+def test_two_nodes_signalled_resume_to_the_same_weights(tmp_path, tiny_corpus):
+    jobs = {}
+    for name in ("whole", "signalled"):
+        script = f"#!/bin/bash\n#SBATCH --requeue\nsrun {python()} -m tinygpt.train " + " ".join(
+            flags(tiny_corpus, tmp_path / name, tmp_path / "data")) + "\n"
+        jobs[name] = sbatch("-J", unique_name(name), "-N", "2", "--ntasks-per-node", "1", "-o",
+                            str(tmp_path / f"{name}.out"), "--open-mode=append", script=script, env=job_env())
+    try:
+        signal_when_training(jobs["signalled"], tmp_path / "signalled" / "metrics.jsonl")
+        assert run_to_completion(jobs["signalled"]) == ("COMPLETED", 1), (tmp_path / "signalled.out").read_text()
+        assert run_to_completion(jobs["whole"]) == ("COMPLETED", 0), (tmp_path / "whole.out").read_text()
+    finally:
+        cancel(*jobs.values())
+    whole, signalled = read_metrics(tmp_path / "whole"), read_metrics(tmp_path / "signalled")
+    assert sorted(next(e for e in signalled if e.get("event") == "start")["hostnames"]) == ["node1", "node2"]
+    digests = signalled[-1]["weights_digest"]
+    assert digests[0] == digests[1] == whole[-1]["weights_digest"][0]
+    assert loss_series(tmp_path / "signalled") == loss_series(tmp_path / "whole")
+
+
+def test_time_limit_requeues_and_completes_without_losing_or_repeating_a_step(tmp_path, tiny_corpus):
+    out = tmp_path / "limit"
+    # About a minute of training in a job with a one-minute limit: Slurm signals ~50 s before the limit.
+    train_flags = [*TINY_FLAGS, "--max-steps", "15000", "--log-interval", "50", "--eval-interval", "3000",
+                   "--ckpt-interval", "3000", "--data-file", str(tiny_corpus), "--out-dir", str(out),
+                   "--data-dir", str(tmp_path / "data")]
+    script = f"#!/bin/bash\nsrun {python()} -m tinygpt.train {' '.join(train_flags)}\n"
+    job = sbatch("-J", unique_name("limit"), "--time=1", "--signal=USR2@50", "--requeue", "-o",
+                 str(tmp_path / "limit.out"), "--open-mode=append", script=script, env=job_env())
+    try:
+        state, restarts = run_to_completion(job, timeout=420)
+    finally:
+        cancel(job)
+    print(f"\ntime-limit job: {state} after {restarts} restart(s)")
+    assert state == "COMPLETED" and restarts >= 1, (tmp_path / "limit.out").read_text()
+    steps = [r["step"] for r in read_metrics(out) if "lr" in r]
+    assert steps == list(range(50, 15001, 50))  # every logged step exactly once, across every life
+    assert sum(e["event"] == "preempted" for e in events(out)) == restarts
+
+
+def test_submitit_job_is_checkpointed_and_requeued_by_submitit(tmp_path, tiny_corpus):
+    ref = reference(tmp_path, tiny_corpus)
+    workdir = tmp_path / "w"
+    spec = tmp_path / "subpre.yaml"
+    spec.write_text(json.dumps({"name": "subpre", "backend": "submitit",
+                                "train": spec_train(tiny_corpus, tmp_path / "data"),
+                                "resources": {"time": "00:10:00"}}))
+    manifest = launch(spec, workdir)
+    job = task_job_ids(manifest)[0]
+    run_dir = Path(manifest["runs"][0]["out_dir"])
+    try:
+        signal_when_training(job, run_dir / "metrics.jsonl")
+        state, restarts = run_to_completion(job)
+    finally:
+        cancel(job)
+    logs = "\n".join(p.read_text() for p in (workdir / "logs" / "subpre" / "submitit").glob("*_log.*"))
+    assert state == "COMPLETED" and restarts == 1, logs
+    assert "Exiting gracefully after preemption/timeout" in logs  # submitit's own requeue path
+    preempted = [e for e in events(run_dir) if e["event"] == "preempted"]
+    assert preempted and preempted[0]["requeue"] == "handed over to the launcher's requeue mechanism"
+    assert loss_series(run_dir) == loss_series(ref)
+
+
+def test_one_signalled_array_task_requeues_alone(tmp_path, tiny_corpus):
+    ref = reference(tmp_path, tiny_corpus, "--lr", "0.003")
+    workdir = tmp_path / "w"
+    spec = tmp_path / "arr.yaml"
+    spec.write_text(json.dumps({"name": "arr", "train": spec_train(tiny_corpus, tmp_path / "data"),
+                                "grid": {"lr": [0.002, 0.003]}, "resources": {"time": "00:10:00"}}))
+    manifest = launch(spec, workdir)
+    ids = task_job_ids(manifest)
+    runs = {r["name"]: Path(r["out_dir"]) for r in manifest["runs"]}
+    try:
+        signal_when_training(ids[1], runs["lr=0.003"] / "metrics.jsonl")
+        results = {i: run_to_completion(j) for i, j in ids.items()}
+    finally:
+        cancel(*ids.values())
+    assert results == {0: ("COMPLETED", 0), 1: ("COMPLETED", 1)}
+    assert [e["restarts"] for e in events(runs["lr=0.003"]) if e["event"] == "start"] == [0, 1]
+    assert [e["event"] for e in events(runs["lr=0.002"])] == ["start", "finished"]
+    assert loss_series(runs["lr=0.003"]) == loss_series(ref)
