@@ -482,9 +482,8 @@ def parse_cli(argv: list[str]) -> tuple[dict[str, Any], str | None, list[str]]:
             continue
         if eq:
             value: Any = inline
-        elif info.kind is bool and (i >= len(argv) or argv[i].startswith("--")
-                                    or argv[i].strip().lower() not in _TRUE | _FALSE):
-            value = True
+        elif info.kind is bool and (i >= len(argv) or argv[i].startswith("--")):
+            value = True  # a bare --flag; `--flag VALUE` takes the value (and checks it) below
         elif i < len(argv) and (not argv[i].startswith("--") or _looks_like_number(argv[i])):
             value = argv[i]
             i += 1
