@@ -161,13 +161,23 @@ def test_failed_sbatch_reports_sbatchs_own_message(tmp_path, workdir, tiny_corpu
     assert "sbatch rejected" in out.stderr and "memory" in out.stderr.lower()
 
 
-def test_status_reads_squeue_when_running(tmp_path, workdir, tiny_corpus):
-    spec = tmp_path / "slow.yaml"
-    train = TINY_TRAIN.replace("max_steps: 20", "max_steps: 100000")
-    spec.write_text(f"name: slow\ntrain: {{data_file: {tiny_corpus}, {train}}}\nresources: {{time: '00:10:00'}}\n")
+def test_status_shows_completed_running_and_cancelled_runs(tmp_path, workdir, tiny_corpus):
+    spec = tmp_path / "three.yaml"
+    train = TINY_TRAIN.replace("max_steps: 20, ", "")
+    spec.write_text(f"name: three\ntrain: {{data_file: {tiny_corpus}, {train}}}\n"
+                    "runs:\n  - {name: quick, max_steps: 20}\n  - {name: long, max_steps: 200000}\n"
+                    "  - {name: doomed, max_steps: 200000}\nresources: {time: '00:10:00'}\n")
     assert launch(str(spec), "--workdir", str(workdir)).returncode == 0
-    run_dir = workdir / "runs" / "slow" / "base"
-    wait_until(lambda: (run_dir / "metrics.jsonl").exists() and "lr" in (run_dir / "metrics.jsonl").read_text(),
-               timeout=120, what="first metrics")
+    from tinygpt.launch.manifest import task_job_ids
+
+    ids = task_job_ids(manifest_of(workdir, "three"))
+    assert wait(ids[0]) == "COMPLETED"
+    cancel(ids[2])
+    assert wait(ids[2]) == "CANCELLED"
+    long_metrics = workdir / "runs" / "three" / "long" / "metrics.jsonl"
+    wait_until(lambda: long_metrics.exists() and '"lr"' in long_metrics.read_text(), timeout=120, what="training")
     status = launch("status", str(spec), "--workdir", str(workdir))
-    assert "RUNNING" in status.stdout and "/100000" in status.stdout
+    rows = {line.split("│")[2].strip(): line for line in status.stdout.splitlines() if line.count("│") > 10}
+    assert "COMPLETED" in rows["quick"] and "20/20" in rows["quick"]
+    assert "RUNNING" in rows["long"] and "/200000" in rows["long"]
+    assert "CANCELLED" in rows["doomed"]

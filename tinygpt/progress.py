@@ -79,13 +79,13 @@ class PlainLines(Progress):
 
 
 class RichBar(Progress):
-    def __init__(self, max_steps: int, start_step: int):
+    def __init__(self, max_steps: int, start_step: int, console=None):
         super().__init__(max_steps, start_step)
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
         from rich.progress import Progress as RP
 
-        self.console = Console(stderr=False)
+        self.console = console or Console(stderr=False)
         self.bar = RP(
             TextColumn("[bold]train"),
             BarColumn(),

@@ -34,6 +34,7 @@ from . import distributed as dist_mod
 from . import precision as precision_mod
 from . import preemption as preempt_mod
 from . import progress as progress_mod
+from . import provenance
 from .config import ConfigError, TrainConfig
 from .data import Batches, DataError, prepare_from_config
 from .model import GPT, GPTConfig
@@ -300,6 +301,8 @@ def _train(cfg: TrainConfig, dist_env, device: str, policy, argv, requeue_hook) 
         f"{cfg.data.batch_size * o.grad_accum * dist_env.world_size} sequences "
         f"({tokens_per_step:,} tokens) per step; data {prepared.meta['source']}")
     hostnames = dist_mod.gather_objects(socket.gethostname(), dist_env)
+    if is_main:
+        provenance.append(out_dir, provenance.collect(hostnames, dist_env.world_size, device), fresh=state is None)
     metrics.write({"step": step, "event": "start", "resumed_from": str(resume_path) if resume_path else None,
                    "restarts": restarts, "world_size": dist_env.world_size, "launcher": dist_env.launcher,
                    "master": f"{dist_env.master_addr}:{dist_env.master_port}" if dist_env.is_distributed else None,
@@ -423,8 +426,12 @@ def _train(cfg: TrainConfig, dist_env, device: str, policy, argv, requeue_hook) 
         metrics.write({"step": step, "event": "finished", "best_val_loss": best_val, "elapsed_s": total_s,
                        "weights_digest": digests, "peak_memory_mb": peak_memory_mb(device)})
         best = f"{best_val:.4f}" if best_val is not None else "n/a"
+        newest = ckpt.list_checkpoints(out_dir)
         say(f"done: step {step}, best val loss {best}, {progress_mod.format_duration(total_s)} of training; "
             f"run directory {out_dir}")
+        say(f"  checkpoint: {newest[-1] if newest else 'none'}"
+            + (f"\n  samples:    {out_dir / 'samples.txt'}" if sample is not None else "")
+            + f"\n  metrics:    {out_dir / 'metrics.jsonl'}")
     return TrainResult(out_dir, step, True, best_val, last_val, 0, sample)
 
 

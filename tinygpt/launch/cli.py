@@ -34,6 +34,8 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
         p.add_argument("--hold", action="store_true",
                        help="submit held (sbatch --hold); start them with `scontrol release JOBID`")
         p.add_argument("--nproc", type=int, default=1, help="with --local: gloo ranks per run (default 1)")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="set a trainer key for every run, e.g. --set max_steps=300 (repeatable)")
     else:
         p = argparse.ArgumentParser(prog=f"launch.py {command}")
         p.add_argument("spec", help="the spec that was launched")
@@ -84,7 +86,13 @@ def _launch(args) -> int:
         raise LaunchError(f"--nproc: must be >= 1, got {args.nproc}")
     if args.local and args.dry_run:
         raise LaunchError("--local and --dry-run: choose one")
-    sweep = spec_mod.load(args.spec, cluster=args.cluster, backend=args.backend)
+    overrides = {}
+    for item in args.set:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise LaunchError(f"--set {item!r}: write KEY=VALUE, e.g. --set max_steps=300")
+        overrides[key.strip()] = value
+    sweep = spec_mod.load(args.spec, cluster=args.cluster, backend=args.backend, overrides=overrides)
     if args.hold and (args.local or sweep.backend != "sbatch"):
         raise LaunchError("--hold: only for submissions with the sbatch backend")
     plan = plan_mod.build(sweep, Path(args.workdir))

@@ -228,8 +228,12 @@ def check_safe_name(value: str, field_name: str, problems: list[str]) -> bool:
     return True
 
 
-def load(path: str | Path, cluster: str | None = None, backend: str | None = None) -> Sweep:
-    """Read and validate a spec; raise LaunchError listing every problem."""
+def load(path: str | Path, cluster: str | None = None, backend: str | None = None,
+         overrides: dict[str, Any] | None = None) -> Sweep:
+    """Read and validate a spec; raise LaunchError listing every problem.
+
+    overrides: trainer keys set for every run (`launch.py --set KEY=VALUE`), over the spec's own values.
+    """
     from . import profiles
 
     path = Path(path)
@@ -273,6 +277,7 @@ def load(path: str | Path, cluster: str | None = None, backend: str | None = Non
                 base[key] = getattr(profile, key)
         base.setdefault("preempt_signal", profile.signal)
 
+    forced = _check_keys(overrides or {}, "--set", problems)
     points: list[tuple[str | None, dict[str, Any]]] = []
     grid_points = _expand_grid(data.get("grid"), problems)
     for point in grid_points:
@@ -317,7 +322,7 @@ def load(path: str | Path, cluster: str | None = None, backend: str | None = Non
                             f"different values or explicit `name`s")
             continue
         seen[label] = index
-        merged = {**base, **point}
+        merged = {**base, **point, **forced}
         try:
             train_config.build({**merged, "out_dir": "runs/check"})
         except ConfigError as err:

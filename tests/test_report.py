@@ -1,0 +1,105 @@
+"""Reports (loss curves, tables, samples, attention maps), provenance and terminal output."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, TINY_FLAGS, run_module
+from tinygpt import config, progress, report, train
+from tinygpt.data import prepare_from_config
+
+
+def png_content(path):
+    import matplotlib.image
+
+    img = matplotlib.image.imread(path)
+    assert img.ndim == 3 and img.shape[0] > 200 and img.shape[1] > 200
+    return img
+
+
+def test_bigram_baseline_beats_uniform_on_structured_text(tmp_path):
+    corpus = tmp_path / "abc.txt"
+    corpus.write_text("abc" * 2000)
+    prepared = prepare_from_config("pydoc", str(corpus), str(tmp_path / "data"))
+    assert report.bigram_val_loss(prepared) < 0.01 < math.log(3)
+
+
+def test_sweep_report_has_curves_table_samples_and_attention(tmp_path, tiny_corpus):
+    spec = tmp_path / "rep.yaml"
+    spec.write_text(f"name: rep\ntrain: {{data_file: {tiny_corpus}, n_layer: 1, n_head: 2, n_embd: 32, block_size: 16,"
+                    f" batch_size: 4, max_steps: 30, eval_interval: 10, sample_tokens: 60, eval_windows: 8,"
+                    f" threads: 1}}\ngrid: {{lr: [3.0e-3, 1.0e-2]}}\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="100")
+    done = subprocess.run([sys.executable, str(ROOT / "launch.py"), str(spec), "--local", "--workdir", str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = subprocess.run([sys.executable, str(ROOT / "launch.py"), "report", str(spec), "--workdir", str(tmp_path)],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    folder = tmp_path / "runs" / "rep"
+    text = (folder / "report.md").read_text()
+    for name in ("lr=0.003", "lr=0.01"):
+        assert f"| `{name}` |" in text and f"### {name}" in text
+    assert "count-based bigram" in text and "uniform guess, ln(" in text
+    rows = [line for line in text.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
+    best = [float(r.split("|")[4]) for r in rows]
+    assert len(rows) == 2 and best == sorted(best)  # best first
+    curves = png_content(folder / "val_loss.png")
+    attention = png_content(folder / "attention.png")
+    for img in (curves, attention):
+        assert img[..., :3].std() > 0.05  # not a blank canvas
+        assert len(np.unique(img[..., :3].reshape(-1, 3).round(2), axis=0)) > 20  # lines, colours, text
+
+
+def test_single_run_report_and_its_errors(tmp_path, tiny_corpus):
+    run_dir = tmp_path / "one"
+    train.train(config.resolve([*TINY_FLAGS, "--data-file", str(tiny_corpus), "--out-dir", str(run_dir),
+                                "--data-dir", str(tmp_path / "d"), "--sample-tokens", "30"]))
+    out = run_module("tinygpt.report", "--run", str(run_dir), "--prompt", "ROMEO: love")
+    assert out.returncode == 0, out.stderr
+    assert "ROMEO: love" in (run_dir / "report.md").read_text()
+    png_content(run_dir / "attention.png")
+    bad = run_module("tinygpt.report", "--run", str(tmp_path / "nothing"))
+    assert bad.returncode == 1 and "is this a run directory" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_provenance_records_code_software_and_command(tmp_path, tiny_corpus):
+    run_dir = tmp_path / "p"
+    argv = [*TINY_FLAGS, "--data-file", str(tiny_corpus), "--out-dir", str(run_dir), "--data-dir", str(tmp_path / "d")]
+    train.train(config.resolve([*argv, "--stop-after", "10"]))
+    train.train(config.resolve(argv))
+    starts = json.loads((run_dir / "provenance.json").read_text())["starts"]
+    assert len(starts) == 2  # one record per life of the run
+    p = starts[0]
+    assert p["git"]["commit"] is None or len(p["git"]["commit"]) == 40
+    assert p["python"].count(".") == 2 and p["torch"] and p["hostnames"] and p["command"]
+    assert {"cuda", "nccl", "gpus", "slurm", "world_size"} <= p.keys()
+
+
+def test_plain_progress_lines_are_greppable(capsys):
+    bar = progress.PlainLines(max_steps=2000, start_step=0, min_interval_s=0)
+    bar.step(250, {"train_loss": 2.04123, "lr": 9.7e-4, "tokens_per_s": 48113.2, "mfu": 0.312, "eta_s": 72})
+    assert capsys.readouterr().out == ("step  250/2000 | loss 2.0412 | lr 9.70e-04 | 48,113 tok/s | mfu 31.2% | "
+                                       "eta 1m12s\n")
+
+
+def test_rich_progress_bar_shows_loss_speed_mfu_and_eta():
+    from rich.console import Console
+
+    console = Console(record=True, width=100, force_terminal=True)  # pinned width
+    bar = progress.RichBar(max_steps=100, start_step=0, console=console)
+    bar.step(50, {"train_loss": 1.5, "tokens_per_s": 12345, "mfu": 0.25})
+    bar.bar.refresh()
+    bar.close()
+    text = console.export_text()
+    assert "50/100" in text and "loss 1.5000" in text and "12,345 tok/s" in text and "mfu 25.0%" in text
+
+
+@pytest.mark.parametrize("seconds, text", [(5, "5s"), (75, "1m15s"), (3700, "1h01m"), (None, "?")])
+def test_durations(seconds, text):
+    assert progress.format_duration(seconds) == text

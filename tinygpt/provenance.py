@@ -1,0 +1,82 @@
+"""Where a run came from: code version, software, hosts, Slurm ids and the exact command line.
+
+Each start of a run (the first, and every resume after a requeue) appends one record to
+`<out_dir>/provenance.json`, so a run that lived through three jobs on two clusters says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SLURM_KEYS = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_RESTART_COUNT",
+              "SLURM_JOB_NODELIST", "SLURM_JOB_PARTITION", "SLURM_CLUSTER_NAME", "SLURM_NTASKS")
+
+
+def _run(cmd: list[str]) -> str | None:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_state() -> dict:
+    if shutil.which("git") is None:
+        return {"commit": None, "dirty": None}
+    commit = _run(["git", "-C", str(REPO), "rev-parse", "HEAD"])
+    status = _run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"])
+    return {"commit": commit, "dirty": None if status is None else bool(status)}
+
+
+def gpu_names() -> list[str]:
+    if shutil.which("nvidia-smi") is None:
+        return []
+    out = _run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"])
+    return [line.strip() for line in out.splitlines() if line.strip()] if out else []
+
+
+def collect(hostnames: list[str], world_size: int, device: str) -> dict:
+    import torch
+
+    nccl = None
+    if torch.cuda.is_available():
+        try:
+            nccl = ".".join(str(x) for x in torch.cuda.nccl.version())
+        except Exception:  # noqa: BLE001 (builds without NCCL)
+            nccl = None
+    return {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": list(getattr(sys, "orig_argv", [sys.executable, *sys.argv])),
+        "cwd": os.getcwd(),
+        "git": git_state(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": nccl,
+        "device": device,
+        "gpus": gpu_names(),
+        "hostnames": hostnames,
+        "world_size": world_size,
+        "slurm": {k: os.environ[k] for k in SLURM_KEYS if k in os.environ},
+    }
+
+
+def append(out_dir: Path, record: dict, fresh: bool = False) -> None:
+    """Add this start's record; a fresh run (no checkpoint to resume) starts the list anew."""
+    path = Path(out_dir) / "provenance.json"
+    try:
+        data = {"starts": []} if fresh else json.loads(path.read_text())
+    except (OSError, ValueError):
+        data = {"starts": []}
+    data["starts"].append(record)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)

@@ -1,0 +1,232 @@
+"""Pictures and tables of finished runs: loss curves, final losses, samples, attention maps.
+
+    python -m tinygpt.report --run runs/smoke/base          # one run:  <run>/report.md + PNGs
+    python launch.py report jobs/exercises.yaml             # a sweep:  runs/<sweep>/report.md + PNGs
+
+The loss plot carries two reference lines: ln(vocab), the loss of a uniform guess, and the validation
+loss of a count-based bigram model (add-one smoothing) fitted on the same training split: a transformer
+that does not beat the bigram has not learned anything a lookup table cannot. Plots use matplotlib's
+non-interactive Agg backend, so reports work on headless nodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass
+class RunSummary:
+    name: str
+    run_dir: Path
+    config: dict  # flat resolved config
+    val_curve: list[tuple[int, float]]
+    final_val: float | None
+    best_val: float | None
+    sample: str | None
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def load_run(run_dir: Path, name: str | None = None) -> RunSummary:
+    from .config import ConfigError, resolve
+
+    run_dir = Path(run_dir)
+    try:
+        cfg = resolve(["--config", str(run_dir / "config.yaml")]).flat()
+    except ConfigError as err:
+        raise ReportError(f"{run_dir}: no readable config.yaml ({err}); is this a run directory?") from None
+    curve = []
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if "val_loss" in rec:
+            curve.append((rec["step"], rec["val_loss"]))
+    sample_path = run_dir / "samples.txt"
+    sample = sample_path.read_text() if sample_path.exists() else None
+    vals = [v for _, v in curve]
+    return RunSummary(name or run_dir.name, run_dir, cfg, curve, vals[-1] if vals else None,
+                      min(vals) if vals else None, sample)
+
+
+class ReportError(RuntimeError):
+    pass
+
+
+def bigram_val_loss(prepared) -> float:
+    """Validation cross-entropy of a count-based bigram model with add-one smoothing."""
+    v = prepared.vocab_size
+    train = np.asarray(prepared.tokens("train"), dtype=np.int64)
+    val = np.asarray(prepared.tokens("val"), dtype=np.int64)
+    counts = np.bincount(train[:-1] * v + train[1:], minlength=v * v).reshape(v, v).astype(np.float64) + 1.0
+    logp = np.log(counts / counts.sum(axis=1, keepdims=True))
+    return float(-logp[val[:-1], val[1:]].mean())
+
+
+def baselines(runs: list[RunSummary]) -> dict[str, float]:
+    """{'uniform guess': ln(vocab), 'bigram': loss} for the data of the first run (all runs of a sweep share it)."""
+    from .data import prepare_from_config
+
+    cfg = runs[0].config
+    prepared = prepare_from_config(cfg["dataset"], cfg["data_file"], cfg["data_dir"])
+    return {f"uniform guess, ln({prepared.vocab_size})": math.log(prepared.vocab_size),
+            "count-based bigram": bigram_val_loss(prepared)}
+
+
+def plot_losses(runs: list[RunSummary], refs: dict[str, float], path: Path, title: str) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    for run in runs:
+        if run.val_curve:
+            steps, losses = zip(*run.val_curve)
+            ax.plot(steps, losses, marker="o", markersize=3, label=run.name)
+    styles = iter([":", "--", "-."])
+    for label, value in refs.items():
+        ax.axhline(value, color="grey", linestyle=next(styles), linewidth=1.2, label=f"{label}: {value:.3f}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("validation loss (nats per character)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def attention_figure(run: RunSummary, path: Path, prompt: str | None = None, layer: int = 0) -> str:
+    """Attention weights of every head of `layer` for a prompt, one panel per head; returns the prompt."""
+    import torch
+
+    from . import checkpoint as ckpt
+    from .data import prepare_from_config
+    from .model import GPT, GPTConfig
+
+    _, state = ckpt.load_newest(run.run_dir, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
+    if state is None:
+        raise ReportError(f"{run.run_dir}: no checkpoint to draw attention maps from")
+    cfg = run.config
+    prepared = prepare_from_config(cfg["dataset"], cfg["data_file"], cfg["data_dir"])
+    model = GPT(GPTConfig(**state["model_args"]))
+    model.load_state_dict(state["model"])
+    length = min(model.cfg.block_size, 24)
+    if prompt is None:
+        val = prepared.tokens("val")
+        prompt = prepared.decode(val[:length])
+    prompt = "".join(ch for ch in prompt if ch in set(prepared.vocab))[:model.cfg.block_size]
+    if not prompt:
+        raise ReportError("the prompt has no character of the run's vocabulary")
+    maps = model.attention_maps(torch.tensor(prepared.encode(prompt)), layer=layer).numpy()
+    heads = maps.shape[0]
+    cols = min(4, heads)
+    rows = math.ceil(heads / cols)
+    plt = _plt()
+    size = 2.2 + 0.17 * len(prompt)
+    fig, axes = plt.subplots(rows, cols, figsize=(cols * size, rows * size), dpi=100, squeeze=False)
+    labels = [repr(ch)[1:-1] if ch.isspace() else ch for ch in prompt]
+    for h in range(rows * cols):
+        ax = axes[h // cols][h % cols]
+        if h >= heads:
+            ax.axis("off")
+            continue
+        ax.imshow(maps[h], cmap="viridis", vmin=0.0, vmax=1.0)
+        ax.set_title(f"head {h}", fontsize=10)
+        ax.set_xticks(range(len(prompt)), labels, fontsize=7)
+        ax.set_yticks(range(len(prompt)), labels, fontsize=7)
+        ax.set_xlabel("attends to (key)", fontsize=8)
+        ax.set_ylabel("query", fontsize=8)
+    fig.suptitle(f"{run.name}: attention of layer {layer}, step {state['step']}", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return prompt
+
+
+def _table(runs: list[RunSummary], varying: list[str]) -> list[str]:
+    ranked = sorted(runs, key=lambda r: (r.best_val is None, r.best_val if r.best_val is not None else 0.0))
+    head = ["rank", "run", "final val", "best val", *varying]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for i, r in enumerate(ranked, 1):
+        fmt = lambda x: "-" if x is None else f"{x:.4f}"  # noqa: E731
+        cells = [str(i), f"`{r.name}`", fmt(r.final_val), fmt(r.best_val), *(str(r.config.get(k)) for k in varying)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def write_report(runs: list[RunSummary], out_dir: Path, title: str, varying: list[str],
+                 prompt: str | None = None) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    done = [r for r in runs if r.val_curve]
+    if not done:
+        raise ReportError("no run has a validation loss yet; wait until the runs have evaluated once")
+    refs = baselines(done)
+    plot_losses(done, refs, out_dir / "val_loss.png", f"{title}: validation loss")
+    best = min(done, key=lambda r: r.best_val)
+    used_prompt = attention_figure(best, out_dir / "attention.png", prompt)
+    lines = [f"# {title}", "", f"{len(runs)} run(s); lower is better. Reference lines: "
+             + ", ".join(f"{k} = {v:.3f}" for k, v in refs.items()) + ".", "",
+             "![validation loss](val_loss.png)", "", "## Final and best validation loss", "",
+             *_table(runs, varying), "",
+             f"## Attention maps of the best run (`{best.name}`), first layer", "",
+             f"Prompt: `{used_prompt!r}`. Row i shows where character i looks (its causal past).", "",
+             "![attention maps](attention.png)", "", "## Samples", ""]
+    for r in runs:
+        lines += [f"### {r.name}", "", "```", (r.sample or "(no sample: run not finished)").strip("\n"), "```", ""]
+    path = out_dir / "report.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def sweep_report(manifest_path: Path, prompt: str | None = None) -> int:
+    """`launch.py report SPEC`: runs/<sweep>/report.md for every run in the manifest."""
+    from .launch import manifest as manifest_mod
+
+    manifest = manifest_mod.load(manifest_path)
+    runs = [load_run(Path(r["out_dir"]), r["name"]) for r in manifest["runs"]]
+    varying = sorted({k for r in manifest["runs"] for k in r["overrides"]})
+    out_dir = Path(manifest["workdir"]) / "runs" / manifest["name"]
+    try:
+        path = write_report(runs, out_dir, f"sweep {manifest['name']}", varying, prompt)
+    except ReportError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"report: {path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tinygpt.report", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", required=True, help="a run directory")
+    parser.add_argument("--prompt", help="prompt for the attention maps (default: the start of the val split)")
+    args = parser.parse_args(argv)
+    try:
+        run = load_run(Path(args.run))
+        path = write_report([run], Path(args.run), f"run {run.name}", [], args.prompt)
+    except ReportError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"report: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
