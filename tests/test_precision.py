@@ -20,7 +20,7 @@ def test_auto_policy_on_gpus(gpu):
 
 def test_auto_policy_on_cpu_is_fp32_uncompiled_even_with_bf16_units():
     policy = choose_policy("cpu", None, cpu_bf16=True)
-    assert (policy.precision, policy.use_scaler, policy.compile, policy.fused_adamw) == ("fp32", False, False, False)
+    assert (policy.precision, policy.use_scaler, policy.compile, policy.fused_adamw) == ("fp32", False, False, True)
 
 
 def test_explicit_choices():

@@ -141,7 +141,7 @@ def attention_figure(run: RunSummary, path: Path, prompt: str | None = None, lay
     plt = _plt()
     size = 2.2 + 0.17 * len(prompt)
     fig, axes = plt.subplots(rows, cols, figsize=(cols * size, rows * size), dpi=100, squeeze=False)
-    labels = [repr(ch)[1:-1] if ch.isspace() else ch for ch in prompt]
+    labels = ["␣" if ch == " " else (repr(ch)[1:-1] if ch.isspace() else ch) for ch in prompt]
     for h in range(rows * cols):
         ax = axes[h // cols][h % cols]
         if h >= heads:

@@ -1,0 +1,80 @@
+"""Training throughput of the real trainer on this machine, against a peak measured in the same run.
+
+    python bench/throughput.py --preset small            # fp32 and bf16 (when the CPU has it)
+    python bench/throughput.py --preset large --steps 6 --precision fp32
+    python bench/throughput.py --preset large --dropout 0.2   # the published GPU recipe's dropout
+
+Prints one JSON line per precision: ms/iter (median after warm-up), tokens/s, MFU against the best of
+several matmuls of the model's own shapes in that precision (measured here, now, with the same threads),
+peak memory (resident set on CPU), precision and compile mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from common import PRESETS, run_trainer
+
+
+def measured_peak(config: dict, dtype_name: str, threads: int | None, repeats: int = 5) -> float:
+    """Best FLOP/s of the model's own matmul shapes (qkv, attention out, MLP in and out) in this dtype."""
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
+    rows = config["batch_size"] * config["block_size"]
+    c = config["n_embd"]
+    best = 0.0
+    for k, n in ((c, 3 * c), (c, c), (c, 4 * c), (4 * c, c)):
+        a = torch.randn(rows, k, dtype=dtype)
+        b = torch.randn(k, n, dtype=dtype)
+        for _ in range(2):
+            a @ b  # warm-up
+        reps = max(3, int(2e9 / (2 * rows * k * n)))
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                a @ b
+            best = max(best, 2 * rows * k * n * reps / (time.perf_counter() - t0))
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="small")
+    parser.add_argument("--precision", choices=("fp32", "bf16", "both"), default="both")
+    parser.add_argument("--steps", type=int, help="default: 60 small, 30 medium, 6 large")
+    parser.add_argument("--warmup", type=int, help="steps left out of the median (default: a third)")
+    parser.add_argument("--compile", default="off")
+    parser.add_argument("--dropout", type=float, default=0.0)
+    parser.add_argument("--threads", type=int, help="CPU threads (default: torch's choice)")
+    args = parser.parse_args()
+    from tinygpt.model import GPT, GPTConfig
+    from tinygpt.precision import cpu_has_bf16, flops_per_token
+
+    config = dict(PRESETS[args.preset])
+    steps = args.steps or {"small": 60, "medium": 30, "large": 6}[args.preset]
+    warmup = args.warmup if args.warmup is not None else max(1, steps // 3)
+    precisions = ["fp32", "bf16"] if args.precision == "both" else [args.precision]
+    if "bf16" in precisions and not cpu_has_bf16():
+        precisions.remove("bf16")
+    model_cfg = {k: config[k] for k in ("n_layer", "n_head", "n_embd", "block_size")}
+    n_params = GPT(GPTConfig(vocab_size=65, **model_cfg)).num_params()
+    fpt = flops_per_token(n_params, config["n_layer"], config["n_embd"], config["block_size"])
+    extra = ["--compile", args.compile, "--dropout", str(args.dropout), "--device", "cpu"]
+    if args.threads:
+        extra += ["--threads", str(args.threads)]
+    for precision in precisions:
+        result = run_trainer(config, steps, warmup, [*extra, "--precision", precision])
+        peak = measured_peak(config, precision, args.threads)
+        result.update(preset=args.preset, config=config, dropout=args.dropout, steps=steps,
+                      measured_peak_gflops=round(peak / 1e9, 1),
+                      mfu=round(fpt * result["tokens_per_s"] / peak, 3))
+        print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
