@@ -51,6 +51,7 @@ def main() -> None:
     parser.add_argument("--compile", default="off")
     parser.add_argument("--dropout", type=float, default=0.0)
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's choice)")
+    parser.add_argument("--activation-checkpointing", action="store_true", help="recompute blocks in backward")
     args = parser.parse_args()
     from tinygpt.model import GPT, GPTConfig
     from tinygpt.precision import cpu_has_bf16, flops_per_token
@@ -67,10 +68,13 @@ def main() -> None:
     extra = ["--compile", args.compile, "--dropout", str(args.dropout), "--device", "cpu"]
     if args.threads:
         extra += ["--threads", str(args.threads)]
+    if args.activation_checkpointing:
+        extra += ["--activation-checkpointing"]
     for precision in precisions:
         result = run_trainer(config, steps, warmup, [*extra, "--precision", precision])
         peak = measured_peak(config, precision, args.threads)
         result.update(preset=args.preset, config=config, dropout=args.dropout, steps=steps,
+                      activation_checkpointing=args.activation_checkpointing,
                       measured_peak_gflops=round(peak / 1e9, 1),
                       mfu=round(fpt * result["tokens_per_s"] / peak, 3))
         print(json.dumps(result), flush=True)

@@ -110,3 +110,18 @@ def test_bias_option_and_parameter_count():
     without = small(bias=False)
     assert with_bias.num_params() > without.num_params()
     assert without.num_params(non_embedding=False) == without.num_params() + 50 * 32 + 16 * 32
+
+
+def test_activation_checkpointing_gives_the_same_loss_and_gradients():
+    x = torch.randint(0, 50, (4, 16))
+    results = []
+    for checkpointed in (False, True):
+        model = small(dropout=0.1)
+        model.checkpoint_blocks = checkpointed
+        torch.manual_seed(5)
+        _, loss = model(x, x)
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    assert torch.equal(loss_a, loss_b)
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(grads_a, grads_b))

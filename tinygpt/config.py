@@ -145,6 +145,7 @@ class RunConfig:
     device: str = _f("auto", "auto, cpu, cuda or cuda:N")
     precision: str = _f("auto", "auto: bf16 on sm >= 8.0, fp16 on sm 7.x, fp32 on CPU", PRECISIONS)
     compile: str = _f("auto", "torch.compile: auto (on for CUDA), on or off", COMPILE_MODES)
+    activation_checkpointing: bool = _f(False, "recompute each block in backward: less memory, ~30% more compute")
     threads: int | None = _f(None, "CPU threads (default: $SLURM_CPUS_PER_TASK, else torch's choice)")
     peak_flops: float | None = _f(None, "peak FLOP/s of one device, for MFU (default: known GPUs)")
     progress: str = _f("auto", "auto (a bar on a terminal, plain lines otherwise), bar, plain or off",

@@ -243,6 +243,7 @@ def _train(cfg: TrainConfig, dist_env, device: str, policy, argv, requeue_hook) 
 
     _seed_everything(cfg.run.seed)
     model = GPT(gpt_cfg).to(device)
+    model.checkpoint_blocks = cfg.run.activation_checkpointing
     # Dropout noise differs per rank (the weights do not: DDP broadcasts rank 0's at start).
     _seed_everything(cfg.run.seed + 1 + dist_env.rank)
     optimizer = make_optimizer(model, cfg.optim, policy.fused_adamw)
