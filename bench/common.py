@@ -23,6 +23,7 @@ PRESETS = {
     "small": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12),
     "medium": dict(n_layer=4, n_head=4, n_embd=128, block_size=128, batch_size=32),
     "large": dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64),
+    "cpu-fast": dict(n_layer=4, n_head=4, n_embd=128, block_size=128, batch_size=16),  # the CPU recipe's shape
 }
 
 

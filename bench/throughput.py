@@ -57,7 +57,7 @@ def main() -> None:
     from tinygpt.precision import cpu_has_bf16, flops_per_token
 
     config = dict(PRESETS[args.preset])
-    steps = args.steps or {"small": 60, "medium": 30, "large": 6}[args.preset]
+    steps = args.steps or {"small": 60, "medium": 30, "large": 6, "cpu-fast": 45}[args.preset]
     warmup = args.warmup if args.warmup is not None else max(1, steps // 3)
     precisions = ["fp32", "bf16"] if args.precision == "both" else [args.precision]
     if "bf16" in precisions and not cpu_has_bf16():

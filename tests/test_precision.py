@@ -18,9 +18,16 @@ def test_auto_policy_on_gpus(gpu):
     assert policy.compile and policy.fused_adamw
 
 
-def test_auto_policy_on_cpu_is_fp32_uncompiled_even_with_bf16_units():
-    policy = choose_policy("cpu", None, cpu_bf16=True)
+def test_auto_policy_on_cpu_is_fp32_uncompiled_for_small_batches():
+    policy = choose_policy("cpu", None, cpu_bf16=True, cpu_tokens=768)
     assert (policy.precision, policy.use_scaler, policy.compile, policy.fused_adamw) == ("fp32", False, False, True)
+
+
+@pytest.mark.parametrize("bf16_units, tokens, expected",
+                         [(True, 2048, "bf16"), (True, 16384, "bf16"), (True, 2047, "fp32"), (False, 16384, "fp32"),
+                          (True, None, "fp32")])
+def test_auto_policy_on_cpu_picks_bf16_where_it_was_measured_faster(bf16_units, tokens, expected):
+    assert choose_policy("cpu", None, cpu_bf16=bf16_units, cpu_tokens=tokens).precision == expected
 
 
 def test_explicit_choices():

@@ -49,7 +49,7 @@ class ModelConfig:
     n_layer: int = _f(4, "number of transformer blocks")
     n_head: int = _f(4, "attention heads per block; must divide n_embd")
     n_embd: int = _f(128, "width of the residual stream")
-    block_size: int = _f(64, "context length in characters")
+    block_size: int = _f(128, "context length in characters")
     dropout: float = _f(0.0, "dropout probability, 0 <= p < 1")
     bias: bool = _f(False, "use biases in Linear and LayerNorm layers")
     pos_emb: bool = _f(True, "learned position embeddings (false: the 'no positions' exercise)")
@@ -75,7 +75,7 @@ class DataConfig:
     dataset: str = _f("shakespeare", "built-in corpus (ignored when data_file is set)", DATASETS)
     data_file: str | None = _f(None, "train on any UTF-8 text file instead of a built-in corpus")
     data_dir: str | None = _f(None, "where prepared data is cached (default: $TINYGPT_DATA_DIR, else ./data)")
-    batch_size: int = _f(12, "sequences per micro-batch, per rank")
+    batch_size: int = _f(16, "sequences per micro-batch, per rank")
     eval_windows: int = _f(240, "fixed windows used to measure val (and train) loss")
 
     def check(self, problems: list[str]) -> None:
@@ -90,10 +90,10 @@ class DataConfig:
 
 @dataclass(kw_only=True, slots=True)
 class OptimConfig:
-    max_steps: int = _f(1500, "optimizer steps to train for")
-    lr: float = _f(2e-3, "peak learning rate")
+    max_steps: int = _f(1150, "optimizer steps to train for")
+    lr: float = _f(5e-3, "peak learning rate")
     min_lr: float = _f(2e-4, "learning rate at the end of the cosine decay")
-    warmup_steps: int = _f(100, "linear warm-up steps")
+    warmup_steps: int = _f(50, "linear warm-up steps")
     lr_decay_steps: int | None = _f(None, "steps of the cosine decay (default: max_steps)")
     weight_decay: float = _f(0.1, "AdamW weight decay, applied to matrices only")
     beta1: float = _f(0.9, "AdamW beta1")
@@ -143,7 +143,8 @@ class RunConfig:
     sample_tokens: int = _f(300, "characters of text sampled at the end (0: none)")
     sample_prompt: str = _f("\n", "prompt for the final sample")
     device: str = _f("auto", "auto, cpu, cuda or cuda:N")
-    precision: str = _f("auto", "auto: bf16 on sm >= 8.0, fp16 on sm 7.x, fp32 on CPU", PRECISIONS)
+    precision: str = _f("auto", "auto: bf16 on sm >= 8.0, fp16 on sm 7.x; on CPU bf16 with native bf16 and "
+                                "batch_size*block_size >= 2048, else fp32", PRECISIONS)
     compile: str = _f("auto", "torch.compile: auto (on for CUDA), on or off", COMPILE_MODES)
     activation_checkpointing: bool = _f(False, "recompute each block in backward: less memory, ~30% more compute")
     threads: int | None = _f(None, "CPU threads (default: $SLURM_CPUS_PER_TASK, else torch's choice)")

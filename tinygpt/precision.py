@@ -48,17 +48,28 @@ class Policy:
         return f"{self.device_type} {self.precision}" + (f" ({', '.join(extra)})" if extra else "")
 
 
+# On CPUs with native bf16 (AVX512-BF16 / AMX), bf16 autocast pays off once a micro-batch holds enough
+# tokens for the matmuls to dominate. Measured on this project's 2-core machines (bench/throughput.py):
+#    768 tokens (12 x 64, width 128):   bf16 0.77x the fp32 tokens/s   -> fp32
+#   2048 tokens (16 x 128, width 128):  bf16 1.45-1.54x                -> bf16
+#   4096 tokens (32 x 128, width 128):  bf16 1.35-1.8x                 -> bf16
+#  16384 tokens (64 x 256, width 384):  bf16 2.2x                      -> bf16
+CPU_BF16_MIN_TOKENS = 2048
+
+
 def choose_policy(
     device_type: str,
     capability: tuple[int, int] | None,
     precision: str = "auto",
     compile: str = "auto",
     cpu_bf16: bool = False,
+    cpu_tokens: int | None = None,
 ) -> Policy:
     """The precision policy for a device.
 
     device_type: "cpu" or "cuda"; capability: CUDA compute capability, e.g. (8, 0) for A100;
-    cpu_bf16: whether this CPU has native bf16 matmuls (AVX512-BF16 / AMX).
+    cpu_bf16: whether this CPU has native bf16 matmuls (AVX512-BF16 / AMX);
+    cpu_tokens: tokens per micro-batch (batch_size * block_size), for the CPU's auto choice.
     """
     if device_type == "cuda":
         if capability is None:
@@ -76,7 +87,8 @@ def choose_policy(
         fused = True
     elif device_type in ("cpu", "mps"):
         if precision == "auto":
-            precision = "fp32"
+            big_enough = cpu_tokens is not None and cpu_tokens >= CPU_BF16_MIN_TOKENS
+            precision = "bf16" if device_type == "cpu" and cpu_bf16 and big_enough else "fp32"
         elif precision == "fp16":
             raise PrecisionError("precision: fp16 autocast is for GPUs; on CPU use bf16 or fp32")
         elif precision == "bf16" and not cpu_bf16 and device_type == "cpu":
@@ -118,12 +130,13 @@ def pick_device(requested: str, local_rank: int = 0) -> str:
     return requested
 
 
-def resolve_policy(device: str, precision: str, compile: str) -> Policy:
+def resolve_policy(device: str, precision: str, compile: str, tokens_per_microbatch: int | None = None) -> Policy:
     import torch
 
     kind = device.split(":")[0]
     capability = torch.cuda.get_device_capability(device) if kind == "cuda" else None
-    return choose_policy(kind, capability, precision, compile, cpu_bf16=kind == "cpu" and cpu_has_bf16())
+    return choose_policy(kind, capability, precision, compile, cpu_bf16=kind == "cpu" and cpu_has_bf16(),
+                         cpu_tokens=tokens_per_microbatch)
 
 
 def apply(policy: Policy) -> None:

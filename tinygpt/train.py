@@ -217,7 +217,8 @@ def train(cfg: TrainConfig, argv: list[str] | None = None, requeue_hook=None) ->
     dist_env = dist_mod.detect()
     _set_threads(cfg)
     device = precision_mod.pick_device(cfg.run.device, dist_env.local_rank)
-    policy = precision_mod.resolve_policy(device, cfg.run.precision, cfg.run.compile)
+    policy = precision_mod.resolve_policy(device, cfg.run.precision, cfg.run.compile,
+                                          cfg.data.batch_size * cfg.model.block_size)
     precision_mod.apply(policy)
     dist_mod.init(dist_env, device)
     try:
