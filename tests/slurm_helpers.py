@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -20,11 +19,10 @@ def unique_name(prefix: str) -> str:
 
 
 def job_env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("TINYGPT_OFFLINE", "1")
-    env.update(extra)
-    return env
+    """The environment a submitted job inherits (sbatch exports it): the repository importable, offline."""
+    from conftest import python_env
+
+    return python_env(**extra)
 
 
 def sbatch(*args: str, script: str | None = None, cwd: Path | None = None, env: dict | None = None) -> str:

@@ -22,19 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .errors import ProblemsError
 
-class ConfigError(ValueError):
+
+class ConfigError(ProblemsError, ValueError):
     """One or more problems with a configuration; `problems` holds one message per problem."""
-
-    def __init__(self, problems: list[str] | str, source: str | None = None):
-        self.problems = [problems] if isinstance(problems, str) else list(problems)
-        self.source = source
-        head = f"{source}: " if source else ""
-        if len(self.problems) == 1:
-            text = head + self.problems[0]
-        else:
-            text = head + f"{len(self.problems)} problems:\n" + "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(text)
 
 
 def _f(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
