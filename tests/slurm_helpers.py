@@ -108,14 +108,23 @@ def run_to_completion(job_id: str, timeout: float = 300.0) -> tuple[str, int]:
     (Slurm holds a requeued job for a while before it may start again). Returns (state, restarts)."""
     deadline = time.monotonic() + timeout
     fields: dict[str, str] = {}
+    held_since = None
     while time.monotonic() < deadline:
         fields = job_fields(job_id) or fields
         state = fields.get("JobState", "")
         if state in TERMINAL:
             return state, int(fields.get("Restarts", "0"))
         if state == "PENDING" and fields.get("Reason") == "BeginTime":
-            subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], capture_output=True,
-                           timeout=30)
+            held_since = held_since or time.monotonic()
+            # Release only once the previous life has left its nodes: a start while they are still
+            # completing fails with "Job credential revoked" (what the hold protects against).
+            completing = subprocess.run(["sinfo", "-h", "-t", "completing", "-o", "%N"], capture_output=True,
+                                        text=True, timeout=30).stdout.strip()
+            if not completing and time.monotonic() - held_since > 3:
+                subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], capture_output=True,
+                               timeout=30)
+        else:
+            held_since = None
         time.sleep(0.5)
     cancel(job_id)
     raise TimeoutError(f"job {job_id} did not finish within {timeout:.0f} s (last: {fields.get('JobState')})")
