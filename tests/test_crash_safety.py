@@ -143,3 +143,17 @@ def test_checkpoint_loads_with_weights_only_and_rejects_garbage(tmp_path):
         ckpt.load(folder / "step_00000003.pt")
     warnings = []
     assert ckpt.load_newest(tmp_path, warn=warnings.append) == (None, None) and len(warnings) == 2
+
+
+def test_a_late_preemption_signal_does_not_kill_a_finished_run(tmp_path, tiny_corpus):
+    """The time limit's warning can arrive while the run writes its sample: it must still end well."""
+    out = tmp_path / "run"
+    cmd = trainer(tiny_corpus, out, tmp_path / "data", "--max-steps", "30", "--sample-tokens", "20000")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env())
+    wait_for = time.monotonic() + 60
+    while not (out / "checkpoints" / "step_00000030.pt").exists() and time.monotonic() < wait_for:
+        time.sleep(0.02)  # training is over; the long sample is being generated
+    proc.send_signal(signal.SIGUSR2)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    assert read_metrics(out)[-1]["event"] == "finished" and "done: step 30" in stdout

@@ -18,6 +18,7 @@ import json
 import math
 import os
 import random
+import signal
 import socket
 import sys
 import time
@@ -406,35 +407,41 @@ def _train(cfg: TrainConfig, dist_env, device: str, policy, argv, requeue_hook) 
                 if stop_reason:
                     break
 
+    # The handlers stay until the very end: a signal during the final sample or teardown (the time
+    # limit's warning can come late) must not kill a finished run with the default action.
+    except BaseException:
+        handler.uninstall()
+        raise
+    try:
+        total_s = elapsed_before + time.perf_counter() - t_start
+        if stop_reason is not None:
+            return _leave_early(cfg, out_dir, step, stop_reason, handler, restarts, metrics, say, dist_env,
+                                best_val, last_val, requeue_hook)
+
+        digests = dist_mod.gather_objects(weights_digest(model), dist_env)
+        if len(set(digests)) > 1:
+            say(f"warning: the ranks' weights differ at the end ({digests}); DDP lost synchronisation")
+        sample = None
+        if is_main:
+            if cfg.run.sample_tokens > 0:
+                sample = sample_text(model, prepared, cfg.run.sample_prompt, cfg.run.sample_tokens,
+                                     cfg.run.seed, device)
+                (out_dir / "samples.txt").write_text(sample + "\n")
+                say("--- sample " + "-" * 60)
+                say(sample)
+                say("-" * 71)
+            metrics.write({"step": step, "event": "finished", "best_val_loss": best_val, "elapsed_s": total_s,
+                           "weights_digest": digests, "peak_memory_mb": peak_memory_mb(device)})
+            best = f"{best_val:.4f}" if best_val is not None else "n/a"
+            newest = ckpt.list_checkpoints(out_dir)
+            say(f"done: step {step}, best val loss {best}, {progress_mod.format_duration(total_s)} of training; "
+                f"run directory {out_dir}")
+            say(f"  checkpoint: {newest[-1] if newest else 'none'}"
+                + (f"\n  samples:    {out_dir / 'samples.txt'}" if sample is not None else "")
+                + f"\n  metrics:    {out_dir / 'metrics.jsonl'}")
+        return TrainResult(out_dir, step, True, best_val, last_val, 0, sample)
     finally:
         handler.uninstall()
-    total_s = elapsed_before + time.perf_counter() - t_start
-    if stop_reason is not None:
-        return _leave_early(cfg, out_dir, step, stop_reason, handler, restarts, metrics, say, dist_env,
-                            best_val, last_val, requeue_hook)
-
-    digests = dist_mod.gather_objects(weights_digest(model), dist_env)
-    if len(set(digests)) > 1:
-        say(f"warning: the ranks' weights differ at the end ({digests}); DDP lost synchronisation")
-    sample = None
-    if is_main:
-        if cfg.run.sample_tokens > 0:
-            sample = sample_text(model, prepared, cfg.run.sample_prompt, cfg.run.sample_tokens,
-                                 cfg.run.seed, device)
-            (out_dir / "samples.txt").write_text(sample + "\n")
-            say("--- sample " + "-" * 60)
-            say(sample)
-            say("-" * 71)
-        metrics.write({"step": step, "event": "finished", "best_val_loss": best_val, "elapsed_s": total_s,
-                       "weights_digest": digests, "peak_memory_mb": peak_memory_mb(device)})
-        best = f"{best_val:.4f}" if best_val is not None else "n/a"
-        newest = ckpt.list_checkpoints(out_dir)
-        say(f"done: step {step}, best val loss {best}, {progress_mod.format_duration(total_s)} of training; "
-            f"run directory {out_dir}")
-        say(f"  checkpoint: {newest[-1] if newest else 'none'}"
-            + (f"\n  samples:    {out_dir / 'samples.txt'}" if sample is not None else "")
-            + f"\n  metrics:    {out_dir / 'metrics.jsonl'}")
-    return TrainResult(out_dir, step, True, best_val, last_val, 0, sample)
 
 
 def _leave_early(cfg, out_dir, step, reason, handler, restarts, metrics, say, dist_env, best_val, last_val,
@@ -476,6 +483,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         cfg = config_mod.resolve(argv)
+        # Outside the training loop a late preemption signal (the time limit's warning can arrive while
+        # the run is finishing) has nothing left to save: ignore it rather than die of its default action.
+        signal.signal(getattr(signal, f"SIG{cfg.run.preempt_signal}"), signal.SIG_IGN)
         return train(cfg, argv).exit_code
     except (ConfigError, DataError, TrainingError, precision_mod.PrecisionError) as err:
         print(f"error: {err}", file=sys.stderr)
