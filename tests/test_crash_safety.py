@@ -145,6 +145,21 @@ def test_checkpoint_loads_with_weights_only_and_rejects_garbage(tmp_path):
     assert ckpt.load_newest(tmp_path, warn=warnings.append) == (None, None) and len(warnings) == 2
 
 
+def test_an_early_preemption_signal_is_kept_until_training_can_stop(tmp_path, tiny_corpus):
+    """Slurm's warning can arrive while Python is still importing torch: the run saves at its first step."""
+    out = tmp_path / "run"
+    bindir = tmp_path / "bin"  # no scontrol: the trainer asks the batch script to resubmit (exit 75)
+    bindir.mkdir()
+    proc = subprocess.Popen(trainer(tiny_corpus, out, tmp_path / "data"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=python_env(SLURM_JOB_ID="4242", PATH=str(bindir)))
+    time.sleep(0.3)  # still starting up
+    proc.send_signal(signal.SIGUSR2)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 75, stdout + stderr
+    event = read_metrics(out)[-1]
+    assert event["event"] == "preempted" and event["step"] == 1
+
+
 def test_a_late_preemption_signal_does_not_kill_a_finished_run(tmp_path, tiny_corpus):
     """The time limit's warning can arrive while the run writes its sample: it must still end well."""
     out = tmp_path / "run"

@@ -26,6 +26,23 @@ from dataclasses import dataclass, field
 
 EXIT_REQUEUE = 75  # EX_TEMPFAIL: "try again"; the batch scripts resubmit on it
 
+# Signals recorded before the handler proper was installed (see install_early_recorder).
+EARLY_SIGNALS: list[str] = []
+_EARLY_NAMES = ("USR1", "USR2", "XCPU", "TERM")
+
+
+def _record_early(signum: int, frame) -> None:  # noqa: ARG001 (signal API)
+    EARLY_SIGNALS.append(signal.Signals(signum).name.removeprefix("SIG"))
+
+
+def install_early_recorder() -> None:
+    """At process start (before heavy imports): record the signals Slurm may send instead of dying.
+
+    After training, when the handler proper is gone, they stay: a late warning is recorded and ignored.
+    """
+    for name in _EARLY_NAMES:
+        signal.signal(getattr(signal, f"SIG{name}"), _record_early)
+
 
 @dataclass
 class StopRequest:
@@ -44,6 +61,10 @@ class PreemptionHandler:
         for name in sorted(wanted):
             signum = getattr(signal, f"SIG{name}")
             self._previous[signum] = signal.signal(signum, self._handle)
+        for name in EARLY_SIGNALS:  # arrived while the process was starting
+            if name in wanted:
+                self._handle(getattr(signal, f"SIG{name}"), None)
+        EARLY_SIGNALS.clear()
         return self
 
     def uninstall(self) -> None:

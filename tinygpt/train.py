@@ -13,12 +13,19 @@ A step is one optimizer update; `step` in metrics and checkpoints counts complet
 
 from __future__ import annotations
 
+if __name__ == "__main__":
+    # Slurm's warning can arrive before torch has even been imported (a requeued job with little time
+    # left, a loaded node): from the first instant, record it instead of dying of the default action.
+    # The preemption handler picks up what was recorded, and these stay as the fallback afterwards.
+    from tinygpt import preemption as _early
+
+    _early.install_early_recorder()
+
 import hashlib
 import json
 import math
 import os
 import random
-import signal
 import socket
 import sys
 import time
@@ -483,9 +490,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         cfg = config_mod.resolve(argv)
-        # Outside the training loop a late preemption signal (the time limit's warning can arrive while
-        # the run is finishing) has nothing left to save: ignore it rather than die of its default action.
-        signal.signal(getattr(signal, f"SIG{cfg.run.preempt_signal}"), signal.SIG_IGN)
         return train(cfg, argv).exit_code
     except (ConfigError, DataError, TrainingError, precision_mod.PrecisionError) as err:
         print(f"error: {err}", file=sys.stderr)
