@@ -216,7 +216,7 @@ def _find_resume(cfg: TrainConfig, out_dir: Path, say):
         raise TrainingError(f"resume: {err}") from None
 
 
-def train(cfg: TrainConfig, argv: list[str] | None = None, requeue_hook=None) -> TrainResult:
+def train(cfg: TrainConfig, requeue_hook=None) -> TrainResult:
     """Train (or continue) the run `cfg` describes.
 
     requeue_hook: called on rank 0, after the checkpoint is saved, instead of `scontrol requeue` when a
@@ -230,12 +230,12 @@ def train(cfg: TrainConfig, argv: list[str] | None = None, requeue_hook=None) ->
     precision_mod.apply(policy)
     dist_mod.init(dist_env, device)
     try:
-        return _train(cfg, dist_env, device, policy, argv, requeue_hook)
+        return _train(cfg, dist_env, device, policy, requeue_hook)
     finally:
         dist_mod.teardown()
 
 
-def _train(cfg: TrainConfig, dist_env, device: str, policy, argv, requeue_hook) -> TrainResult:
+def _train(cfg: TrainConfig, dist_env, device: str, policy, requeue_hook) -> TrainResult:
     is_main = dist_env.is_main
     out_dir = Path(cfg.run.out_dir)
     if is_main:
@@ -490,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         cfg = config_mod.resolve(argv)
-        return train(cfg, argv).exit_code
+        return train(cfg).exit_code
     except (ConfigError, DataError, TrainingError, precision_mod.PrecisionError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2 if isinstance(err, ConfigError) else 1

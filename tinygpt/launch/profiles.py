@@ -22,8 +22,7 @@ and refuses, before submission, what the cluster could never give. Keys (all but
 from __future__ import annotations
 
 import re
-import subprocess
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -207,18 +206,17 @@ def from_file(path: Path) -> Profile:
     if not isinstance(node, dict):
         problems.append("node: expected a mapping {gpus, gpu_type, cpus, mem}")
         node = {}
-    mem = None
-    if node.get("mem") is not None:
+    def mem_mb(value, name: str, example: str) -> int | None:
+        if value is None:
+            return None
         try:
-            mem = parse_mem_mb(node["mem"])
+            return parse_mem_mb(value)
         except ValueError:
-            problems.append(f"node.mem: {node['mem']!r} is not a memory size (e.g. 512G)")
-    mem_per_gpu = None
-    if data.get("mem_per_gpu") is not None:
-        try:
-            mem_per_gpu = parse_mem_mb(data["mem_per_gpu"])
-        except ValueError:
-            problems.append(f"mem_per_gpu: {data['mem_per_gpu']!r} is not a memory size (e.g. 120G)")
+            problems.append(f"{name}: {value!r} is not a memory size (e.g. {example})")
+            return None
+
+    mem = mem_mb(node.get("mem"), "node.mem", "512G")
+    mem_per_gpu = mem_mb(data.get("mem_per_gpu"), "mem_per_gpu", "120G")
     gpu_request = get("gpu_request", str, "gpus-per-node")
     if gpu_request not in GPU_REQUESTS:
         problems.append(f"gpu_request: {gpu_request!r} is not one of {', '.join(GPU_REQUESTS)}")
@@ -302,16 +300,3 @@ def detect() -> Profile:
         raise LaunchError(f"cluster: no profile in {PROFILE_DIR} has cluster_name `{name}`; add one "
                           f"(copy hpc_lab/clusters/a100-example.yaml) or name a profile with --cluster")
     return matches[0]
-
-
-def profile_fields() -> list[str]:
-    return [f.name for f in fields(Profile)]
-
-
-def probe_max_array_size() -> int | None:
-    try:
-        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    m = re.search(r"^MaxArraySize\s*=\s*(\d+)", out.stdout, re.M)
-    return int(m.group(1)) if m else None

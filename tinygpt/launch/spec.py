@@ -281,13 +281,7 @@ def load(path: str | Path, cluster: str | None = None, backend: str | None = Non
     points: list[tuple[str | None, dict[str, Any]]] = []
     grid_points = _expand_grid(data.get("grid"), problems)
     for point in grid_points:
-        sub: list[str] = []
-        flat = train_config.flatten_overrides(point, "grid", sub)
-        problems.extend(f"grid: {p}" for p in sub if f"grid: {p}" not in problems)
-        for key in LAUNCHER_KEYS:
-            if key in flat:
-                problems.append(f"grid: `{key}` is set by the launcher; remove it")
-        points.append((None, flat))
+        points.append((None, _check_keys(point, "grid", problems)))  # repeats are dropped at the end
     explicit = data.get("runs")
     if explicit is not None and not isinstance(explicit, list):
         problems.append("runs: expected a list of mappings, e.g. [{name: one-head, n_head: 1}]")

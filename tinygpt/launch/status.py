@@ -88,7 +88,7 @@ def collect(manifest_path: Path) -> list[Row]:
         queued = slurm_cli.squeue_states(missing) if missing else {}
         slurm_states = {**(queued or {}), **accounted}
         restarts = slurm_cli.restart_counts([j for j in wanted if slurm_states.get(j) is None
-                                             or slurm_states[j].restarts is None]) if wanted else {}
+                                             or slurm_states[j].restarts is None])
     else:
         restarts = {}
     rows = []
