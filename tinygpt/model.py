@@ -19,6 +19,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from .kernels import dropout, dropout_attention, gelu_linear
+
 
 @dataclass(frozen=True)
 class GPTConfig:
@@ -44,15 +46,20 @@ class GPTConfig:
         return asdict(self)
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float) -> torch.Tensor:
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor:
     """Causal attention, fused (flash / memory-efficient kernels where available)."""
-    if q.device.type == "cpu" and q.dtype == torch.bfloat16:
-        # Under bf16 autocast on CPU, attention runs in fp32: PyTorch's CPU flash-attention backward is
-        # ~4x slower in bf16 than in fp32 (measured: 51.6 vs 12.7 ms per layer, B=32, T=128).
-        with torch.autocast("cpu", enabled=False):
-            y = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), dropout_p=dropout, is_causal=True)
-        return y.to(q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+    if q.device.type != "cpu":
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+    # Under bf16 autocast on CPU, attention runs in fp32: PyTorch's CPU flash-attention backward is
+    # ~4x slower in bf16 than in fp32 (measured: 51.6 vs 12.7 ms per layer, B=32, T=128).
+    with torch.autocast("cpu", enabled=False):
+        qf, kf, vf = q.float(), k.float(), v.float()
+        if p > 0:
+            # CPU flash attention has no dropout; this keeps the memory of a flash kernel (tinygpt/kernels.py).
+            y = dropout_attention(qf, kf, vf, p)
+        else:
+            y = F.scaled_dot_product_attention(qf, kf, vf, is_causal=True)
+    return y.to(q.dtype)
 
 
 class CausalSelfAttention(nn.Module):
@@ -64,7 +71,6 @@ class CausalSelfAttention(nn.Module):
         # faster than 3 * n_head small ones.
         self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
-        self.resid_drop = nn.Dropout(cfg.dropout)
 
     def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         B, T, C = x.shape
@@ -75,10 +81,9 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self._heads(x)
-        dropout = self.dropout if self.training else 0.0
-        y = _attend(q, k, v, dropout)  # (B, nh, T, hs)
+        y = _attend(q, k, v, self.dropout if self.training else 0.0)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads side by side
-        return self.resid_drop(self.proj(y))
+        return dropout(self.proj(y), self.dropout, self.training)
 
     @torch.no_grad()
     def weights(self, x: torch.Tensor) -> torch.Tensor:
@@ -95,10 +100,11 @@ class MLP(nn.Module):
         super().__init__()
         self.fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
         self.proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.proj(F.gelu(self.fc(x))))
+        # proj(gelu(fc(x))), with gelu recomputed in backward rather than kept (tinygpt/kernels.py).
+        return dropout(gelu_linear(self.fc(x), self.proj), self.dropout, self.training)
 
 
 class Block(nn.Module):
@@ -123,7 +129,6 @@ class GPT(nn.Module):
         # Without position embeddings attention sees a bag of characters (only the causal mask tells
         # order apart): the classic exercise that shows why positions matter.
         self.pos_emb = nn.Embedding(cfg.block_size, cfg.n_embd) if cfg.pos_emb else None
-        self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
@@ -163,7 +168,7 @@ class GPT(nn.Module):
         x = self.tok_emb(idx)  # (B, T, C)
         if self.pos_emb is not None:
             x = x + self.pos_emb(torch.arange(T, device=idx.device))  # (T, C) broadcasts over B
-        return self.drop(x)
+        return dropout(x, self.cfg.dropout, self.training)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         """Logits (B, T, vocab) and, given targets (B, T), the mean cross-entropy loss."""
