@@ -7,6 +7,12 @@ Trains with the real trainer on ../shared/data/tinyshakespeare/input.txt (it sto
 file is absent), evaluating on fixed validation windows every `eval_interval` steps, and prints JSON:
 seconds to the first evaluation at or below the target (training time, and wall time including the
 process start), steps, tokens, and the final and best validation loss.
+
+It then scores the final checkpoint two more ways, so figures from elsewhere can be compared:
+`full_val_loss` over every non-overlapping window of the validation split (what the fixed windows
+estimate), and `reference_style_val_loss`, the estimate nanoGPT prints (20 batches of batch_size random
+windows, i.e. 240 windows for its CPU recipe), drawn 40 times with seeds 0..39: mean, sd, min, max.
+A single such estimate is one draw from that spread.
 """
 
 from __future__ import annotations
@@ -82,6 +88,7 @@ def main() -> None:
         wall = time.perf_counter() - t0
         if proc.returncode != 0:
             raise SystemExit(f"trainer failed: {proc.stderr.read()}")
+        scores = score_final_model(out, data_dir=Path(tmp) / "data")
     start = next(r for r in records if r.get("event") == "start")
     vals = [r for r in records if "val_loss" in r]
     last_step = max(r["step"] for r in records if "step" in r)
@@ -92,7 +99,51 @@ def main() -> None:
         "final_val_loss": round(vals[-1]["val_loss"], 4) if vals else None,
         "best_val_loss": round(min(v["val_loss"] for v in vals), 4) if vals else None,
         "stopped_by_budget": gave_up, "wall_s": round(wall, 1), "precision": start["precision"],
+        **scores,
     }))
+
+
+def score_final_model(run: Path, data_dir: Path, draws: int = 40, batches: int = 20) -> dict:
+    """Val loss of the newest checkpoint over the whole split, and the spread of 20-batch estimates."""
+    import statistics
+
+    import numpy as np
+    import torch
+
+    from tinygpt import checkpoint as ckpt
+    from tinygpt.config import from_dict
+    from tinygpt.data import prepare_from_config
+    from tinygpt.model import GPT, GPTConfig
+
+    _, state = ckpt.load_newest(run, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
+    cfg = from_dict(state["config"])
+    model = GPT(GPTConfig(**state["model_args"])).eval()
+    model.load_state_dict(state["model"])
+    val = prepare_from_config(cfg.data.dataset, cfg.data.data_file, str(data_dir)).tokens("val")
+    T, B = model.cfg.block_size, cfg.data.batch_size
+    window = torch.arange(T + 1)
+
+    @torch.no_grad()
+    def mean_loss(offsets: torch.Tensor, batch: int) -> float:
+        total = 0.0
+        for i in range(0, len(offsets), batch):
+            chunk = torch.from_numpy(val[(offsets[i:i + batch, None] + window).numpy()].astype(np.int64))
+            total += model(chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous())[1].item() * len(chunk)
+        return total / len(offsets)
+
+    full = mean_loss(torch.arange(0, len(val) - T - 1, T), 256)
+    estimates = []
+    for seed in range(draws):
+        g = torch.Generator().manual_seed(seed)
+        estimates.append(statistics.fmean(
+            mean_loss(torch.randint(len(val) - T, (B,), generator=g), B) for _ in range(batches)))
+    return {
+        "full_val_loss": round(full, 4),
+        "reference_style_val_loss": {"windows": batches * B, "draws": draws,
+                                     "mean": round(statistics.fmean(estimates), 4),
+                                     "sd": round(statistics.stdev(estimates), 4),
+                                     "min": round(min(estimates), 4), "max": round(max(estimates), 4)},
+    }
 
 
 if __name__ == "__main__":
