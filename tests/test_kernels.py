@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from tinygpt import kernels
 from tinygpt.kernels import dropout, dropout_attention, gelu_linear
 from tinygpt.model import GPT, GPTConfig
 
@@ -59,8 +60,9 @@ def test_p_outside_the_open_interval_is_refused(p):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_training_with_dropout_on_cpu_keeps_only_boolean_masks_and_no_gelu_output(precision):
+def test_training_with_dropout_on_cpu_keeps_only_boolean_masks_and_no_gelu_output(precision, monkeypatch):
     """The plain ops would keep float (T, T) attention matrices, float dropout masks and gelu(h)."""
+    monkeypatch.setattr(kernels, "GELU_RECOMPUTE_BYTES", 0)  # as for a large model
     T = 32
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=20, block_size=T, n_layer=2, n_head=2, n_embd=16, dropout=0.2)).train()
@@ -100,8 +102,13 @@ def test_dropout_keeps_a_boolean_mask_scales_kept_values_and_passes_gradients_th
     assert dropout(x, 0.25, training=False) is x and dropout(x, 0.0, training=True) is x
 
 
+@pytest.fixture
+def always_recompute(monkeypatch):
+    monkeypatch.setattr(kernels, "GELU_RECOMPUTE_BYTES", 0)
+
+
 @pytest.mark.parametrize("bias", [False, True])
-def test_gelu_linear_matches_the_plain_ops_in_fp64(bias):
+def test_gelu_linear_matches_the_plain_ops_in_fp64(bias, always_recompute):
     torch.manual_seed(0)
     linear = torch.nn.Linear(12, 5, bias=bias).double()
     h = torch.randn(3, 7, 12, dtype=torch.float64, requires_grad=True)
@@ -116,7 +123,7 @@ def test_gelu_linear_matches_the_plain_ops_in_fp64(bias):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
-def test_gelu_linear_under_bf16_autocast_gives_the_plain_autocast_gradients():
+def test_gelu_linear_under_bf16_autocast_gives_the_plain_autocast_gradients(always_recompute):
     torch.manual_seed(0)
     linear = torch.nn.Linear(64, 32)
     h = torch.randn(8, 64, requires_grad=True)
@@ -129,3 +136,13 @@ def test_gelu_linear_under_bf16_autocast_gives_the_plain_autocast_gradients():
     for a, b in zip(*grads):
         assert a.dtype == b.dtype == torch.float32
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_gelu_linear_recomputes_only_when_the_activation_is_big(monkeypatch):
+    linear = torch.nn.Linear(16, 4)
+    h = torch.randn(2, 16, requires_grad=True)
+    kinds = []
+    for threshold in (0, h.numel() * h.element_size() + 1):
+        monkeypatch.setattr(kernels, "GELU_RECOMPUTE_BYTES", threshold)
+        kinds.append(type(gelu_linear(h, linear).grad_fn).__name__)
+    assert kinds == ["_GeluLinearBackward", "AddmmBackward0"], kinds
