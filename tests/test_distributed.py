@@ -130,3 +130,26 @@ def test_two_nodes_under_srun_find_the_master_from_the_nodelist_and_stay_in_sync
     steps = [r["step"] for r in records if "lr" in r]
     assert steps == sorted(set(steps))
     assert (tmp_path / "out.txt").read_text().count("done: step 20") == 1
+
+
+@pytest.mark.parametrize("world_size, leaves_by", [("2", "os._exit"), ("1", "sys.exit")])
+def test_a_distributed_rank_skips_python_finalisation_at_exit(monkeypatch, world_size, leaves_by):
+    """Finalisation ran the collective library's C++ destructors, which aborted a finished rank ~1 in 20."""
+    import tinygpt.train as train_mod
+
+    calls = []
+
+    def leave(how):
+        def fake(code):
+            calls.append((how, code))
+            raise SystemExit(code)  # neither returns
+        return fake
+
+    monkeypatch.setenv("WORLD_SIZE", world_size)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setattr(train_mod.os, "_exit", leave("os._exit"))
+    monkeypatch.setattr(train_mod.sys, "exit", leave("sys.exit"))
+    with pytest.raises(SystemExit):
+        train_mod.exit_process(75)
+    assert calls == [(leaves_by, 75)]
