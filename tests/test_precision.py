@@ -23,11 +23,14 @@ def test_auto_policy_on_cpu_is_fp32_uncompiled_for_small_batches():
     assert (policy.precision, policy.use_scaler, policy.compile, policy.fused_adamw) == ("fp32", False, False, True)
 
 
-@pytest.mark.parametrize("bf16_units, tokens, expected",
-                         [(True, 2048, "bf16"), (True, 16384, "bf16"), (True, 2047, "fp32"), (False, 16384, "fp32"),
-                          (True, None, "fp32")])
-def test_auto_policy_on_cpu_picks_bf16_where_it_was_measured_faster(bf16_units, tokens, expected):
-    assert choose_policy("cpu", None, cpu_bf16=bf16_units, cpu_tokens=tokens).precision == expected
+@pytest.mark.parametrize("bf16_units, amx, tokens, expected",
+                         [(True, False, 2048, "bf16"), (True, False, 16384, "bf16"), (True, False, 2047, "fp32"),
+                          (True, False, 768, "fp32"), (False, False, 16384, "fp32"), (True, False, None, "fp32"),
+                          (True, True, 512, "bf16"), (True, True, 768, "bf16"), (True, True, 511, "fp32"),
+                          (True, True, None, "fp32")])
+def test_auto_policy_on_cpu_picks_bf16_where_it_was_measured_faster(bf16_units, amx, tokens, expected):
+    policy = choose_policy("cpu", None, cpu_bf16=bf16_units, cpu_tokens=tokens, cpu_amx=amx)
+    assert policy.precision == expected
 
 
 def test_explicit_choices():

@@ -48,13 +48,23 @@ class Policy:
         return f"{self.device_type} {self.precision}" + (f" ({', '.join(extra)})" if extra else "")
 
 
-# On CPUs with native bf16 (AVX512-BF16 / AMX), bf16 autocast pays off once a micro-batch holds enough
-# tokens for the matmuls to dominate. Measured on this project's 2-core machines (bench/throughput.py):
-#    768 tokens (12 x 64, width 128):   bf16 0.77x the fp32 tokens/s   -> fp32
-#   2048 tokens (16 x 128, width 128):  bf16 1.45-1.54x                -> bf16
-#   4096 tokens (32 x 128, width 128):  bf16 1.35-1.8x                 -> bf16
-#  16384 tokens (64 x 256, width 384):  bf16 2.2x                      -> bf16
+# On CPUs with native bf16, bf16 autocast pays off once a micro-batch holds enough tokens for the
+# matmuls to dominate; with AMX tiles much sooner than with AVX512-BF16 alone. Measured on this
+# project's 2-core machines (bench/throughput.py, width 128 unless said; fp32 tokens/s = 1x):
+#   AVX512-BF16 without AMX (bf16 matmul peak ~0.4 TFLOP/s, 2x fp32):
+#      768 tokens (12 x 64):              bf16 0.77x   -> fp32
+#     2048 tokens (16 x 128):             bf16 1.45-1.54x
+#     4096 tokens (32 x 128):             bf16 1.35-1.8x
+#    16384 tokens (64 x 256, width 384):  bf16 2.2x
+#   AMX (bf16 matmul peak 1.0-2.9 TFLOP/s):
+#      128 tokens (2 x 64):               bf16 0.85-0.88x -> fp32
+#      256 tokens (4 x 64):               bf16 1.01-1.04x -> fp32 (no gain worth the rounding)
+#      512 tokens (8 x 64):               bf16 1.43-1.52x
+#      768 tokens (12 x 64):              bf16 1.42-1.44x
+#     4096 tokens (32 x 128):             bf16 1.59-1.82x
+#    16384 tokens (64 x 256, width 384):  bf16 2.4-2.8x
 CPU_BF16_MIN_TOKENS = 2048
+CPU_AMX_BF16_MIN_TOKENS = 512
 
 
 def choose_policy(
@@ -64,12 +74,14 @@ def choose_policy(
     compile: str = "auto",
     cpu_bf16: bool = False,
     cpu_tokens: int | None = None,
+    cpu_amx: bool = False,
 ) -> Policy:
     """The precision policy for a device.
 
     device_type: "cpu" or "cuda"; capability: CUDA compute capability, e.g. (8, 0) for A100;
     cpu_bf16: whether this CPU has native bf16 matmuls (AVX512-BF16 / AMX);
-    cpu_tokens: tokens per micro-batch (batch_size * block_size), for the CPU's auto choice.
+    cpu_tokens: tokens per micro-batch (batch_size * block_size), for the CPU's auto choice;
+    cpu_amx: whether those bf16 matmuls run on AMX tiles (they pay off at smaller batches).
     """
     if device_type == "cuda":
         if capability is None:
@@ -87,7 +99,8 @@ def choose_policy(
         fused = True
     elif device_type in ("cpu", "mps"):
         if precision == "auto":
-            big_enough = cpu_tokens is not None and cpu_tokens >= CPU_BF16_MIN_TOKENS
+            threshold = CPU_AMX_BF16_MIN_TOKENS if cpu_amx else CPU_BF16_MIN_TOKENS
+            big_enough = cpu_tokens is not None and cpu_tokens >= threshold
             precision = "bf16" if device_type == "cpu" and cpu_bf16 and big_enough else "fp32"
         elif precision == "fp16":
             raise PrecisionError("precision: fp16 autocast is for GPUs; on CPU use bf16 or fp32")
@@ -110,14 +123,22 @@ def choose_policy(
     return Policy(device_type, precision, precision == "fp16", tf32, use_compile, fused)
 
 
-def cpu_has_bf16() -> bool:
-    """Native bf16 matmul support on this CPU (Linux: the avx512_bf16 or amx_bf16 flags)."""
+def _cpu_flags() -> set[str]:
     try:
         with open("/proc/cpuinfo") as fh:
-            flags = next((line for line in fh if line.startswith("flags")), "")
+            return set(next((line for line in fh if line.startswith("flags")), "").split())
     except OSError:
-        return False
-    return " avx512_bf16" in flags or " amx_bf16" in flags
+        return set()
+
+
+def cpu_has_bf16() -> bool:
+    """Native bf16 matmul support on this CPU (Linux: the avx512_bf16 or amx_bf16 flags)."""
+    return bool({"avx512_bf16", "amx_bf16"} & _cpu_flags())
+
+
+def cpu_has_amx() -> bool:
+    """bf16 matmuls on AMX tiles (Sapphire Rapids and newer; Linux: the amx_bf16 flag)."""
+    return "amx_bf16" in _cpu_flags()
 
 
 def pick_device(requested: str, local_rank: int = 0) -> str:
@@ -136,7 +157,7 @@ def resolve_policy(device: str, precision: str, compile: str, tokens_per_microba
     kind = device.split(":")[0]
     capability = torch.cuda.get_device_capability(device) if kind == "cuda" else None
     return choose_policy(kind, capability, precision, compile, cpu_bf16=kind == "cpu" and cpu_has_bf16(),
-                         cpu_tokens=tokens_per_microbatch)
+                         cpu_tokens=tokens_per_microbatch, cpu_amx=kind == "cpu" and cpu_has_amx())
 
 
 def apply(policy: Policy) -> None:
