@@ -136,7 +136,8 @@ class RunConfig:
     sample_prompt: str = _f("\n", "prompt for the final sample")
     device: str = _f("auto", "auto, cpu, cuda or cuda:N")
     precision: str = _f("auto", "auto: bf16 on sm >= 8.0, fp16 on sm 7.x; on CPU bf16 with native bf16 and "
-                                "batch_size*block_size >= 2048, else fp32", PRECISIONS)
+                                "batch_size*block_size >= 512 (AMX) or 2048 (AVX512-BF16), else fp32",
+                        PRECISIONS)
     compile: str = _f("auto", "torch.compile: auto (on for CUDA), on or off", COMPILE_MODES)
     activation_checkpointing: bool = _f(False, "recompute each block in backward: less memory, ~30% more compute")
     threads: int | None = _f(None, "CPU threads (default: $SLURM_CPUS_PER_TASK, else torch's choice)")

@@ -1,8 +1,8 @@
 """Hand-written forward/backward pairs that keep less for backward than the plain PyTorch ops.
 
-Training memory is mostly what autograd keeps from forward for backward. Three things the model does
-keep more than they need to on CPU; each function here computes exactly the same values and gradients
-with less kept (tests/test_kernels.py compares them with the plain ops):
+Training memory is mostly what autograd keeps from forward for backward. In three places the plain
+ops keep more than they need to; each function here computes exactly the same values and gradients with
+less kept (tests/test_kernels.py compares them with the plain ops):
 
 * `dropout_attention`: causal attention with dropout, in blocks. PyTorch's fused CPU attention (flash)
   has no dropout, so `F.scaled_dot_product_attention(dropout_p > 0)` falls back to the plain math and

@@ -103,7 +103,7 @@ class MLP(nn.Module):
         self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # proj(gelu(fc(x))), with gelu recomputed in backward rather than kept (tinygpt/kernels.py).
+        # proj(gelu(fc(x))); for a big h = fc(x), gelu(h) is recomputed in backward, not kept (tinygpt/kernels.py).
         return dropout(gelu_linear(self.fc(x), self.proj), self.dropout, self.training)
 
 
