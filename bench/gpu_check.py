@@ -1,38 +1,334 @@
-"""A short check for a lent GPU machine: the 6x384, block-256, batch-64 config with the auto policy.
+"""The checks for a lent GPU machine: what CPU tests cannot show, in one short run.
 
-    python bench/gpu_check.py                 # 300 steps on CUDA; 4 steps on CPU (slow, but it keeps working)
-    python bench/gpu_check.py --steps 100 --precision fp16 --compile off
+    python bench/gpu_check.py                      # every check, on CUDA
+    python bench/gpu_check.py --only throughput    # one or more: --only kernels,resume
+    python bench/gpu_check.py --device cpu --quick # the same code paths, shrunk, to try the script on CPU
 
-Prints one JSON object: precision, compile on/off, ms/iter (median after warm-up), tokens/s, MFU
-(against the GPU's peak from tinygpt.precision.PEAK_FLOPS) and peak memory.
+One JSON line per check, with `ok` and the figures behind it; the exit status is 1 when any check fails.
+
+* kernels: tinygpt/kernels.py's gelu_linear against the plain ops on the GPU (fp32 and bf16 autocast),
+  native dropout's keep rate, and the model compiled against eager under the auto policy.
+* precision: the small config (nanoGPT's CPU recipe, 2000 steps) in fp32, bf16 and fp16 with its grad
+  scaler: each run's val loss on Tiny Shakespeare (when ../shared/data has it) and their spread.
+* resume: a run stopped halfway and resumed against the same run straight through, in fp32 and under
+  the auto policy (bf16, compiled), both with dropout. Exact where the GPU's kernels are deterministic;
+  where two straight runs already differ, the resumed run must differ from them no more than they do.
+* preempt: SIGUSR2 to a CUDA run under a Slurm job id saves a checkpoint and exits 75 for a requeue;
+  the next start resumes from it and finishes.
+* nccl: a one-rank NCCL process group, all_reduce, and DDP around the compiled model under bf16
+  autocast giving the gradients of the bare model (one GPU cannot hold two NCCL ranks).
+* sample: text generated on the GPU from a trained checkpoint.
+* throughput: the large config (6x384, block 256, batch 64): auto (bf16, compiled), fp16, fp32 (TF32),
+  and auto with the published recipe's dropout 0.2: ms/iter, tokens/s, MFU against the GPU's datasheet
+  peak (tinygpt.precision.PEAK_FLOPS), peak memory.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
 
-from common import PRESETS, run_trainer
+from common import PRESETS, ROOT, SHAKESPEARE, data_flags, flags_for, run_trainer
+
+CHECKS = ("kernels", "precision", "resume", "preempt", "nccl", "sample", "throughput")
+
+
+class CheckFailed(Exception):
+    pass
+
+
+def expect(condition: bool, message: str) -> None:
+    if not condition:
+        raise CheckFailed(message)
+
+
+def trainer(out: Path, device: str, *flags: str, env: dict | None = None, timeout: float = 600
+            ) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "tinygpt.train", "--device", device, "--out-dir", str(out),
+           "--data-dir", str(out.parent / "data"), "--progress", "off", "--sample-tokens", "0", *flags]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "TINYGPT_OFFLINE": "1", **(env or {})})
+    return proc
+
+
+def metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def losses(out: Path) -> list[tuple]:
+    return [(r["step"], r.get("train_loss"), r.get("val_loss")) for r in metrics(out) if "event" not in r]
+
+
+def ran(proc: subprocess.CompletedProcess, what: str) -> None:
+    expect(proc.returncode == 0, f"{what} exited {proc.returncode}: {proc.stderr[-2000:]}")
+
+
+# ----------------------------------------------------------------------------------------------------
+
+
+def check_kernels(device: str, quick: bool, tmp: Path) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    from tinygpt import kernels
+    from tinygpt.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    result = {}
+    lin = torch.nn.Linear(256, 64).to(device)
+    h0 = torch.randn(16, 32, 256, device=device)
+    dout = torch.randn(16, 32, 64, device=device)
+    for name, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
+        grads = []
+        for fn in (lambda h: lin(F.gelu(h)), lambda h: kernels._GeluLinear.apply(h, lin.weight, lin.bias)):
+            h = h0.clone().requires_grad_(True)
+            lin.zero_grad()
+            with torch.autocast(device.split(":")[0], dtype=dtype, enabled=dtype is not None):
+                out = fn(h)
+            out.backward(dout.to(out.dtype))
+            grads.append([out.float(), h.grad.float(), lin.weight.grad.clone(), lin.bias.grad.clone()])
+        worst = max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(*grads))
+        result[f"gelu_linear_{name}_max_rel_diff"] = worst
+        expect(worst < (1e-5 if dtype is None else 2e-2), f"gelu_linear {name} differs by {worst:.2e} (relative)")
+
+    x = torch.ones(1 << 20, device=device)
+    kept = (kernels.dropout(x, 0.2, training=True) != 0).float().mean().item()
+    result["dropout_keep_rate_at_p0.2"] = round(kept, 4)
+    expect(abs(kept - 0.8) < 0.005, f"dropout kept {kept:.4f} of the elements at p=0.2, not 0.8")
+
+    # The model as training runs it under the auto policy: compiled, autocast, gelu_linear on, against eager.
+    old = kernels.GELU_RECOMPUTE_BYTES
+    kernels.GELU_RECOMPUTE_BYTES = 0
+    try:
+        cfg = GPTConfig(vocab_size=65, block_size=64, n_layer=2, n_head=4, n_embd=128, dropout=0.0)
+        model = GPT(cfg).to(device)
+        idx = torch.randint(0, 65, (8, 64), device=device)
+        amp = dict(device_type=device.split(":")[0], dtype=torch.bfloat16)
+        runs = []
+        for m in (model, torch.compile(model)):
+            model.zero_grad()
+            with torch.autocast(**amp):
+                _, loss = m(idx, idx)
+            loss.backward()
+            runs.append((loss.item(), torch.cat([p.grad.flatten() for p in model.parameters()])))
+        (eager_loss, eager_g), (comp_loss, comp_g) = runs
+        cos = F.cosine_similarity(eager_g, comp_g, dim=0).item()
+        result.update(eager_loss=round(eager_loss, 5), compiled_loss=round(comp_loss, 5), grad_cosine=round(cos, 6))
+        expect(abs(eager_loss - comp_loss) < 1e-2, f"compiled loss {comp_loss} vs eager {eager_loss}")
+        expect(cos > 0.999, f"compiled and eager gradients point apart (cosine {cos})")
+    finally:
+        kernels.GELU_RECOMPUTE_BYTES = old
+    return result
+
+
+def precision_runs(device: str, quick: bool, tmp: Path) -> dict:
+    steps = 200 if quick else 2000
+    flags = [*flags_for(PRESETS["small"]), *data_flags(), "--max-steps", str(steps), "--lr", "1e-3",
+             "--min-lr", "1e-4", "--warmup-steps", "100", "--beta2", "0.99", "--eval-interval", str(steps),
+             "--eval-windows", "2000", "--log-interval", "100", "--ckpt-interval", str(steps), "--compile", "off"]
+    result = {"steps": steps, "data": "tinyshakespeare" if SHAKESPEARE.exists() else "pydoc"}
+    precisions = ("fp32", "bf16") if device == "cpu" else ("fp32", "bf16", "fp16")
+    for precision in precisions:
+        out = tmp / f"precision-{precision}"
+        t0 = time.perf_counter()
+        ran(trainer(out, device, *flags, "--precision", precision), f"the {precision} run")
+        val = [r["val_loss"] for r in metrics(out) if "val_loss" in r][-1]
+        result[f"{precision}_val_loss"] = round(val, 4)
+        result[f"{precision}_wall_s"] = round(time.perf_counter() - t0, 1)
+    vals = [result[f"{p}_val_loss"] for p in precisions]
+    result["spread"] = round(max(vals) - min(vals), 4)
+    expect(all(math.isfinite(v) for v in vals), f"a val loss is not finite: {vals}")
+    expect(result["spread"] <= 0.03, f"val losses differ by {result['spread']} across precisions (limit 0.03)")
+    return result
+
+
+def check_precision(device: str, quick: bool, tmp: Path) -> dict:
+    return precision_runs(device, quick, tmp)
+
+
+def check_resume(device: str, quick: bool, tmp: Path) -> dict:
+    steps = 20 if quick else 60
+    base = [*flags_for(dict(n_layer=2, n_head=4, n_embd=128, block_size=64, batch_size=16)), *data_flags(),
+            "--max-steps", str(steps), "--dropout", "0.1", "--log-interval", "1", "--eval-interval",
+            str(steps // 2), "--ckpt-interval", str(steps), "--eval-windows", "64"]
+    result = {"steps": steps}
+    for label, policy in (("fp32", ["--precision", "fp32", "--compile", "off"]), ("auto", [])):
+        if label == "auto" and device == "cpu":
+            policy = ["--precision", "bf16", "--compile", "on"]
+        flags = base + policy
+        whole, again, part = (tmp / f"resume-{label}-{n}" for n in ("whole", "again", "part"))
+        ran(trainer(whole, device, *flags), f"{label}: the straight run")
+        ran(trainer(again, device, *flags), f"{label}: the second straight run")
+        ran(trainer(part, device, *flags, "--stop-after", str(steps // 2)), f"{label}: the first half")
+        ran(trainer(part, device, *flags), f"{label}: the resumed half")
+        events = [r["event"] for r in metrics(part) if "event" in r]
+        expect(events == ["start", "paused", "start", "finished"], f"{label}: events {events}")
+
+        def gap(a, b):
+            return max(abs(x - y) for ra, rb in zip(losses(a), losses(b)) for x, y in zip(ra[1:], rb[1:])
+                       if x is not None)
+
+        run_to_run, resumed = gap(whole, again), gap(whole, part)
+        result[f"{label}_straight_runs_identical"] = run_to_run == 0
+        result[f"{label}_resumed_identical"] = resumed == 0
+        result[f"{label}_max_loss_gap_run_to_run"] = run_to_run
+        result[f"{label}_max_loss_gap_resumed"] = resumed
+        if run_to_run == 0:
+            expect(resumed == 0, f"{label}: straight runs are identical but the resumed one differs by {resumed}")
+        else:
+            expect(resumed <= 3 * run_to_run + 1e-3,
+                   f"{label}: resumed run differs by {resumed}, straight runs by {run_to_run}")
+    return result
+
+
+def check_preempt(device: str, quick: bool, tmp: Path) -> dict:
+    out = tmp / "preempt"
+    bindir = tmp / "bin"  # no scontrol: the run asks its batch script to resubmit (exit 75)
+    bindir.mkdir(exist_ok=True)
+    flags = [*flags_for(PRESETS["small"]), *data_flags(), "--max-steps", "100000", "--log-interval", "1",
+             "--eval-interval", "100000", "--ckpt-interval", "100000", "--eval-windows", "64"]
+    cmd = [sys.executable, "-m", "tinygpt.train", "--device", device, "--out-dir", str(out), "--data-dir",
+           str(tmp / "data"), "--progress", "off", "--sample-tokens", "0", *flags]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TINYGPT_OFFLINE": "1", "SLURM_JOB_ID": "4242", "PATH": str(bindir)}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if (out / "metrics.jsonl").exists() and any("lr" in r and r["step"] >= 50 for r in metrics(out)):
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGUSR2)
+    stdout, stderr = proc.communicate(timeout=120)
+    expect(proc.returncode == 75, f"exit {proc.returncode} after SIGUSR2, not 75: {stderr[-2000:]}")
+    event = metrics(out)[-1]
+    expect(event.get("event") == "preempted", f"last record {event}")
+    stopped = event["step"]
+    resumed = trainer(out, device, *[f if f != "100000" else str(stopped + 20) for f in flags])
+    ran(resumed, "the resumed run")
+    records = metrics(out)
+    starts = [r for r in records if r.get("event") == "start"]
+    expect(len(starts) == 2 and starts[1]["resumed_from"] is not None, f"starts: {starts}")
+    expect(records[-1].get("event") == "finished" and records[-1]["step"] == stopped + 20, f"end: {records[-1]}")
+    return {"stopped_at_step": stopped, "exit_code": proc.returncode, "resumed_and_finished_at": stopped + 20,
+            "device": starts[1]["device"]}
+
+
+def check_nccl(device: str, quick: bool, tmp: Path) -> dict:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from tinygpt.model import GPT, GPTConfig
+
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        t = torch.arange(4.0, device=device)
+        dist.all_reduce(t)
+        expect(t.tolist() == [0.0, 1.0, 2.0, 3.0], f"all_reduce over one rank gave {t.tolist()}")
+        cfg = GPTConfig(vocab_size=65, block_size=64, n_layer=2, n_head=4, n_embd=128)
+        torch.manual_seed(0)
+        bare = GPT(cfg).to(device)
+        torch.manual_seed(0)
+        wrapped_model = GPT(cfg).to(device)
+        ddp = DDP(torch.compile(wrapped_model), device_ids=[torch.device(device).index] if backend == "nccl" else None)
+        idx = torch.randint(0, 65, (8, 64), device=device)
+        amp = dict(device_type=device.split(":")[0], dtype=torch.bfloat16)
+        for m in (bare, ddp):
+            with torch.autocast(**amp):
+                _, loss = m(idx, idx)
+            loss.backward()
+        g1 = torch.cat([p.grad.flatten() for p in bare.parameters()])
+        g2 = torch.cat([p.grad.flatten() for p in wrapped_model.parameters()])
+        cos = torch.nn.functional.cosine_similarity(g1, g2, dim=0).item()
+        expect(cos > 0.999, f"DDP(compiled) gradients differ from the bare model's (cosine {cos})")
+        version = ".".join(map(str, torch.cuda.nccl.version())) if backend == "nccl" else None
+        return {"backend": backend, "nccl": version, "grad_cosine": round(cos, 6)}
+    finally:
+        dist.destroy_process_group()
+
+
+def check_sample(device: str, quick: bool, tmp: Path) -> dict:
+    run = tmp / "precision-bf16"
+    if not run.exists():
+        precision_runs(device, True, tmp)
+    proc = subprocess.run([sys.executable, "-m", "tinygpt.sample", "--run", str(run), "--device", device,
+                           "--tokens", "300", "--prompt", "ROMEO:"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    ran(proc, "tinygpt.sample")
+    text = proc.stdout
+    expect(text.startswith("ROMEO:") and len(text) >= 300, f"sample: {text[:200]!r}")
+    return {"sample": text[:300]}
+
+
+def check_throughput(device: str, quick: bool, tmp: Path) -> dict:
+    import torch
+
+    config = dict(PRESETS["large"])
+    if quick:
+        config.update(n_layer=2, batch_size=4)
+    long, short = (4, 3) if quick else (200, 60)
+    runs = {}
+    for label, steps, extra in (("auto", long, ["--precision", "auto", "--compile", "auto"]),
+                                ("fp16", short, ["--precision", "fp16", "--compile", "off"]),
+                                ("fp32_tf32", short, ["--precision", "fp32", "--compile", "off"]),
+                                ("auto_dropout0.2", short, ["--precision", "auto", "--compile", "auto",
+                                                            "--dropout", "0.2"])):
+        if device == "cpu" and label == "fp16":
+            continue
+        runs[label] = run_trainer(config, steps, min(20, steps // 3), [*extra, "--device", device])
+    gpu = torch.cuda.get_device_name() if device.startswith("cuda") else None
+    expect(all(math.isfinite(r["final_train_loss"]) for r in runs.values()), f"non-finite loss: {runs}")
+    return {"config": config, "gpu": gpu, "runs": runs}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, help="default: 300 on CUDA, 4 on CPU")
-    parser.add_argument("--precision", default="auto")
-    parser.add_argument("--compile", default="auto")
-    parser.add_argument("--device", default="auto")
+    parser.add_argument("--only", help=f"comma-separated, of: {', '.join(CHECKS)}")
+    parser.add_argument("--device", default="cuda:0")
+    parser.add_argument("--quick", action="store_true", help="shrunk sizes (to try the script itself on CPU)")
     args = parser.parse_args()
+    wanted = args.only.split(",") if args.only else list(CHECKS)
+    unknown = sorted(set(wanted) - set(CHECKS))
+    if unknown:
+        parser.error(f"--only: unknown check(s) {', '.join(unknown)}; choose from {', '.join(CHECKS)}")
     import torch
 
-    cuda = torch.cuda.is_available() and args.device != "cpu"
-    steps = args.steps or (300 if cuda else 4)
-    warmup = min(20, steps // 3) if cuda else 1
-    result = run_trainer(PRESETS["large"], steps, warmup,
-                         ["--precision", args.precision, "--compile", args.compile, "--device", args.device])
-    result.update(config="large (6x384, block 256, batch 64)", steps=steps, torch=torch.__version__,
-                  gpu=torch.cuda.get_device_name() if cuda else None, host=platform.node())
-    print(json.dumps(result))
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error("no CUDA GPU is visible; run on a GPU machine, or try the script with --device cpu --quick")
+    print(json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda, "host": platform.node(),
+                      "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}), flush=True)
+    failed = []
+    with tempfile.TemporaryDirectory(prefix="tinygpt-gpu-check-") as tmp:
+        for name in CHECKS:
+            if name not in wanted:
+                continue
+            t0 = time.perf_counter()
+            try:
+                result = {"check": name, "ok": True, **globals()[f"check_{name}"](args.device, args.quick, Path(tmp))}
+            except CheckFailed as err:
+                result = {"check": name, "ok": False, "error": str(err)}
+            except Exception:  # noqa: BLE001 (one broken check must not hide the others' figures)
+                result = {"check": name, "ok": False, "error": traceback.format_exc()[-3000:]}
+            result["seconds"] = round(time.perf_counter() - t0, 1)
+            if not result["ok"]:
+                failed.append(name)
+            print(json.dumps(result), flush=True)
+    print(json.dumps({"failed": failed}), flush=True)
+    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":

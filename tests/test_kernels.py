@@ -52,6 +52,29 @@ def test_the_same_seed_gives_the_same_masks():
     assert not torch.equal(a, c)
 
 
+def test_compiled_under_autocast_matches_eager(monkeypatch):
+    """A compiled graph traces backward under the caller's autocast; the kernel must stay in q's dtype."""
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(inductor_config, "fallback_random", True)  # the compiled graph draws eager's masks
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 16, 8, requires_grad=True) for _ in range(3))
+    grad = torch.randn(2, 2, 16, 8)
+
+    def attend(q, k, v):
+        return dropout_attention(q, k, v, 0.3)
+
+    results = []
+    for fn in (attend, torch.compile(attend)):
+        torch.manual_seed(3)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = fn(q, k, v)
+        results.append((out, *torch.autograd.grad(out, (q, k, v), grad)))
+    assert all(t.dtype == torch.float32 for t in results[1])
+    for name, a, b in zip(("out", "dq", "dk", "dv"), *results):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=f"{name} differs")
+
+
 @pytest.mark.parametrize("p", [0.0, 1.0, -0.1])
 def test_p_outside_the_open_interval_is_refused(p):
     q = torch.randn(1, 1, 4, 2)

@@ -64,6 +64,14 @@ class _DropoutAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
+        # Forward ran without autocast (its inputs' dtype throughout); so must backward. Eager autograd
+        # runs backward outside autocast anyway, but a compiled graph traces it under the caller's
+        # autocast, which would turn these bmms bf16 against their fp32 `out=` buffers.
+        with torch.autocast(dout.device.type, enabled=False):
+            return _DropoutAttention._backward(ctx, dout)
+
+    @staticmethod
+    def _backward(ctx, dout):
         qs, kf, vs, dropped = ctx.saved_tensors
         B, H, T, D = ctx.shape
         do = dout.reshape(B * H, T, D)
@@ -95,7 +103,8 @@ def dropout_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: floa
         raise ValueError(f"dropout_attention needs 0 < p < 1, got {p}")
     if heads_per_block is None:
         heads_per_block = _heads_per_block(q.size(2), q.element_size())
-    return _DropoutAttention.apply(q, k, v, p, heads_per_block)
+    with torch.autocast(q.device.type, enabled=False):  # in q's dtype throughout, also under autocast
+        return _DropoutAttention.apply(q, k, v, p, heads_per_block)
 
 
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
