@@ -255,7 +255,8 @@ def check_nccl(device: str, quick: bool, tmp: Path) -> dict:
         g2 = torch.cat([p.grad.flatten() for p in wrapped_model.parameters()])
         cos = torch.nn.functional.cosine_similarity(g1, g2, dim=0).item()
         expect(cos > 0.999, f"DDP(compiled) gradients differ from the bare model's (cosine {cos})")
-        version = ".".join(map(str, torch.cuda.nccl.version())) if backend == "nccl" else None
+        version = torch.cuda.nccl.version() if backend == "nccl" else None  # a tuple, or an int on old torch
+        version = ".".join(map(str, version)) if isinstance(version, tuple) else version
         return {"backend": backend, "nccl": version, "grad_cosine": round(cos, 6)}
     finally:
         dist.destroy_process_group()
@@ -321,7 +322,7 @@ def main() -> None:
                 result = {"check": name, "ok": True, **globals()[f"check_{name}"](args.device, args.quick, Path(tmp))}
             except CheckFailed as err:
                 result = {"check": name, "ok": False, "error": str(err)}
-            except Exception:  # noqa: BLE001 (one broken check must not hide the others' figures)
+            except (Exception, SystemExit):  # noqa: BLE001 (one broken check must not hide the others' figures)
                 result = {"check": name, "ok": False, "error": traceback.format_exc()[-3000:]}
             result["seconds"] = round(time.perf_counter() - t0, 1)
             if not result["ok"]:
