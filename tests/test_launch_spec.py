@@ -290,8 +290,52 @@ grid: {{lr: [1.0e-3, 3.0e-3]}}
     for name in ("lr=0.001", "lr=0.003"):
         metrics = (tmp_path / "runs" / "loc" / name / "metrics.jsonl").read_text()
         assert '"event": "finished"' in metrics
-    status = launch("status", str(spec), "--workdir", str(tmp_path))
-    assert status.returncode == 0 and status.stdout.count("FINISHED") == 2 and "run dir" in status.stdout
+    status = launch("status", str(spec), "--workdir", str(tmp_path))  # a 120-column terminal
+    assert status.returncode == 0 and status.stdout.count("FINISHED") == 2, status.stdout
+    assert "hidden to fit 120 columns: run dir" in status.stdout
+    assert f"run dirs: {tmp_path / 'runs' / 'loc'}/<run>" in status.stdout
+    # Piped with no COLUMNS: no screen to fit, so every column, the run dirs in full.
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    piped = subprocess.run([sys.executable, str(ROOT / "launch.py"), "status", str(spec), "--workdir", str(tmp_path)],
+                           capture_output=True, text=True, env={**env, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert piped.returncode == 0 and "hidden" not in piped.stdout, piped.stdout
+    assert "run dir" in piped.stdout and str(tmp_path / "runs" / "loc" / "lr=0.003") in piped.stdout
+
+
+def status_rows(n: int = 3):
+    from tinygpt.launch.status import Row
+
+    names = ["n_layer=4,n_embd=128,lr=0.001", "n_layer=6,n_embd=384,lr=0.0003", "base"][:n]
+    return [Row(i, name, f"4242_{i}", "RUNNING", "sacct", 0, 150, 2000, 2.1234, 2.2345, 12345.0, 3600.0,
+                f"/home/alice/tinygpt-hpc/runs/width-depth/{name}") for i, name in enumerate(names)]
+
+
+@pytest.mark.parametrize("width, hidden", [
+    (250, []),
+    (160, ["run dir"]),
+    (120, ["run dir", "from"]),
+    (80, ["run dir", "from", "restarts", "tok/s", "train", "job"]),
+])
+def test_status_table_hides_the_least_needed_columns_to_fit_the_terminal(width, hidden):
+    from rich.console import Console
+
+    from tinygpt.launch.status import COLUMNS, fitted
+
+    console = Console(width=width, record=True)
+    console.print(fitted(status_rows(), "sweep width-depth", width))
+    text = console.export_text()
+    lines = text.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= width, text
+    header = next(line for line in lines if line.startswith("┃"))
+    shown = [cell.strip() for cell in header.strip("┃").split("┃")]
+    assert shown == [col for col, _ in COLUMNS if col not in hidden], text
+    for name in ("n_layer=4,n_embd=128,lr=0.001", "n_layer=6,n_embd=384,lr=0.0003"):
+        assert any(name in line for line in lines), f"the run name {name} is cut or wrapped:\n{text}"
+    if hidden:
+        assert f"hidden to fit {width} columns: {', '.join(hidden)}" in " ".join(text.split())
+        assert "run dirs: /home/alice/tinygpt-hpc/runs/width-depth/<run>" in text
+    else:
+        assert "hidden" not in text
 
 
 def test_pending_array_ids_are_expanded():

@@ -8,6 +8,7 @@ column says which. Progress (step, losses, tokens/s, ETA) always comes from the 
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,48 +114,96 @@ def collect(manifest_path: Path) -> list[Row]:
     return rows
 
 
-def table(rows: list[Row], title: str):
-    from rich.table import Table
+# Columns, and the order in which a narrow terminal hides them (first: the first to go). "#", "run", "state",
+# "step" and "val" always stay.
+COLUMNS = (("#", "right"), ("run", "left"), ("job", "left"), ("state", "left"), ("from", "left"),
+           ("restarts", "right"), ("step", "right"), ("train", "right"), ("val", "right"), ("tok/s", "right"),
+           ("ETA", "right"), ("run dir", "left"))
+HIDE_ORDER = ("run dir", "from", "restarts", "tok/s", "train", "job", "ETA")
+RUN_NAME_MIN = 24  # a run name narrower than this is never wrapped
 
+
+def cells(r: Row) -> dict[str, str]:
     from tinygpt.progress import format_duration
 
-    t = Table(title=title, title_justify="left")
-    for col, justify in (("#", "right"), ("run", "left"), ("job", "left"), ("state", "left"), ("from", "left"),
-                         ("restarts", "right"), ("step", "right"), ("train", "right"), ("val", "right"),
-                         ("tok/s", "right"), ("ETA", "right")):
-        t.add_column(col, justify=justify, no_wrap=col != "run", min_width=len(col))
-    t.add_column("run dir", overflow="fold")
     colors = {"COMPLETED": "green", "FINISHED": "green", "RUNNING": "cyan", "PENDING": "yellow",
               "FAILED": "red", "CANCELLED": "magenta", "TIMEOUT": "red", "REQUEUED": "yellow"}
+    state = r.state.split()[0] if r.state else "?"
+    return {
+        "#": str(r.index), "run": r.name, "job": r.job_id, "state": f"[{colors.get(state, 'white')}]{r.state}[/]",
+        "from": r.source, "restarts": "-" if r.restarts is None else str(r.restarts),
+        "step": "-" if r.step is None else f"{r.step}/{r.max_steps}",
+        "train": "-" if r.train_loss is None else f"{r.train_loss:.4f}",
+        "val": "-" if r.val_loss is None else f"{r.val_loss:.4f}",
+        "tok/s": "-" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}",
+        "ETA": "-" if r.eta_s is None else format_duration(r.eta_s),
+        "run dir": r.run_dir,
+    }
+
+
+def table(rows: list[Row], title: str, hidden: tuple[str, ...] = ()):
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left")
+    name_width = min(RUN_NAME_MIN, max([len(r.name) for r in rows] + [3]))
+    for col, justify in COLUMNS:
+        if col in hidden:
+            continue
+        if col == "run":
+            t.add_column(col, justify=justify, min_width=name_width, overflow="fold")
+        elif col == "run dir":
+            t.add_column(col, overflow="fold", min_width=min(30, max(len(r.run_dir) for r in rows) if rows else 7))
+        else:
+            t.add_column(col, justify=justify, no_wrap=True, min_width=len(col))
     for r in rows:
-        state = r.state.split()[0] if r.state else "?"
-        t.add_row(
-            str(r.index), r.name, r.job_id, f"[{colors.get(state, 'white')}]{r.state}[/]", r.source,
-            "-" if r.restarts is None else str(r.restarts),
-            "-" if r.step is None else f"{r.step}/{r.max_steps}",
-            "-" if r.train_loss is None else f"{r.train_loss:.4f}",
-            "-" if r.val_loss is None else f"{r.val_loss:.4f}",
-            "-" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}",
-            "-" if r.eta_s is None else format_duration(r.eta_s),
-            r.run_dir,
-        )
+        row = cells(r)
+        t.add_row(*(row[col] for col, _ in COLUMNS if col not in hidden))
     return t
+
+
+def fitted(rows: list[Row], title: str, width: int):
+    """The table with as few columns hidden as `width` needs, and a line saying what was hidden."""
+    from rich.console import Console, Group
+    from rich.measure import Measurement
+    from rich.text import Text
+
+    measure_console = Console(width=10_000)
+    hidden: tuple[str, ...] = ()
+    t = table(rows, title)
+    for col in HIDE_ORDER:
+        # The narrowest the table can be without squeezing a column below its min_width: folding the run
+        # dir is fine, squeezing "state" or "step" into two lines is not.
+        if Measurement.get(measure_console, measure_console.options, t).minimum <= width:
+            break
+        hidden += (col,)
+        t = table(rows, title, hidden)
+    if not hidden:
+        return t
+    note = f"hidden to fit {width} columns: {', '.join(hidden)} (a wider terminal, or COLUMNS=200, shows them)"
+    parents = {str(Path(r.run_dir).parent) for r in rows}
+    if "run dir" in hidden and len(parents) == 1 and all(Path(r.run_dir).name == r.name for r in rows):
+        note += f"\nrun dirs: {parents.pop()}/<run>"
+    return Group(t, Text(note, style="dim"))
 
 
 def show(manifest_path: Path, watch: bool = False, interval: float = 5.0, console=None) -> list[Row]:
     from rich.console import Console
 
-    console = console or Console()
+    if console is None:
+        console = Console()
+        if not console.is_terminal and "COLUMNS" not in os.environ:
+            # Piped into a file, grep or a pager: no screen to fit, so every column, at full width.
+            console = Console(width=1_000)
     title = f"sweep {manifest_mod.load(manifest_path)['name']}  ({manifest_path})"
     rows = collect(manifest_path)
     if not watch:
-        console.print(table(rows, title))
+        console.print(fitted(rows, title, console.width))
         return rows
     from rich.live import Live
 
-    with Live(table(rows, title), console=console, refresh_per_second=1) as live:
+    with Live(fitted(rows, title, console.width), console=console, refresh_per_second=1) as live:
         while not all(r.state.split()[0] in TERMINAL for r in rows):
             time.sleep(interval)
             rows = collect(manifest_path)
-            live.update(table(rows, title))
+            live.update(fitted(rows, title, console.width))
     return rows
