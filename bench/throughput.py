@@ -18,8 +18,13 @@ import time
 from common import PRESETS, run_trainer
 
 
-def measured_peak(config: dict, dtype_name: str, threads: int | None, repeats: int = 5) -> float:
-    """Best FLOP/s of the model's own matmul shapes (qkv, attention out, MLP in and out) in this dtype."""
+def measured_peak(config: dict, dtype_name: str, threads: int | None, seconds_per_shape: float = 1.0) -> float:
+    """Best FLOP/s of the model's own matmul shapes (qkv, attention out, MLP in and out) in this dtype.
+
+    Each shape runs for about `seconds_per_shape` in short timed chunks and the fastest chunk counts: on a
+    shared machine a few long timings often all catch a busy moment and read the peak low (seen here:
+    240 to 320 GFLOP/s from one run to the next with 5 timings), which would read the MFU high.
+    """
     import torch
 
     if threads:
@@ -31,14 +36,18 @@ def measured_peak(config: dict, dtype_name: str, threads: int | None, repeats: i
     for k, n in ((c, 3 * c), (c, c), (c, 4 * c), (4 * c, c)):
         a = torch.randn(rows, k, dtype=dtype)
         b = torch.randn(k, n, dtype=dtype)
+        flops = 2 * rows * k * n
         for _ in range(2):
             a @ b  # warm-up
-        reps = max(3, int(2e9 / (2 * rows * k * n)))
-        for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        reps = max(1, int(0.01 / max(time.perf_counter() - t0, 1e-6)))  # chunks of about 10 ms
+        end = time.perf_counter() + seconds_per_shape
+        while time.perf_counter() < end:
             t0 = time.perf_counter()
             for _ in range(reps):
                 a @ b
-            best = max(best, 2 * rows * k * n * reps / (time.perf_counter() - t0))
+            best = max(best, flops * reps / (time.perf_counter() - t0))
     return best
 
 
