@@ -2,11 +2,13 @@
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from conftest import TINY_FLAGS, loss_series, read_metrics, run_module
+from conftest import TINY_FLAGS, loss_series, python_env, read_metrics, run_module
 from tinygpt import checkpoint as ckpt
 from tinygpt import config, train
 
@@ -35,6 +37,36 @@ def test_weight_decay_applies_to_matrices_only():
     decayed, plain = opt.param_groups
     assert decayed["weight_decay"] == 0.1 and all(p.dim() == 2 for p in decayed["params"])
     assert plain["weight_decay"] == 0.0 and all(p.dim() == 1 for p in plain["params"])
+
+
+FAULTS_OF_FRESH_BLOCKS = """
+import resource, sys, torch
+from tinygpt.train import keep_freed_memory
+if sys.argv[1] == "keep":
+    assert keep_freed_memory()
+faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+torch.ones(16 << 20)  # a 64 MiB block, allocated and freed once
+before = faults()
+for _ in range(20):
+    torch.ones(16 << 20)
+print(faults() - before)
+"""
+
+
+def test_keep_freed_memory_stops_refaulting_the_same_blocks_every_step():
+    env = {k: v for k, v in python_env().items() if not k.startswith("MALLOC_")}
+    faults = {}
+    for mode in ("default", "keep"):
+        out = subprocess.run([sys.executable, "-c", FAULTS_OF_FRESH_BLOCKS, mode], capture_output=True, text=True,
+                             env=env, timeout=120)
+        assert out.returncode == 0, out.stderr
+        faults[mode] = int(out.stdout)
+    # By default glibc maps each 64 MiB block afresh and the kernel faults it in page by page; kept, it is reused.
+    assert faults["default"] >= 20 and faults["keep"] * 3 < faults["default"], faults
+    env["MALLOC_ARENA_MAX"] = "2"  # the user tunes malloc: left alone
+    out = subprocess.run([sys.executable, "-c", "from tinygpt.train import keep_freed_memory as k; print(k())"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr
 
 
 def test_a_run_writes_metrics_config_checkpoints_and_sample(tmp_path, tiny_corpus, data_dir):

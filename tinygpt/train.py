@@ -124,6 +124,36 @@ def _set_threads(cfg: TrainConfig) -> None:
         torch.set_num_threads(threads)
 
 
+# glibc's malloc hands big blocks back to the kernel when they are freed (mmap'd blocks, and a trimmed heap
+# top), so every step re-faults its activations page by page: ~10k page faults and 1-2 s of kernel time
+# per 100 steps of the medium config here, about 10% of a step's CPU time. A trainer allocates the same
+# sizes every step, so keeping freed memory in the heap costs little memory (large config with dropout:
+# 4344 MiB peak against 4252 MiB) and no faults.
+MALLOC_MMAP_THRESHOLD, MALLOC_TRIM_THRESHOLD = -3, -1  # mallopt's parameter numbers (malloc.h)
+KEEP_BLOCKS_BELOW = 1 << 30  # blocks up to 1 GiB come from the heap, not from mmap
+TRIM_ABOVE = 2**31 - 1  # the heap top is given back only beyond 2 GiB free (mallopt takes an int)
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc keep freed memory for reuse (CPU training); False where it did not apply.
+
+    Left alone when the user tunes malloc already (MALLOC_*_ or GLIBC_TUNABLES, or a preloaded allocator)
+    and on other C libraries. Some glibc versions refuse an mmap threshold over 32 MiB; then 32 MiB.
+    """
+    import ctypes
+
+    if any(k.startswith("MALLOC_") for k in os.environ) or "malloc" in os.environ.get("GLIBC_TUNABLES", "") \
+            or "alloc" in os.environ.get("LD_PRELOAD", ""):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    if not (mallopt(MALLOC_MMAP_THRESHOLD, KEEP_BLOCKS_BELOW) or mallopt(MALLOC_MMAP_THRESHOLD, 32 << 20)):
+        return False
+    return bool(mallopt(MALLOC_TRIM_THRESHOLD, TRIM_ABOVE))
+
+
 def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -225,6 +255,8 @@ def train(cfg: TrainConfig, requeue_hook=None) -> TrainResult:
     dist_env = dist_mod.detect()
     _set_threads(cfg)
     device = precision_mod.pick_device(cfg.run.device, dist_env.local_rank)
+    if device == "cpu":
+        keep_freed_memory()
     policy = precision_mod.resolve_policy(device, cfg.run.precision, cfg.run.compile,
                                           cfg.data.batch_size * cfg.model.block_size)
     precision_mod.apply(policy)
