@@ -45,10 +45,13 @@ from tinygpt.train import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
 faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-torch.ones(16 << 20)  # a 64 MiB block, allocated and freed once
+def step():  # a step's activations: several 8 MiB blocks, all freed at its end
+    blocks = [torch.ones(2 << 20) for _ in range(6)]
+    del blocks
+step()
 before = faults()
 for _ in range(20):
-    torch.ones(16 << 20)
+    step()
 print(faults() - before)
 """
 
@@ -61,7 +64,7 @@ def test_keep_freed_memory_stops_refaulting_the_same_blocks_every_step():
                              env=env, timeout=120)
         assert out.returncode == 0, out.stderr
         faults[mode] = int(out.stdout)
-    # By default glibc maps each 64 MiB block afresh and the kernel faults it in page by page; kept, it is reused.
+    # By default glibc gives the freed blocks back and the kernel faults them in again page by page.
     assert faults["default"] >= 20 and faults["keep"] * 3 < faults["default"], faults
     env["MALLOC_ARENA_MAX"] = "2"  # the user tunes malloc: left alone
     out = subprocess.run([sys.executable, "-c", "from tinygpt.train import keep_freed_memory as k; print(k())"],
