@@ -107,36 +107,36 @@ def score_final_model(run: Path, data_dir: Path, draws: int = 40, batches: int =
     """Val loss of the newest checkpoint over the whole split, and the spread of 20-batch estimates."""
     import statistics
 
-    import numpy as np
     import torch
 
     from tinygpt import checkpoint as ckpt
     from tinygpt.config import from_dict
-    from tinygpt.data import prepare_from_config
+    from tinygpt.data import Batches, prepare_from_config
     from tinygpt.model import GPT, GPTConfig
 
     _, state = ckpt.load_newest(run, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
     cfg = from_dict(state["config"])
     model = GPT(GPTConfig(**state["model_args"])).eval()
     model.load_state_dict(state["model"])
-    val = prepare_from_config(cfg.data.dataset, cfg.data.data_file, str(data_dir)).tokens("val")
+    prepared = prepare_from_config(cfg.data.dataset, cfg.data.data_file, str(data_dir))
     T, B = model.cfg.block_size, cfg.data.batch_size
-    window = torch.arange(T + 1)
+    data = Batches(prepared, T, B, seed=0)
+    n_val = len(data.val)
 
     @torch.no_grad()
     def mean_loss(offsets: torch.Tensor, batch: int) -> float:
         total = 0.0
         for i in range(0, len(offsets), batch):
-            chunk = torch.from_numpy(val[(offsets[i:i + batch, None] + window).numpy()].astype(np.int64))
-            total += model(chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous())[1].item() * len(chunk)
+            x, y = data.windows("val", offsets[i:i + batch])
+            total += model(x, y)[1].item() * len(x)
         return total / len(offsets)
 
-    full = mean_loss(torch.arange(0, len(val) - T - 1, T), 256)
+    full = mean_loss(torch.arange(0, n_val - T - 1, T), 256)
     estimates = []
     for seed in range(draws):
         g = torch.Generator().manual_seed(seed)
         estimates.append(statistics.fmean(
-            mean_loss(torch.randint(len(val) - T, (B,), generator=g), B) for _ in range(batches)))
+            mean_loss(torch.randint(n_val - T, (B,), generator=g), B) for _ in range(batches)))
     return {
         "full_val_loss": round(full, 4),
         "reference_style_val_loss": {"windows": batches * B, "draws": draws,

@@ -320,9 +320,11 @@ class Batches:
         last = n - self.block_size - 1
         return torch.linspace(0, last, steps=min(count, last + 1)).round().long().unique()
 
-    def _gather(self, arr: np.memmap, offsets):
+    def windows(self, split: str, offsets):
+        """(x, y) of the windows of `split` ("train" or "val") that start at `offsets` (1-D int64)."""
         import torch
 
+        arr = self.train if split == "train" else self.val
         index = (offsets[:, None] + self._window).numpy()  # (B, T+1), no Python loop
         chunk = torch.from_numpy(arr[index].astype(np.int64))
         return chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
@@ -332,13 +334,13 @@ class Batches:
         import torch
 
         offsets = torch.randint(len(self.train) - self.block_size, (self.batch_size,), generator=self.generator)
-        return self._gather(self.train, offsets)
+        return self.windows("train", offsets)
 
     def eval_batches(self, split: str):
         """Fixed windows of `split`, in batches of batch_size: identical at every call."""
         offsets = self._fixed[split]
         for i in range(0, len(offsets), self.batch_size):
-            yield self._gather(self.train if split == "train" else self.val, offsets[i : i + self.batch_size])
+            yield self.windows(split, offsets[i : i + self.batch_size])
 
     def state_dict(self) -> dict:
         return {"generator": self.generator.get_state()}
