@@ -10,6 +10,7 @@ through emulation, which is slower than fp16 there.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 
@@ -123,12 +124,14 @@ def choose_policy(
     return Policy(device_type, precision, precision == "fp16", tf32, use_compile, fused)
 
 
-def _cpu_flags() -> set[str]:
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags, read once (resolve_policy asks twice at every start)."""
     try:
         with open("/proc/cpuinfo") as fh:
-            return set(next((line for line in fh if line.startswith("flags")), "").split())
+            return frozenset(next((line for line in fh if line.startswith("flags")), "").split())
     except OSError:
-        return set()
+        return frozenset()
 
 
 def cpu_has_bf16() -> bool:
