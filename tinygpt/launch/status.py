@@ -152,7 +152,7 @@ def table(rows: list[Row], title: str, hidden: tuple[str, ...] = ()):
         if col == "run":
             t.add_column(col, justify=justify, min_width=name_width, overflow="fold")
         elif col == "run dir":
-            t.add_column(col, overflow="fold", min_width=min(30, max(len(r.run_dir) for r in rows) if rows else 7))
+            t.add_column(col, overflow="fold", min_width=min(30, max([len(r.run_dir) for r in rows] + [7])))
         else:
             t.add_column(col, justify=justify, no_wrap=True, min_width=len(col))
     for r in rows:
