@@ -53,13 +53,18 @@ def expect(condition: bool, message: str) -> None:
         raise CheckFailed(message)
 
 
-def trainer(out: Path, device: str, *flags: str, env: dict | None = None, timeout: float = 600
-            ) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "tinygpt.train", "--device", device, "--out-dir", str(out),
-           "--data-dir", str(out.parent / "data"), "--progress", "off", "--sample-tokens", "0", *flags]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "TINYGPT_OFFLINE": "1", **(env or {})})
-    return proc
+def trainer_cmd(out: Path, device: str, *flags: str) -> list[str]:
+    return [sys.executable, "-m", "tinygpt.train", "--device", device, "--out-dir", str(out),
+            "--data-dir", str(out.parent / "data"), "--progress", "off", "--sample-tokens", "0", *flags]
+
+
+def trainer_env(**extra: str) -> dict:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "TINYGPT_OFFLINE": "1", **extra}
+
+
+def trainer(out: Path, device: str, *flags: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(trainer_cmd(out, device, *flags), capture_output=True, text=True, timeout=timeout,
+                          env=trainer_env())
 
 
 def metrics(out: Path) -> list[dict]:
@@ -132,7 +137,7 @@ def check_kernels(device: str, quick: bool, tmp: Path) -> dict:
     return result
 
 
-def precision_runs(device: str, quick: bool, tmp: Path) -> dict:
+def check_precision(device: str, quick: bool, tmp: Path) -> dict:
     steps = 200 if quick else 2000
     flags = [*flags_for(PRESETS["small"]), *data_flags(), "--max-steps", str(steps), "--lr", "1e-3",
              "--min-lr", "1e-4", "--warmup-steps", "100", "--beta2", "0.99", "--eval-interval", str(steps),
@@ -151,10 +156,6 @@ def precision_runs(device: str, quick: bool, tmp: Path) -> dict:
     expect(all(math.isfinite(v) for v in vals), f"a val loss is not finite: {vals}")
     expect(result["spread"] <= 0.03, f"val losses differ by {result['spread']} across precisions (limit 0.03)")
     return result
-
-
-def check_precision(device: str, quick: bool, tmp: Path) -> dict:
-    return precision_runs(device, quick, tmp)
 
 
 def check_resume(device: str, quick: bool, tmp: Path) -> dict:
@@ -198,10 +199,8 @@ def check_preempt(device: str, quick: bool, tmp: Path) -> dict:
     bindir.mkdir(exist_ok=True)
     flags = [*flags_for(PRESETS["small"]), *data_flags(), "--max-steps", "100000", "--log-interval", "1",
              "--eval-interval", "100000", "--ckpt-interval", "100000", "--eval-windows", "64"]
-    cmd = [sys.executable, "-m", "tinygpt.train", "--device", device, "--out-dir", str(out), "--data-dir",
-           str(tmp / "data"), "--progress", "off", "--sample-tokens", "0", *flags]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TINYGPT_OFFLINE": "1", "SLURM_JOB_ID": "4242", "PATH": str(bindir)}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(trainer_cmd(out, device, *flags), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=trainer_env(SLURM_JOB_ID="4242", PATH=str(bindir)))
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
         if (out / "metrics.jsonl").exists() and any("lr" in r and r["step"] >= 50 for r in metrics(out)):
@@ -265,7 +264,7 @@ def check_nccl(device: str, quick: bool, tmp: Path) -> dict:
 def check_sample(device: str, quick: bool, tmp: Path) -> dict:
     run = tmp / "precision-bf16"
     if not run.exists():
-        precision_runs(device, True, tmp)
+        check_precision(device, True, tmp)
     proc = subprocess.run([sys.executable, "-m", "tinygpt.sample", "--run", str(run), "--device", device,
                            "--tokens", "300", "--prompt", "ROMEO:"], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
