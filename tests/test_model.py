@@ -100,7 +100,7 @@ def test_attention_maps_agree_with_the_fused_path():
     attn = model.blocks[0].attn
     x = model.blocks[0].ln1(model.embed(idx))
     w = attn.weights(x)  # (1, nh, T, T)
-    q, k, v = attn._heads(x)
+    q, k, v = attn._split(attn.qkv(x))
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     torch.testing.assert_close(w @ v, expected, rtol=1e-5, atol=1e-6)
 

@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from . import cpu_attention
 from .kernels import dropout, dropout_attention, gelu_linear
 
 
@@ -72,23 +73,31 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
 
-    def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=2)  # 3 × (B, T, C)
+    def _split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        B, T, C3 = qkv.shape
+        q, k, v = qkv.split(C3 // 3, dim=2)  # 3 × (B, T, C)
         # (B, T, C) -> (B, nh, T, hs): heads become a batch dimension.
-        return tuple(t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        return tuple(t.view(B, T, self.n_head, C3 // 3 // self.n_head).transpose(1, 2) for t in (q, k, v))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
-        q, k, v = self._heads(x)
-        y = _attend(q, k, v, self.dropout if self.training else 0.0)  # (B, nh, T, hs)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads side by side
+        p = self.dropout if self.training else 0.0
+        qkv = self.qkv(x)
+        if cpu_attention.usable(qkv, self.n_head, p):
+            # One C++ kernel from qkv to the heads side by side (tinygpt/cpu_attention.py), in fp32 like
+            # the CPU path below.
+            with torch.autocast("cpu", enabled=False):
+                y = cpu_attention.causal_attention(qkv.float(), self.n_head).to(qkv.dtype)
+        else:
+            q, k, v = self._split(qkv)
+            y = _attend(q, k, v, p)  # (B, nh, T, hs)
+            y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads side by side
         return dropout(self.proj(y), self.dropout, self.training)
 
     @torch.no_grad()
     def weights(self, x: torch.Tensor) -> torch.Tensor:
         """The attention weights, (B, nh, T, T), by an explicit softmax. Only for pictures."""
-        q, k, _ = self._heads(x)
+        q, k, _ = self._split(self.qkv(x))
         T = x.size(1)
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, nh, T, T)
         future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)

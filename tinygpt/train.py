@@ -38,11 +38,11 @@ import torch
 
 from . import checkpoint as ckpt
 from . import config as config_mod
+from . import cpu_attention, provenance
 from . import distributed as dist_mod
 from . import precision as precision_mod
 from . import preemption as preempt_mod
 from . import progress as progress_mod
-from . import provenance
 from .config import ConfigError, TrainConfig
 from .data import Batches, DataError, prepare_from_config
 from .model import GPT, GPTConfig
@@ -263,6 +263,7 @@ def train(cfg: TrainConfig, requeue_hook=None) -> TrainResult:
     try:
         return _train(cfg, dist_env, device, policy, requeue_hook)
     finally:
+        cpu_attention.deactivate()  # it was this run's choice; the process may go on to other things
         dist_mod.teardown()
 
 
@@ -273,6 +274,12 @@ def _train(cfg: TrainConfig, dist_env, device: str, policy, requeue_hook) -> Tra
         out_dir.mkdir(parents=True, exist_ok=True)
     progress = progress_mod.make(cfg.run.progress, is_main, cfg.optim.max_steps, 0)
     say = progress.message
+    attention = "sdpa"
+    if device == "cpu":
+        try:
+            attention = cpu_attention.activate(cfg.run.cpu_attention, say if is_main else lambda _: None)
+        except cpu_attention.CpuAttentionError as err:
+            raise TrainingError(str(err)) from None
 
     prepared = prepare_from_config(cfg.data.dataset, cfg.data.data_file, cfg.data.data_dir,
                                    warn=lambda m: say(f"warning: {m}"))
@@ -337,7 +344,7 @@ def _train(cfg: TrainConfig, dist_env, device: str, policy, requeue_hook) -> Tra
     progress = progress_mod.make(cfg.run.progress, is_main, o.max_steps, step)
     say = progress.message
     say(f"tinygpt: {model.num_params():,} parameters (non-embedding), vocab {gpt_cfg.vocab_size}, "
-        f"{policy.describe()}, {dist_env.world_size} rank(s) via {dist_env.launcher}")
+        f"{policy.describe()}, attention {attention}, {dist_env.world_size} rank(s) via {dist_env.launcher}")
     say(f"global batch: {cfg.data.batch_size} x {o.grad_accum} accum x {dist_env.world_size} ranks = "
         f"{cfg.data.batch_size * o.grad_accum * dist_env.world_size} sequences "
         f"({tokens_per_step:,} tokens) per step; data {prepared.meta['source']}")
@@ -348,7 +355,7 @@ def _train(cfg: TrainConfig, dist_env, device: str, policy, requeue_hook) -> Tra
                    "restarts": restarts, "world_size": dist_env.world_size, "launcher": dist_env.launcher,
                    "master": f"{dist_env.master_addr}:{dist_env.master_port}" if dist_env.is_distributed else None,
                    "hostnames": hostnames, "precision": policy.precision, "compile": policy.compile,
-                   "device": device, "tokens_per_step": tokens_per_step})
+                   "attention": attention, "device": device, "tokens_per_step": tokens_per_step})
 
     def checkpoint_state() -> dict:
         rng = dist_mod.gather_objects(ckpt.capture_rng(), dist_env)
