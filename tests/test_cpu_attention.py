@@ -105,6 +105,7 @@ def test_what_the_kernel_does_not_take():
     assert cpu_attention.usable(qkv, 2, 0.0)
     assert not cpu_attention.usable(qkv, 2, 0.1)  # attention dropout: tinygpt/kernels.py
     assert not cpu_attention.usable(qkv, 4, 0.0)  # head size 8: not a multiple of 16
+    assert not cpu_attention.usable(torch.randn(1, 513, 3 * 32), 2, 0.0)  # longer than MAX_BLOCK_SIZE
     assert not cpu_attention.usable(qkv.to(torch.device("meta")), 2, 0.0)
     assert cpu_attention.activate("sdpa") == "sdpa" and not cpu_attention.usable(qkv, 2, 0.0)
     assert cpu_attention.activate("auto") == "fused" and cpu_attention.usable(qkv, 2, 0.0)

@@ -56,17 +56,17 @@ inline vec exp_nonpositive(vec x) {
   return p * reinterpret_cast<const vec&>(bits);
 }
 
-inline float hmax(vec v) {
-  float m = v[0];
-  for (int64_t c = 1; c < V; ++c) m = std::max(m, v[c]);
-  return m;
+// Max and sum across the 16 lanes, in four halving steps (a lane-by-lane loop is 15 dependent scalar ops).
+template <typename Op>
+inline float reduce(vec v, Op op) {
+  v = op(v, __builtin_shuffle(v, ivec{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7}));
+  v = op(v, __builtin_shuffle(v, ivec{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11}));
+  v = op(v, __builtin_shuffle(v, ivec{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13}));
+  v = op(v, __builtin_shuffle(v, ivec{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14}));
+  return v[0];
 }
-
-inline float hsum(vec v) {
-  float s = 0.f;
-  for (int64_t c = 0; c < V; ++c) s += v[c];
-  return s;
-}
+inline float hmax(vec v) { return reduce(v, [](vec a, vec b) { return a > b ? a : b; }); }
+inline float hsum(vec v) { return reduce(v, [](vec a, vec b) { return a + b; }); }
 
 // The one matrix product here, on a tile of R rows and NV vectors of columns:
 //   C[r][c] = sum_{k in [k0, k1)} A(r, k) B[k][c]
