@@ -8,15 +8,16 @@ projection's output as it is, writes the attention output with the heads side by
 projection reads) and its gradient straight into one (B, T, 3C) tensor. Per (batch row, head) it keeps
 the head's q, k, v and the (T, T) scores in a few buffers that fit in L2, computes only the causal
 triangle, and backward recomputes the softmax from the saved log-sum-exp (as flash attention does), so
-it keeps only y and one float per row. Measured on this project's 2-core machine, forward + backward of
-one layer: B32 T128 C128 (medium) 5.6-7.0 ms against SDPA's 9.5-12.8; B12 T64 (small) 0.65-0.9 against
-1.3-1.8; B64 T256 C384 (large) 116-155 against 146-181.
+it keeps only y and one float per row. Forward + backward of one layer through autograd on this project's
+2-core machine (`python bench/attention.py`: medians of rounds, over three runs), this kernel against
+SDPA with the split, transposes and copies it needs: B32 T128 C128 (medium) 5.0-5.9 ms against 7.9-9.3;
+B12 T64 C128 (small) 0.79-1.03 against 1.10-1.48; B64 T256 C384 (large) 112-161 against 160-214.
 
 It is fp32 only and for heads of a multiple of 16 channels, up to 512 positions, without attention
-dropout; everything else (dropout, CUDA, other head sizes, longer sequences) goes through `F.scaled_dot_product_attention` or
-`tinygpt.kernels.dropout_attention` as before. Results match those within float rounding (tests compare
-both with an fp64 reference) and are bit-for-bit the same from run to run and for any thread count: one
-thread computes a whole head, in a fixed order.
+dropout; everything else (dropout, CUDA, other head sizes, longer sequences) goes through
+`F.scaled_dot_product_attention` or `tinygpt.kernels.dropout_attention` as before. Results match those
+within float rounding (tests compare both with an fp64 reference) and are bit-for-bit the same from run
+to run and for any thread count: one thread computes a whole head, in a fixed order.
 
 Built on first use with the machine's C++ compiler (torch.utils.cpp_extension, ninja) for the CPU it
 runs on (-march=native); the build takes about half a minute and is cached under
