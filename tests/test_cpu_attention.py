@@ -2,6 +2,8 @@
 takes it on CPU, and a machine that cannot build it still trains (or says clearly why not)."""
 
 import math
+import os
+import time
 
 import pytest
 import torch
@@ -113,12 +115,20 @@ def test_what_the_kernel_does_not_take():
         cpu_attention.activate("flash")
 
 
-def test_without_a_compiler_auto_trains_on_sdpa_and_fused_says_why(tmp_path, tiny_corpus):
-    """A real failed build: the compiler named by $CXX does not exist (and the cache is empty)."""
+def test_without_a_compiler_auto_trains_on_sdpa_and_fused_says_why(tmp_path, tiny_corpus, monkeypatch):
+    """A real failed build: the compiler named by $CXX does not exist. The build directory also holds the
+    lock file of a build that died long ago, which must not make the run wait for ever."""
     env = {"CXX": str(tmp_path / "no-such-c++"), "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", env["TORCH_EXTENSIONS_DIR"])
+    lock = cpu_attention.build_directory() / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    old = time.time() - 2 * cpu_attention.STALE_LOCK_S
+    os.utime(lock, (old, old))
     common = [*TINY_FLAGS, "--data-file", str(tiny_corpus), "--data-dir", str(tmp_path / "data"), "--max-steps", "5"]
-    auto = run_module("tinygpt.train", *common, "--out-dir", str(tmp_path / "auto"), **env)
+    auto = run_module("tinygpt.train", *common, "--out-dir", str(tmp_path / "auto"), timeout=120, **env)
     assert auto.returncode == 0, auto.stderr
+    assert f"note: removing {lock}, left 20 min ago by a build that did not finish" in auto.stdout
     assert "building the fused CPU attention kernel" in auto.stdout
     assert "note: the fused CPU attention kernel could not be built" in auto.stdout
     start = next(r for r in read_metrics(tmp_path / "auto") if r.get("event") == "start")
@@ -130,3 +140,19 @@ def test_without_a_compiler_auto_trains_on_sdpa_and_fused_says_why(tmp_path, tin
     assert fused.stderr.startswith("error: cpu_attention: fused, but the kernel (causal_attention.cpp) could not")
     assert "Install a C++ compiler (g++) or use --cpu-attention sdpa" in fused.stderr
     assert "Traceback" not in fused.stderr
+
+
+def test_a_model_the_kernel_cannot_take_runs_on_sdpa_unless_fused_is_demanded(tmp_path, tiny_corpus):
+    """Heads of 8 channels: auto quietly uses SDPA; fused stops before training, saying what to change."""
+    common = [*TINY_FLAGS, "--n-head", "4", "--data-file", str(tiny_corpus), "--data-dir", str(tmp_path / "data"),
+              "--max-steps", "5"]
+    auto = run_module("tinygpt.train", *common, "--out-dir", str(tmp_path / "auto"))
+    assert auto.returncode == 0, auto.stderr
+    assert next(r for r in read_metrics(tmp_path / "auto") if r.get("event") == "start")["attention"] == "sdpa"
+    fused = run_module("tinygpt.train", *common, "--out-dir", str(tmp_path / "fused"), "--cpu-attention", "fused")
+    assert fused.returncode == 1 and "Traceback" not in fused.stderr
+    assert fused.stderr.strip() == (
+        "error: cpu_attention: fused, but this model has heads of 8 channels (n_embd / n_head); the kernel takes "
+        "multiples of 16. Change n_embd / n_head or block_size, or use --cpu-attention auto (PyTorch's SDPA for "
+        "such models)")
+    assert not (tmp_path / "fused" / "metrics.jsonl").exists()  # stopped before anything was written

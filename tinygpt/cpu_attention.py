@@ -45,6 +45,7 @@ MODES = ("auto", "fused", "sdpa")
 # works in blocks, catches up (measured forward + backward: T 512 fused 20-23 ms vs 20-27; T 1024, width
 # 128, fused 44-46 vs 36-42).
 MAX_BLOCK_SIZE = 512
+STALE_LOCK_S = 600  # a build takes about 30 s; a lock file this old was left by a build that died
 
 _ext = None  # the loaded extension while the fused kernel is in use, else None
 
@@ -90,12 +91,27 @@ def build_directory() -> Path:
     return Path(root) / f"tinygpt_cpu_attention_{_cpu_signature()}"
 
 
-def _load():
+def _clear_stale_lock(directory: Path, say) -> None:
+    """torch holds a `lock` file in the build directory while it builds and waits, without end, for
+    whoever holds it. A build killed midway (a job at its time limit) leaves it behind; remove it once
+    it is far older than a build takes, or every later run would wait forever."""
+    lock = directory / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return
+    if age > STALE_LOCK_S:
+        say(f"note: removing {lock}, left {age / 60:.0f} min ago by a build that did not finish")
+        lock.unlink(missing_ok=True)
+
+
+def _load(say):
     from torch.utils.cpp_extension import load
 
     _ninja_on_path()
     directory = build_directory()
     directory.mkdir(parents=True, exist_ok=True)
+    _clear_stale_lock(directory, say)
     # torch warns at length about any compiler that is not g++ (clang++ works as well); a failed build
     # is reported by activate() in one line.
     logger = logging.getLogger("torch.utils.cpp_extension")
@@ -134,7 +150,7 @@ def activate(mode: str = "auto", say=print) -> str:
         say(f"building the fused CPU attention kernel for this CPU (once; about 30 s) in {build_directory()}")
     started = time.perf_counter()
     try:
-        _ext = _load()
+        _ext = _load(say)
     except Exception as err:  # a missing compiler or ninja, a read-only cache, a compile error
         reason = _why(err)
         if mode == "fused":
@@ -158,10 +174,19 @@ def active() -> bool:
     return _ext is not None
 
 
+def unsupported(head_size: int, block_size: int) -> str | None:
+    """Why the kernel cannot take a model with these heads and this context, or None if it can."""
+    if head_size % 16:
+        return f"heads of {head_size} channels (n_embd / n_head); the kernel takes multiples of 16"
+    if block_size > MAX_BLOCK_SIZE:
+        return f"block_size {block_size}; the kernel takes at most {MAX_BLOCK_SIZE} positions"
+    return None
+
+
 def usable(qkv: torch.Tensor, n_head: int, dropout_p: float) -> bool:
     """Whether `causal_attention` takes this call (else the caller uses SDPA)."""
     return (_ext is not None and qkv.device.type == "cpu" and dropout_p == 0.0 and qkv.dim() == 3
-            and qkv.size(1) <= MAX_BLOCK_SIZE and (qkv.size(2) // 3 // n_head) % 16 == 0)
+            and unsupported(qkv.size(2) // 3 // n_head, qkv.size(1)) is None)
 
 
 @torch.library.custom_op("tinygpt::causal_attention", mutates_args=())

@@ -230,6 +230,25 @@ def _model_config(cfg: TrainConfig, vocab_size: int, saved: dict | None, say) ->
     return GPTConfig(**saved)
 
 
+def _choose_attention(mode: str, device: str, gpt_cfg: GPTConfig, say) -> str:
+    """"fused" when attention will run in tinygpt/cpu_attention.py's kernel (building it if need be), else
+    "sdpa" (PyTorch's kernels: CUDA, `--cpu-attention sdpa`, a model the kernel cannot take, a failed build).
+    Training with attention dropout uses tinygpt/kernels.py either way; evaluation then uses the kernel."""
+    cpu_attention.deactivate()
+    if device != "cpu" or mode == "sdpa":
+        return "sdpa"
+    why_not = cpu_attention.unsupported(gpt_cfg.n_embd // gpt_cfg.n_head, gpt_cfg.block_size)
+    if why_not is not None:
+        if mode == "fused":
+            raise TrainingError(f"cpu_attention: fused, but this model has {why_not}. Change n_embd / n_head or "
+                                f"block_size, or use --cpu-attention auto (PyTorch's SDPA for such models)")
+        return "sdpa"
+    try:
+        return cpu_attention.activate(mode, say)
+    except cpu_attention.CpuAttentionError as err:
+        raise TrainingError(str(err)) from None
+
+
 def _find_resume(cfg: TrainConfig, out_dir: Path, say):
     mode = cfg.run.resume
     if mode == "never":
@@ -274,17 +293,11 @@ def _train(cfg: TrainConfig, dist_env, device: str, policy, requeue_hook) -> Tra
         out_dir.mkdir(parents=True, exist_ok=True)
     progress = progress_mod.make(cfg.run.progress, is_main, cfg.optim.max_steps, 0)
     say = progress.message
-    attention = "sdpa"
-    if device == "cpu":
-        try:
-            attention = cpu_attention.activate(cfg.run.cpu_attention, say if is_main else lambda _: None)
-        except cpu_attention.CpuAttentionError as err:
-            raise TrainingError(str(err)) from None
-
     prepared = prepare_from_config(cfg.data.dataset, cfg.data.data_file, cfg.data.data_dir,
                                    warn=lambda m: say(f"warning: {m}"))
     resume_path, state = _find_resume(cfg, out_dir, say)
     gpt_cfg = _model_config(cfg, prepared.vocab_size, state["model_args"] if state else None, say)
+    attention = _choose_attention(cfg.run.cpu_attention, device, gpt_cfg, say if is_main else lambda _: None)
     batches = Batches(prepared, gpt_cfg.block_size, cfg.data.batch_size, cfg.run.seed, dist_env.rank,
                       cfg.data.eval_windows)
 
