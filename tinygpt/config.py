@@ -82,7 +82,7 @@ class DataConfig:
 
 @dataclass(kw_only=True, slots=True)
 class OptimConfig:
-    max_steps: int = _f(1200, "optimizer steps to train for")
+    max_steps: int = _f(1600, "optimizer steps to train for")
     lr: float = _f(5e-3, "peak learning rate")
     min_lr: float = _f(2e-4, "learning rate at the end of the cosine decay")
     warmup_steps: int = _f(50, "linear warm-up steps")
