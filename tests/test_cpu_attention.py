@@ -156,3 +156,17 @@ def test_a_model_the_kernel_cannot_take_runs_on_sdpa_unless_fused_is_demanded(tm
         "multiples of 16. Change n_embd / n_head or block_size, or use --cpu-attention auto (PyTorch's SDPA for "
         "such models)")
     assert not (tmp_path / "fused" / "metrics.jsonl").exists()  # stopped before anything was written
+
+
+def test_a_compiled_model_calls_the_kernel_in_one_graph():
+    """torch.compile traces the ops through their fake implementations (fullgraph: no graph break) and
+    the compiled model gives the eager loss and gradients."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=40, block_size=32, n_layer=1, n_head=2, n_embd=32))
+    idx, targets = torch.randint(0, 40, (2, 32)), torch.randint(0, 40, (2, 32))
+    loss, grads, used = _loss_and_grads(model, idx, targets)
+    compiled_loss, compiled_grads, compiled_used = _loss_and_grads(torch.compile(model, fullgraph=True), idx, targets)
+    assert used and compiled_used
+    torch.testing.assert_close(compiled_loss, loss, rtol=0, atol=1e-5)
+    for a, b in zip(compiled_grads, grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
