@@ -160,8 +160,9 @@ def activate(mode: str = "auto", say=print) -> str:
         say(f"note: the fused CPU attention kernel could not be built ({reason}); using PyTorch's SDPA, "
             f"which is slower on CPU (--cpu-attention sdpa skips the attempt)")
         return "sdpa"
-    if fresh:
-        say(f"built the fused CPU attention kernel in {time.perf_counter() - started:.0f} s")
+    took = time.perf_counter() - started
+    if fresh or took > 5:  # also a rebuild: torch rebuilds when the source or the compiler flags changed
+        say(f"built the fused CPU attention kernel in {took:.0f} s")
     return "fused"
 
 
