@@ -105,11 +105,10 @@ def _clear_stale_lock(directory: Path, say) -> None:
         lock.unlink(missing_ok=True)
 
 
-def _load(say):
+def _load(directory: Path, say):
     from torch.utils.cpp_extension import load
 
     _ninja_on_path()
-    directory = build_directory()
     directory.mkdir(parents=True, exist_ok=True)
     _clear_stale_lock(directory, say)
     # torch warns at length about any compiler that is not g++ (clang++ works as well); a failed build
@@ -145,12 +144,13 @@ def activate(mode: str = "auto", say=print) -> str:
         return "sdpa"
     if _ext is not None:
         return "fused"
-    fresh = not any(build_directory().glob("*.so"))
+    directory = build_directory()
+    fresh = not any(directory.glob("*.so"))
     if fresh:
-        say(f"building the fused CPU attention kernel for this CPU (once; about 30 s) in {build_directory()}")
+        say(f"building the fused CPU attention kernel for this CPU (once; about 30 s) in {directory}")
     started = time.perf_counter()
     try:
-        _ext = _load(say)
+        _ext = _load(directory, say)
     except Exception as err:  # a missing compiler or ninja, a read-only cache, a compile error
         reason = _why(err)
         if mode == "fused":
@@ -169,10 +169,6 @@ def activate(mode: str = "auto", say=print) -> str:
 def deactivate() -> None:
     global _ext
     _ext = None
-
-
-def active() -> bool:
-    return _ext is not None
 
 
 def unsupported(head_size: int, block_size: int) -> str | None:

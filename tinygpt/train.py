@@ -293,6 +293,7 @@ def _train(cfg: TrainConfig, dist_env, device: str, policy, requeue_hook) -> Tra
         out_dir.mkdir(parents=True, exist_ok=True)
     progress = progress_mod.make(cfg.run.progress, is_main, cfg.optim.max_steps, 0)
     say = progress.message
+
     prepared = prepare_from_config(cfg.data.dataset, cfg.data.data_file, cfg.data.data_dir,
                                    warn=lambda m: say(f"warning: {m}"))
     resume_path, state = _find_resume(cfg, out_dir, say)

@@ -169,10 +169,10 @@ struct Scratch {
     }
   }
 
-  // The first T rows of `out` to dst (row stride `stride`), row t times row_scale[t] if given.
-  void rows_out(float* dst, int64_t stride, const float* scale = nullptr) const {
+  // The first T rows of `out` to dst (row stride `stride`), row t times scale and row_scale[t] if given.
+  void rows_out(float* dst, int64_t stride, const float* row_scale = nullptr, float scale = 1.f) const {
     for (int64_t t = 0; t < T; ++t) {
-      const vec f = splat(scale ? scale[t] : 1.f);
+      const vec f = splat(row_scale ? row_scale[t] * scale : scale);
       for (int64_t d = 0; d < D; d += V) store(dst + t * stride + d, load(&out[t * D + d]) * f);
     }
   }
@@ -273,8 +273,7 @@ at::Tensor causal_attention_backward(const at::Tensor& qkv, const at::Tensor& y,
         store(ds + j, load(p + j) * (load(ds + j) - delta));
     }
     matmul<Causal::lower>(w.s2.data(), Tp, 1, w.k.data(), D, w.out.data(), D, Tp, D, T);  // dS k
-    std::fill(w.row_scale.begin(), w.row_scale.end(), n.scale);
-    w.rows_out(dhead, 3 * C, w.row_scale.data());
+    w.rows_out(dhead, 3 * C, nullptr, n.scale);
     matmul<Causal::upper>(w.s2.data(), 1, Tp, w.q.data(), D, w.out.data(), D, Tp, D, T);  // dS^T q
     w.rows_out(dhead + C, 3 * C);
     matmul<Causal::upper>(w.s.data(), 1, Tp, w.g.data(), D, w.out.data(), D, Tp, D, T);  // P^T dy
