@@ -62,7 +62,7 @@ def run_trainer(config: dict, steps: int, warmup: int, extra: list[str] | None =
     result = {
         "precision": start["precision"],
         "compile": start["compile"],
-        "attention": start.get("attention"),
+        "cpu_kernels": start.get("cpu_kernels"),
         "device": start["device"],
         "steps_timed": len(times),
         "ms_per_iter": round(ms, 2),

@@ -33,6 +33,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from . import cpu_kernels
+
 # A block of heads whose (T, T) matrices take about this many bytes: small enough to stay in cache.
 BLOCK_BYTES = 4 * 2**20
 
@@ -127,12 +129,17 @@ class _GeluLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         h, weight = ctx.saved_tensors
-        g = F.gelu(h).to(dout.dtype)  # recomputed: the one tensor this function does not keep
+        if cpu_kernels.gelu_usable(h):  # gelu(h) and its slope in one pass over h
+            g, slope = cpu_kernels.gelu_and_slope(h)
+        else:
+            g, slope = F.gelu(h), None
+        g = g.to(dout.dtype)  # recomputed: the one tensor this function does not keep
         d2 = dout.reshape(-1, dout.size(-1))
         dweight = (d2.t() @ g.reshape(-1, g.size(-1))).to(weight.dtype)
         dbias = d2.sum(0).to(weight.dtype) if ctx.has_bias else None
         dg = (dout @ weight.to(dout.dtype)).to(h.dtype)
-        return torch.ops.aten.gelu_backward(dg, h), dweight, dbias
+        dh = dg * slope if slope is not None else torch.ops.aten.gelu_backward(dg, h)
+        return dh, dweight, dbias
 
 
 # gelu(h) is recomputed in backward when h takes at least this much (the large config: 96 MB a layer).
@@ -142,5 +149,5 @@ GELU_RECOMPUTE_BYTES = 32 * 2**20
 def gelu_linear(h: torch.Tensor, linear: torch.nn.Linear) -> torch.Tensor:
     """linear(gelu(h)), keeping only h for backward when h is big."""
     if not torch.is_grad_enabled() or h.numel() * h.element_size() < GELU_RECOMPUTE_BYTES:
-        return linear(F.gelu(h))
+        return linear(cpu_kernels.gelu(h))
     return _GeluLinear.apply(h, linear.weight, linear.bias)

@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from . import cpu_attention
+from . import cpu_kernels
 from .kernels import dropout, dropout_attention, gelu_linear
 
 
@@ -83,11 +83,11 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         p = self.dropout if self.training else 0.0
         qkv = self.qkv(x)
-        if cpu_attention.usable(qkv, self.n_head, p):
-            # One C++ kernel from qkv to the heads side by side (tinygpt/cpu_attention.py), in fp32 like
+        if cpu_kernels.attention_usable(qkv, self.n_head, p):
+            # One C++ kernel from qkv to the heads side by side (tinygpt/cpu_kernels.py), in fp32 like
             # the CPU path below.
             with torch.autocast("cpu", enabled=False):
-                y = cpu_attention.causal_attention(qkv.float(), self.n_head).to(qkv.dtype)
+                y = cpu_kernels.causal_attention(qkv.float(), self.n_head).to(qkv.dtype)
         else:
             q, k, v = self._split(qkv)
             y = _attend(q, k, v, p)  # (B, nh, T, hs)
@@ -112,7 +112,8 @@ class MLP(nn.Module):
         self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # proj(gelu(fc(x))); for a big h = fc(x), gelu(h) is recomputed in backward, not kept (tinygpt/kernels.py).
+        # proj(gelu(fc(x))); for a big h = fc(x), gelu(h) is recomputed in backward, not kept (tinygpt/kernels.py);
+        # on CPU in fp32 GELU runs in one kernel with its slope (tinygpt/cpu_kernels.py).
         return dropout(gelu_linear(self.fc(x), self.proj), self.dropout, self.training)
 
 
@@ -125,9 +126,19 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))  # tokens talk to each other
-        x = x + self.mlp(self.ln2(x))  # each token thinks on its own
-        return x
+        x, pending = self.step(x)
+        return x + pending
+
+    def step(self, x: torch.Tensor, pending: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block on the residual stream x + pending, with its own last add left pending in turn.
+
+        Same maths as `forward` (x = x + attn(ln1(x)); x = x + mlp(ln2(x))), arranged so that every
+        residual add comes right before a LayerNorm and runs in the same pass on CPU
+        (tinygpt/cpu_kernels.py): returns the stream without the MLP's output, and that output.
+        """
+        x, h = cpu_kernels.add_layer_norm(x, pending, self.ln1)
+        x, h = cpu_kernels.add_layer_norm(x, self.attn(h), self.ln2)  # tokens talk to each other
+        return x, self.mlp(h)  # each token thinks on its own
 
 
 class GPT(nn.Module):
@@ -181,14 +192,15 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         """Logits (B, T, vocab) and, given targets (B, T), the mean cross-entropy loss."""
-        x = self.embed(idx)
+        x, pending = self.embed(idx), None  # pending: the last block's output, added in ln_f's pass
         for block in self.blocks:
             if self.checkpoint_blocks and torch.is_grad_enabled():
                 # The saved RNG state makes the recomputed dropout masks identical to the first pass.
                 x = checkpoint(block, x, use_reentrant=False)
             else:
-                x = block(x)
-        logits = self.head(self.ln_f(x))  # (B, T, vocab)
+                x, pending = block.step(x, pending)
+        _, h = cpu_kernels.add_layer_norm(x, pending, self.ln_f)
+        logits = self.head(h)  # (B, T, vocab)
         if targets is None:
             return logits, None
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1))

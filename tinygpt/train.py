@@ -38,7 +38,7 @@ import torch
 
 from . import checkpoint as ckpt
 from . import config as config_mod
-from . import cpu_attention, provenance
+from . import cpu_kernels, provenance
 from . import distributed as dist_mod
 from . import precision as precision_mod
 from . import preemption as preempt_mod
@@ -230,23 +230,22 @@ def _model_config(cfg: TrainConfig, vocab_size: int, saved: dict | None, say) ->
     return GPTConfig(**saved)
 
 
-def _choose_attention(mode: str, device: str, gpt_cfg: GPTConfig, say) -> str:
-    """"fused" when attention will run in tinygpt/cpu_attention.py's kernel (building it if need be), else
-    "sdpa" (PyTorch's kernels: CUDA, `--cpu-attention sdpa`, a model the kernel cannot take, a failed build).
-    Training with attention dropout uses tinygpt/kernels.py either way; evaluation then uses the kernel."""
-    cpu_attention.deactivate()
-    if device != "cpu" or mode == "sdpa":
-        return "sdpa"
-    why_not = cpu_attention.unsupported(gpt_cfg.n_embd // gpt_cfg.n_head, gpt_cfg.block_size)
-    if why_not is not None:
-        if mode == "fused":
-            raise TrainingError(f"cpu_attention: fused, but this model has {why_not}. Change n_embd / n_head or "
-                                f"block_size, or use --cpu-attention auto (PyTorch's SDPA for such models)")
-        return "sdpa"
+def _choose_cpu_kernels(mode: str, device: str, gpt_cfg: GPTConfig, precision: str, say) -> list[str]:
+    """Which of tinygpt/cpu_kernels.py's kernels this run uses (building them if need be): none on CUDA,
+    with `--cpu-kernels off` or after a failed build; otherwise those that this model's shapes and the
+    precision let run (GELU's input is bf16 under bf16 autocast). Training with attention dropout uses
+    tinygpt/kernels.py for attention; evaluation then uses the kernel."""
+    cpu_kernels.deactivate()
+    if device != "cpu" or mode == "off":
+        return []
     try:
-        return cpu_attention.activate(mode, say)
-    except cpu_attention.CpuAttentionError as err:
+        if not cpu_kernels.activate(mode, say):
+            return []
+    except cpu_kernels.CpuKernelsError as err:
         raise TrainingError(str(err)) from None
+    used = [k for k in cpu_kernels.KERNELS
+            if cpu_kernels.unsupported(k, gpt_cfg.n_embd, gpt_cfg.n_head, gpt_cfg.block_size) is None]
+    return [k for k in used if not (k == "gelu" and precision != "fp32")]
 
 
 def _find_resume(cfg: TrainConfig, out_dir: Path, say):
@@ -282,7 +281,7 @@ def train(cfg: TrainConfig, requeue_hook=None) -> TrainResult:
     try:
         return _train(cfg, dist_env, device, policy, requeue_hook)
     finally:
-        cpu_attention.deactivate()  # it was this run's choice; the process may go on to other things
+        cpu_kernels.deactivate()  # it was this run's choice; the process may go on to other things
         dist_mod.teardown()
 
 
@@ -298,7 +297,8 @@ def _train(cfg: TrainConfig, dist_env, device: str, policy, requeue_hook) -> Tra
                                    warn=lambda m: say(f"warning: {m}"))
     resume_path, state = _find_resume(cfg, out_dir, say)
     gpt_cfg = _model_config(cfg, prepared.vocab_size, state["model_args"] if state else None, say)
-    attention = _choose_attention(cfg.run.cpu_attention, device, gpt_cfg, say if is_main else lambda _: None)
+    kernels = _choose_cpu_kernels(cfg.run.cpu_kernels, device, gpt_cfg, policy.precision,
+                                  say if is_main else lambda _: None)
     batches = Batches(prepared, gpt_cfg.block_size, cfg.data.batch_size, cfg.run.seed, dist_env.rank,
                       cfg.data.eval_windows)
 
@@ -358,7 +358,8 @@ def _train(cfg: TrainConfig, dist_env, device: str, policy, requeue_hook) -> Tra
     progress = progress_mod.make(cfg.run.progress, is_main, o.max_steps, step)
     say = progress.message
     say(f"tinygpt: {model.num_params():,} parameters (non-embedding), vocab {gpt_cfg.vocab_size}, "
-        f"{policy.describe()}, attention {attention}, {dist_env.world_size} rank(s) via {dist_env.launcher}")
+        f"{policy.describe()}, cpu kernels {', '.join(kernels) or 'off'}, "
+        f"{dist_env.world_size} rank(s) via {dist_env.launcher}")
     say(f"global batch: {cfg.data.batch_size} x {o.grad_accum} accum x {dist_env.world_size} ranks = "
         f"{cfg.data.batch_size * o.grad_accum * dist_env.world_size} sequences "
         f"({tokens_per_step:,} tokens) per step; data {prepared.meta['source']}")
@@ -369,7 +370,7 @@ def _train(cfg: TrainConfig, dist_env, device: str, policy, requeue_hook) -> Tra
                    "restarts": restarts, "world_size": dist_env.world_size, "launcher": dist_env.launcher,
                    "master": f"{dist_env.master_addr}:{dist_env.master_port}" if dist_env.is_distributed else None,
                    "hostnames": hostnames, "precision": policy.precision, "compile": policy.compile,
-                   "attention": attention, "device": device, "tokens_per_step": tokens_per_step})
+                   "cpu_kernels": kernels, "device": device, "tokens_per_step": tokens_per_step})
 
     def checkpoint_state() -> dict:
         rng = dist_mod.gather_objects(ckpt.capture_rng(), dist_env)
