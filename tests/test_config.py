@@ -44,6 +44,17 @@ def test_unknown_keys_are_rejected_with_suggestion_and_valid_list(tmp_path):
     assert "valid keys of `model` are: n_layer, n_head, n_embd" in message
 
 
+def test_configs_saved_before_a_key_was_renamed_still_load(tmp_path):
+    """Run configs and checkpoints written with run.cpu_attention (auto|fused|sdpa) resume and sample."""
+    assert config.from_dict({"run": {"cpu_attention": "fused"}}).run.cpu_kernels == "on"
+    assert config.from_dict({"cpu_attention": "sdpa"}).run.cpu_kernels == "off"
+    f = tmp_path / "config.yaml"
+    f.write_text("run:\n  cpu_attention: auto\n")
+    assert config.resolve(["--config", str(f)]).run.cpu_kernels == "auto"
+    with pytest.raises(ConfigError, match="cpu_kernels: "):
+        config.from_dict({"cpu_attention": "flash"})
+
+
 def test_every_problem_is_reported_at_once():
     with pytest.raises(ConfigError) as err:
         config.resolve(["--lr", "-1", "--dropout", "1.0", "--n-embd", "30", "--n-head", "4", "--batch-size", "x",

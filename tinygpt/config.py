@@ -312,6 +312,11 @@ def coerce(name: str, value: Any) -> Any:
     return str(value)
 
 
+# Keys of earlier versions, still read (saved configs, checkpoints, generated job scripts): the old name
+# -> the new one and how old values map onto it.
+RENAMED = {"cpu_attention": ("cpu_kernels", {"auto": "auto", "fused": "on", "sdpa": "off"})}
+
+
 def flatten_overrides(mapping: dict[str, Any], source: str, problems: list[str]) -> dict[str, Any]:
     """Turn a YAML mapping (flat, dotted or nested by section) into {field: raw value}.
 
@@ -324,6 +329,9 @@ def flatten_overrides(mapping: dict[str, Any], source: str, problems: list[str])
         section = None
         if "." in name:
             section, _, name = name.partition(".")
+        if name in RENAMED:
+            name, values = RENAMED[name]
+            value = values.get(value, value) if isinstance(value, str) else value
         info = _FIELD_INFO.get(name)
         if info is None or (section is not None and section != info.section):
             problems.append(unknown_key_message(where + key))
@@ -338,7 +346,7 @@ def flatten_overrides(mapping: dict[str, Any], source: str, problems: list[str])
         if key in SECTION_NAMES and isinstance(value, dict):
             for sub_key, sub_value in value.items():
                 sub = normalise_key(str(sub_key))
-                info = _FIELD_INFO.get(sub)
+                info = _FIELD_INFO.get(RENAMED.get(sub, (sub,))[0])
                 if info is None or info.section != key:
                     problems.append(unknown_key_message(f"{key}.{sub_key}", section=key))
                     continue

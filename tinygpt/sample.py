@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch  # noqa: F401  (after argument checks: --help stays fast)
 
     from . import checkpoint as ckpt
-    from .config import from_dict
+    from .config import ConfigError, from_dict
     from .data import DataError, prepare_from_config
     from .model import GPT, GPTConfig
     from .train import sample_text
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
         cfg = from_dict(state["config"])
         prepared = prepare_from_config(cfg.data.dataset, cfg.data.data_file, cfg.data.data_dir)
-    except (ckpt.CheckpointError, DataError) as err:
+    except (ckpt.CheckpointError, DataError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     model = GPT(GPTConfig(**state["model_args"])).to(args.device)
