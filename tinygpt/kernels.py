@@ -137,8 +137,9 @@ class _GeluLinear(torch.autograd.Function):
         d2 = dout.reshape(-1, dout.size(-1))
         dweight = (d2.t() @ g.reshape(-1, g.size(-1))).to(weight.dtype)
         dbias = d2.sum(0).to(weight.dtype) if ctx.has_bias else None
+        del g  # before dg exists: at most two h-sized tensors at a time here
         dg = (dout @ weight.to(dout.dtype)).to(h.dtype)
-        dh = dg * slope if slope is not None else torch.ops.aten.gelu_backward(dg, h)
+        dh = dg.mul_(slope) if slope is not None else torch.ops.aten.gelu_backward(dg, h)  # dg: ours to reuse
         return dh, dweight, dbias
 
 

@@ -128,8 +128,12 @@ def _set_threads(cfg: TrainConfig) -> None:
 # top), so every step re-faults its activations page by page: ~8k page faults a step on the medium config
 # here, 21-31 ms of kernel CPU time. A trainer allocates the same sizes every step, so blocks up to 32 MiB
 # (glibc's own ceiling for its adaptive threshold) now stay in the heap for reuse and the heap top is not
-# trimmed. Bigger blocks are still mapped and returned, which keeps the large config's peak where it was
-# (with dropout 0.2: 4247 MiB against 4181 MiB; keeping 1 GiB blocks too took it to 4368-4512 MiB).
+# trimmed. Bigger blocks are still mapped and returned. The price is resident memory where activations are
+# big: on the large config (25 MiB activations) kept blocks fragment the heap over the first steps. With
+# dropout 0.2 in fp32 it peaks at 4181-4373 MiB against 2641-2647 MiB with glibc's defaults (set by
+# MALLOC_TOP_PAD_=131072, its default value, which leaves glibc alone), for steps of 7.7-10.8 s against
+# 11.4-12.3 s; without dropout 5.3-6.4 s. Keeping blocks up to 16 MiB only gave 2811-2824 MiB, but steps of
+# 10.1-12.3 s (6.7-7.6 s without dropout, MFU 0.50-0.54 instead of 0.70-0.74).
 MALLOC_MMAP_THRESHOLD, MALLOC_TRIM_THRESHOLD = -3, -1  # mallopt's parameter numbers (malloc.h)
 KEEP_BLOCKS_UP_TO = 32 << 20
 TRIM_ABOVE = 2**31 - 1  # the heap top goes back to the kernel only beyond 2 GiB free (mallopt takes an int)
