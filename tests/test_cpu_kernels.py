@@ -164,6 +164,16 @@ def test_gelu_matches_an_fp64_reference(shape):
     torch.testing.assert_close(grad.double(), expected_grad, rtol=1e-6, atol=1e-6)
 
 
+def test_gelu_without_a_gradient_to_keep_is_pytorchs(counting):
+    h = torch.randn(4, 32)
+    torch.testing.assert_close(cpu_kernels.gelu(h), F.gelu(h), rtol=0, atol=0)
+    with torch.no_grad():
+        cpu_kernels.gelu(h.requires_grad_())
+    assert not counting
+    cpu_kernels.gelu(h)
+    assert counting["gelu_and_slope"] == 1
+
+
 def test_gelu_linear_recomputes_gelu_and_its_slope_with_the_kernel(monkeypatch, counting):
     """The large config's path (gelu(h) not kept, recomputed in backward) with the kernel gives the
     plain ops' gradients."""

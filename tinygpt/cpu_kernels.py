@@ -19,13 +19,14 @@ small operations that PyTorch runs one pass over memory at a time. Three of them
   serving both, and backward is one multiplication (PyTorch's recomputes erf and exp from h).
 
 `python bench/cpu_kernels.py` (forward + backward through autograd, medians of rounds, ms; this project's
-2-core machine, two sessions): medium config (B32 T128 C128) attention 5.0-7.3 against 7.9-10.9 for SDPA
-with the split, transposes and copies it needs; add + LayerNorm 0.79-0.91 against 1.12-1.18; GELU
-2.31-2.38 against 2.41-2.59. Small config (B12 T64 C128): 0.86-1.06 against 1.30-1.58; 0.32-0.44 against
-0.35-0.44; 0.55-0.69 against 0.71-0.90. A training step of the medium config, one process alternating
-steps with the LayerNorm and GELU kernels on and off: 4% faster (median of the pairwise differences 6.4 ms
-of ~160, on faster in 75% of 60 pairs; GELU's share about 2 ms); all three on against all off: 10% (22 ms
-of ~200, 83% of 60 pairs, a busy hour).
+2-core machine, over two sessions): medium config (B32 T128 C128) attention 5.0-7.3 against 7.9-12.6 for
+SDPA with the split, transposes and copies it needs; add + LayerNorm 0.79-0.91 against 1.12-1.19; GELU
+2.31-2.47 against 2.41-2.81 (one round 4.43 in a busy moment). Small config (B12 T64 C128): 0.86-1.06
+against 1.30-1.58; 0.32-0.44 against 0.35-0.44; 0.55-0.69 against 0.71-0.90. Large (B64 T256 C384):
+attention 112-165 against 160-214; add + LayerNorm 13.2-13.8 against 18.0-18.1.
+A training step of the medium config, one process alternating steps with the LayerNorm and GELU kernels on
+and off: 4% faster (median of the pairwise differences 6.4 ms of ~160, on faster in 75% of 60 pairs; GELU's
+share about 2 ms); all three on against all off: 10% (22 ms of ~200, 83% of 60 pairs, a busy hour).
 
 They compute in fp32 (under bf16 autocast too, for attention and LayerNorm, as PyTorch's run there), each
 only where its shapes fit (attention: heads of a multiple of 16 channels, up to 512 positions, no attention
@@ -416,8 +417,9 @@ def gelu_and_slope(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def gelu(h: torch.Tensor) -> torch.Tensor:
-    """The exact GELU; in one pass with its slope (kept for backward) when the kernel takes h."""
-    if not gelu_usable(h):
+    """The exact GELU; in one pass with its slope (kept for backward) when the kernel takes h and a
+    gradient is wanted (without one the slope would be wasted: PyTorch's GELU then)."""
+    if not (gelu_usable(h) and h.requires_grad and torch.is_grad_enabled()):
         return torch.nn.functional.gelu(h)
     h = h.contiguous()
     return _gelu_op(h)[0] if _compiling() else _Gelu.apply(h)
