@@ -6,7 +6,7 @@
 
 Prints one JSON line per precision: ms/iter (median after warm-up), tokens/s, MFU against the best of
 several matmuls of the model's own shapes in that precision (measured here, before and after the run,
-with the same threads), peak memory (resident set on CPU), precision, compile mode and attention kernel.
+with the same threads), peak memory (resident set on CPU), precision, compile mode and the CPU kernels used.
 """
 
 from __future__ import annotations

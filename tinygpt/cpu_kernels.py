@@ -63,6 +63,7 @@ KERNELS = ("attention", "layer_norm", "gelu")
 # works in blocks, catches up (measured forward + backward: T 512 fused 20-23 ms vs 20-27; T 1024, width
 # 128, fused 44-46 vs 36-42).
 MAX_BLOCK_SIZE = 512
+VECTOR = 16  # floats in one of csrc/kernels.h's vectors: head sizes and widths must be multiples of it
 STALE_LOCK_S = 600  # a build takes about a minute; a lock file this old was left by a build that died
 
 _ext = None  # the loaded extension while the kernels are in use, else None
@@ -194,12 +195,12 @@ def unsupported(kernel: str, n_embd: int, n_head: int, block_size: int) -> str |
     """Why `kernel` cannot take a model of this shape, or None if it can (in fp32)."""
     if kernel == "attention":
         head_size = n_embd // n_head
-        if head_size % 16:
-            return f"heads of {head_size} channels (n_embd / n_head); the kernel takes multiples of 16"
+        if head_size % VECTOR:
+            return f"heads of {head_size} channels (n_embd / n_head); the kernel takes multiples of {VECTOR}"
         if block_size > MAX_BLOCK_SIZE:
             return f"block_size {block_size}; the kernel takes at most {MAX_BLOCK_SIZE} positions"
-    elif kernel == "layer_norm" and n_embd % 16:
-        return f"width {n_embd} (n_embd); the kernel takes multiples of 16"
+    elif kernel == "layer_norm" and n_embd % VECTOR:
+        return f"width {n_embd} (n_embd); the kernel takes multiples of {VECTOR}"
     return None
 
 
@@ -221,18 +222,27 @@ def attention_usable(qkv: torch.Tensor, n_head: int, dropout_p: float) -> bool:
             and unsupported("attention", qkv.size(2) // 3, n_head, qkv.size(1)) is None)
 
 
+def _attention_save(ctx, qkv, n_head, y, lse):
+    ctx.save_for_backward(qkv, y, lse)
+    ctx.n_head = n_head
+
+
+def _attention_grads(ctx, dy, backward):
+    """Gradients of (qkv, n_head) from y's, by `backward` (the extension's, or its custom op)."""
+    qkv, y, lse = ctx.saved_tensors
+    return backward(qkv, y, lse, dy.contiguous(), ctx.n_head), None
+
+
 class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, qkv, n_head):
         y, lse = _ext.attention_forward(qkv, n_head)
-        ctx.save_for_backward(qkv, y, lse)
-        ctx.n_head = n_head
+        _attention_save(ctx, qkv, n_head, y, lse)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        qkv, y, lse = ctx.saved_tensors
-        return _ext.attention_backward(qkv, y, lse, dy.contiguous(), ctx.n_head), None
+        return _attention_grads(ctx, dy, _ext.attention_backward)
 
 
 @torch.library.custom_op("tinygpt::causal_attention", mutates_args=())
@@ -259,15 +269,11 @@ def _(qkv, y, lse, dy, n_head):
 
 
 def _attention_setup(ctx, inputs, output):
-    qkv, n_head = inputs
-    y, lse = output
-    ctx.save_for_backward(qkv, y, lse)
-    ctx.n_head = n_head
+    _attention_save(ctx, *inputs, *output)
 
 
 def _attention_grad(ctx, dy, _dlse):
-    qkv, y, lse = ctx.saved_tensors
-    return _attention_backward_op(qkv, y, lse, dy.contiguous(), ctx.n_head), None
+    return _attention_grads(ctx, dy, _attention_backward_op)
 
 
 _attention_op.register_autograd(_attention_grad, setup_context=_attention_setup)
@@ -290,14 +296,18 @@ class _AddLayerNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, delta, weight, bias, eps):
         s, y, mean, rstd = _ext.add_layer_norm_forward(x, delta, weight, bias, eps)
-        ctx.save_for_backward(x if delta is None else s, mean, rstd, weight)
-        ctx.has_delta, ctx.has_bias = delta is not None, bias is not None
+        _add_layer_norm_save(ctx, x, delta, weight, bias, s, mean, rstd)
         return (s, y) if delta is not None else y
 
     @staticmethod
     def backward(ctx, *grads):
         ds, dy = grads if ctx.has_delta else (None, grads[0])
         return _add_layer_norm_grads(ctx, ds, dy, _ext.add_layer_norm_backward)
+
+
+def _add_layer_norm_save(ctx, x, delta, weight, bias, s, mean, rstd):
+    ctx.save_for_backward(x if delta is None else s, mean, rstd, weight)  # s is empty without a delta
+    ctx.has_delta, ctx.has_bias = delta is not None, bias is not None
 
 
 def _add_layer_norm_grads(ctx, ds, dy, backward):
@@ -340,8 +350,7 @@ def _(dy, ds, s, mean, rstd, weight):
 def _add_layer_norm_setup(ctx, inputs, output):
     x, delta, weight, bias, _eps = inputs
     s, _y, mean, rstd = output
-    ctx.save_for_backward(x if delta is None else s, mean, rstd, weight)
-    ctx.has_delta, ctx.has_bias = delta is not None, bias is not None
+    _add_layer_norm_save(ctx, x, delta, weight, bias, s, mean, rstd)
 
 
 def _add_layer_norm_op_grad(ctx, ds, dy, _dmean, _drstd):
@@ -355,7 +364,7 @@ def add_layer_norm(x: torch.Tensor, delta: torch.Tensor | None, norm: torch.nn.L
     """(s, norm(s)) for s = x + delta (delta None: s = x), in one pass when the kernel takes it."""
     if (_ext is None or x.device.type != "cpu" or x.dtype != torch.float32 or norm.weight is None
             or norm.weight.dtype != torch.float32 or len(norm.normalized_shape) != 1
-            or x.size(-1) % 16 or (delta is not None and delta.shape != x.shape)):
+            or x.size(-1) % VECTOR or (delta is not None and delta.shape != x.shape)):
         s = x if delta is None else x + delta
         return s, norm(s)
     x = x.contiguous()

@@ -33,8 +33,7 @@ inline void gelu_vec(vec h, vec& g, vec& d) {
 }  // namespace
 
 std::vector<at::Tensor> gelu_and_slope(const at::Tensor& h) {
-  TORCH_CHECK(h.device().is_cpu() && h.scalar_type() == at::kFloat && h.is_contiguous(),
-              "h must be a contiguous float32 CPU tensor");
+  check_contiguous_float(h, "h");
   at::Tensor g = at::empty_like(h), d = at::empty_like(h);
   const float* hp = h.data_ptr<float>();
   float* gp = g.data_ptr<float>();

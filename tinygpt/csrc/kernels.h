@@ -24,6 +24,12 @@ inline vec splat(float x) {  // (not vec{} + x, which adds to 0 first for -0's s
 }
 inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
+// What the elementwise kernels read and write: the data of a contiguous float32 CPU tensor.
+inline void check_contiguous_float(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(), what,
+              " must be a contiguous float32 CPU tensor");
+}
+
 // exp(x) for x <= 0 (softmax arguments): Cephes' expf range reduction and polynomial in vector arithmetic
 // (std::exp does not vectorize without -ffast-math). Relative error at most 8.6e-8, under one float ulp,
 // over every float in [-87, 0] (checked against double exp). Below -87 it returns ~1e-38, not 0; callers

@@ -23,8 +23,7 @@ namespace {
 constexpr int64_t ROWS = 64;  // rows per block of the parameter gradients
 
 int64_t check_rows(const at::Tensor& t, const at::Tensor& like, const char* what) {
-  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(), what,
-              " must be a contiguous float32 CPU tensor");
+  check_contiguous_float(t, what);
   TORCH_CHECK(t.sizes() == like.sizes(), what, " must have the shape of the input");
   return t.size(-1);
 }
