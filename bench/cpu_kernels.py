@@ -82,10 +82,9 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from tinygpt import cpu_kernels
-    from tinygpt.train import keep_freed_memory
+    from tinygpt import cpu_allocator, cpu_kernels
 
-    keep_freed_memory()  # as the trainer does: freed blocks are reused, not faulted in again every call
+    cpu_allocator.install("auto")  # as the trainer does: freed blocks are reused, not faulted in again every call
     assert cpu_kernels.activate("on")
     for name in args.preset or ["small", "medium", "large"]:
         preset = PRESETS[name]

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import TINY_FLAGS, read_metrics, run_module
-from tinygpt import cpu_kernels, kernels
+from tinygpt import cpu_kernels, kernels, native
 from tinygpt.model import GPT, GPTConfig
 from tinygpt.precision import cpu_has_bf16
 
@@ -284,7 +284,7 @@ def test_a_compiled_model_calls_the_kernels_in_one_graph(counting):
 
 # --- in the trainer --------------------------------------------------------------------------------------
 
-def test_without_a_compiler_auto_trains_on_pytorchs_ops_and_on_says_why(tmp_path, tiny_corpus, monkeypatch):
+def test_without_a_compiler_auto_trains_on_pytorchs_ops_and_malloc_and_on_says_why(tmp_path, tiny_corpus, monkeypatch):
     """A real failed build: the compiler named by $CXX does not exist. The build directory also holds the
     lock file of a build that died long ago, which must not make the run wait for ever."""
     env = {"CXX": str(tmp_path / "no-such-c++"), "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
@@ -292,7 +292,7 @@ def test_without_a_compiler_auto_trains_on_pytorchs_ops_and_on_says_why(tmp_path
     lock = cpu_kernels.build_directory() / "lock"
     lock.parent.mkdir(parents=True)
     lock.touch()
-    old = time.time() - 2 * cpu_kernels.STALE_LOCK_S
+    old = time.time() - 2 * native.STALE_LOCK_S
     os.utime(lock, (old, old))
     common = [*TINY_FLAGS, "--data-file", str(tiny_corpus), "--data-dir", str(tmp_path / "data"), "--max-steps", "5"]
     auto = run_module("tinygpt.train", *common, "--out-dir", str(tmp_path / "auto"), timeout=120, **env)
@@ -301,14 +301,25 @@ def test_without_a_compiler_auto_trains_on_pytorchs_ops_and_on_says_why(tmp_path
     assert "building tinygpt's CPU kernels for this CPU" in auto.stdout
     assert "note: tinygpt's CPU kernels could not be built" in auto.stdout
     assert "cpu kernels off" in auto.stdout
+    # The caching allocator is built the same way: malloc instead, said once.
+    assert "note: tinygpt's CPU allocator could not be set up (" in auto.stdout
+    assert "cpu allocator malloc" in auto.stdout
     start = next(r for r in read_metrics(tmp_path / "auto") if r.get("event") == "start")
-    assert start["cpu_kernels"] == []
+    assert start["cpu_kernels"] == [] and start["cpu_allocator"] == "malloc"
 
     on = run_module("tinygpt.train", *common, "--out-dir", str(tmp_path / "on"), "--cpu-kernels", "on", **env)
     assert on.returncode == 1
     assert on.stderr.startswith("error: cpu_kernels: on, but the kernels (tinygpt/csrc) could not be built: ")
     assert "Install a C++ compiler (g++) or use --cpu-kernels off" in on.stderr
     assert "Traceback" not in on.stderr
+
+    caching = run_module("tinygpt.train", *common, "--out-dir", str(tmp_path / "caching"), "--cpu-kernels", "off",
+                         "--cpu-allocator", "caching", **env)
+    assert caching.returncode == 1
+    assert caching.stderr.startswith("error: cpu_allocator: caching, but the caching allocator (tinygpt/csrc) "
+                                     "could not be set up: ")
+    assert "Install a C++ compiler (g++) or use --cpu-allocator malloc" in caching.stderr
+    assert "Traceback" not in caching.stderr
 
 
 def test_each_kernel_runs_where_the_model_fits_it(tmp_path, tiny_corpus):

@@ -2,13 +2,11 @@
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from conftest import TINY_FLAGS, loss_series, python_env, read_metrics, run_module
+from conftest import TINY_FLAGS, loss_series, read_metrics, run_module
 from tinygpt import checkpoint as ckpt
 from tinygpt import config, train
 
@@ -39,39 +37,6 @@ def test_weight_decay_applies_to_matrices_only():
     assert plain["weight_decay"] == 0.0 and all(p.dim() == 1 for p in plain["params"])
 
 
-FAULTS_OF_FRESH_BLOCKS = """
-import resource, sys, torch
-from tinygpt.train import keep_freed_memory
-if sys.argv[1] == "keep":
-    assert keep_freed_memory()
-faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-def step():  # a step's activations: several 8 MiB blocks, all freed at its end
-    blocks = [torch.ones(2 << 20) for _ in range(6)]
-    del blocks
-step()
-before = faults()
-for _ in range(20):
-    step()
-print(faults() - before)
-"""
-
-
-def test_keep_freed_memory_stops_refaulting_the_same_blocks_every_step():
-    env = {k: v for k, v in python_env().items() if not k.startswith("MALLOC_")}
-    faults = {}
-    for mode in ("default", "keep"):
-        out = subprocess.run([sys.executable, "-c", FAULTS_OF_FRESH_BLOCKS, mode], capture_output=True, text=True,
-                             env=env, timeout=120)
-        assert out.returncode == 0, out.stderr
-        faults[mode] = int(out.stdout)
-    # By default glibc gives the freed blocks back and the kernel faults them in again page by page.
-    assert faults["default"] >= 20 and faults["keep"] * 3 < faults["default"], faults
-    env["MALLOC_ARENA_MAX"] = "2"  # the user tunes malloc: left alone
-    out = subprocess.run([sys.executable, "-c", "from tinygpt.train import keep_freed_memory as k; print(k())"],
-                         capture_output=True, text=True, env=env, timeout=120)
-    assert out.stdout.strip() == "False", out.stderr
-
-
 def test_a_run_writes_metrics_config_checkpoints_and_sample(tmp_path, tiny_corpus, data_dir):
     out, result = run(tmp_path, tiny_corpus, "--sample-tokens", "40", "--sample-prompt", "ROMEO")
     assert result.finished and result.step == 20
@@ -85,6 +50,7 @@ def test_a_run_writes_metrics_config_checkpoints_and_sample(tmp_path, tiny_corpu
     assert records[-1]["event"] == "finished"
     assert records[0]["event"] == "start"
     assert records[0]["cpu_kernels"] == ["attention", "layer_norm", "gelu"]  # the C++ kernels on CPU
+    assert records[0]["cpu_allocator"] == "caching" and records[-1]["cpu_allocator_stats"]["installed"] == 1
     assert evals[-1]["val_loss"] < math.log(len(set(tiny_corpus.read_text())))  # it learned something
     saved = config.resolve(["--config", str(out / "config.yaml")])
     assert saved.model.n_embd == 32 and saved.data.data_file == str(tiny_corpus)

@@ -119,6 +119,7 @@ class OptimConfig:
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 COMPILE_MODES = ("auto", "on", "off")
 CPU_KERNEL_MODES = ("auto", "on", "off")  # tinygpt/cpu_kernels.py (kept torch-free here)
+CPU_ALLOCATOR_MODES = ("auto", "caching", "malloc")  # tinygpt/cpu_allocator.py
 PROGRESS_MODES = ("auto", "bar", "plain", "off")
 PREEMPT_SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "XCPU")
 
@@ -143,6 +144,9 @@ class RunConfig:
     cpu_kernels: str = _f("auto", "C++ kernels for attention, LayerNorm and GELU on CPU: auto (built once with "
                                   "the machine's compiler; PyTorch's ops if that fails), on (fail instead) or off",
                           CPU_KERNEL_MODES)
+    cpu_allocator: str = _f("auto", "CPU tensor memory: auto (tinygpt's caching allocator, built once; malloc if "
+                                    "that fails or MALLOC_* is set), caching (fail instead) or malloc",
+                            CPU_ALLOCATOR_MODES)
     activation_checkpointing: bool = _f(False, "recompute each block in backward: less memory, ~30% more compute")
     threads: int | None = _f(None, "CPU threads (default: $SLURM_CPUS_PER_TASK, else torch's choice)")
     peak_flops: float | None = _f(None, "peak FLOP/s of one device, for MFU (default: known GPUs)")
@@ -177,7 +181,7 @@ class RunConfig:
             problems.append(f"peak_flops: must be > 0 (or unset), got {self.peak_flops}")
         if self.max_requeues < 0:
             problems.append(f"max_requeues: must be >= 0, got {self.max_requeues}")
-        for name in ("precision", "compile", "cpu_kernels", "progress", "preempt_signal"):
+        for name in ("precision", "compile", "cpu_kernels", "cpu_allocator", "progress", "preempt_signal"):
             choices = _FIELD_INFO[name].choices
             if choices and getattr(self, name) not in choices:
                 problems.append(_choice_message(name, getattr(self, name), choices))

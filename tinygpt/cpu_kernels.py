@@ -35,8 +35,8 @@ autocast); everything else runs through PyTorch as before. Results match
 PyTorch's within float rounding (tests compare both with an fp64 reference) and are bit-for-bit the same
 from run to run and for any thread count (work is split so that no sum depends on the split).
 
-Built on first use with the machine's C++ compiler (torch.utils.cpp_extension, ninja) for the CPU it
-runs on (-march=native); the build takes about a minute and is cached under $TORCH_EXTENSIONS_DIR
+Built on first use with the machine's C++ compiler (tinygpt/native.py) for the CPU it runs on
+(-march=native); the build takes about a minute and is cached under $TORCH_EXTENSIONS_DIR
 (default ~/.cache/torch_extensions), one build per CPU model and torch version, so a home directory shared
 by different nodes stays correct. The trainer asks for them on CPU (`--cpu-kernels auto`, the default) and
 falls back to PyTorch's operations with a one-line note if they cannot be built; `--cpu-kernels on` makes
@@ -45,17 +45,14 @@ that an error, `--cpu-kernels off` never builds them.
 
 from __future__ import annotations
 
-import hashlib
-import logging
-import os
 import platform
-import shutil
-import time
 from pathlib import Path
 
 import torch
 
-CSRC = Path(__file__).resolve().parent / "csrc"
+from . import native
+
+BUILD_STEM = "tinygpt_cpu_kernels"
 SOURCES = ("module.cpp", "causal_attention.cpp", "layer_norm.cpp", "gelu.cpp")  # and kernels.h
 MODES = ("auto", "on", "off")
 KERNELS = ("attention", "layer_norm", "gelu")
@@ -64,25 +61,12 @@ KERNELS = ("attention", "layer_norm", "gelu")
 # 128, fused 44-46 vs 36-42).
 MAX_BLOCK_SIZE = 512
 VECTOR = 16  # floats in one of csrc/kernels.h's vectors: head sizes and widths must be multiples of it
-STALE_LOCK_S = 600  # a build takes about a minute; a lock file this old was left by a build that died
 
 _ext = None  # the loaded extension while the kernels are in use, else None
 
 
 class CpuKernelsError(RuntimeError):
     """The kernels were asked for (`--cpu-kernels on`) and cannot be built or loaded."""
-
-
-def _cpu_signature() -> str:
-    """What -march=native compiles for: the CPU's model and flags, plus the torch it links against."""
-    text = ""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        pass
-    lines = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags", "Features", "CPU part"))]
-    seen = "\n".join(dict.fromkeys(lines))  # the same for every core
-    return hashlib.sha1(f"{platform.machine()}\n{torch.__version__}\n{seen}".encode()).hexdigest()[:12]
 
 
 def _flags() -> list[str]:
@@ -92,62 +76,8 @@ def _flags() -> list[str]:
     return flags
 
 
-def _ninja_on_path() -> None:
-    """torch builds with ninja; the pip package puts it in the venv's bin, which may not be on PATH."""
-    if shutil.which("ninja"):
-        return
-    try:
-        import ninja  # the pip package: a dependency of this project
-    except ImportError:
-        return
-    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
-
-
 def build_directory() -> Path:
-    from torch.utils.cpp_extension import get_default_build_root
-
-    root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
-    return Path(root) / f"tinygpt_cpu_kernels_{_cpu_signature()}"
-
-
-def _clear_stale_lock(directory: Path, say) -> None:
-    """torch holds a `lock` file in the build directory while it builds and waits, without end, for
-    whoever holds it. A build killed midway (a job at its time limit) leaves it behind; remove it once
-    it is far older than a build takes, or every later run would wait forever."""
-    lock = directory / "lock"
-    try:
-        age = time.time() - lock.stat().st_mtime
-    except FileNotFoundError:
-        return
-    if age > STALE_LOCK_S:
-        say(f"note: removing {lock}, left {age / 60:.0f} min ago by a build that did not finish")
-        lock.unlink(missing_ok=True)
-
-
-def _load(directory: Path, say):
-    from torch.utils.cpp_extension import load
-
-    _ninja_on_path()
-    directory.mkdir(parents=True, exist_ok=True)
-    _clear_stale_lock(directory, say)
-    # torch warns at length about any compiler that is not g++ (clang++ works as well); a failed build
-    # is reported by activate() in one line.
-    logger = logging.getLogger("torch.utils.cpp_extension")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        return load(name=directory.name, sources=[str(CSRC / name) for name in SOURCES], extra_cflags=_flags(),
-                    extra_ldflags=["-fopenmp"], extra_include_paths=[str(CSRC)], build_directory=str(directory),
-                    verbose=False)
-    finally:
-        logger.setLevel(level)
-
-
-def _why(err: Exception) -> str:
-    """The compiler's own words from a failed build, without ninja's progress and command lines."""
-    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
-    kept = [ln for ln in lines if not ln.startswith(("[", "FAILED:", "Error building extension")) and " -o " not in ln]
-    return "; ".join(kept[:4] or lines[-1:])[:300].rstrip(".")
+    return native.build_directory(BUILD_STEM)
 
 
 def activate(mode: str = "auto", say=print) -> bool:
@@ -164,15 +94,10 @@ def activate(mode: str = "auto", say=print) -> bool:
         return False
     if _ext is not None:
         return True
-    directory = build_directory()
-    fresh = not any(directory.glob("*.so"))
-    if fresh:
-        say(f"building tinygpt's CPU kernels for this CPU (once; about a minute) in {directory}")
-    started = time.perf_counter()
     try:
-        _ext = _load(directory, say)
+        _ext = native.load(BUILD_STEM, SOURCES, "tinygpt's CPU kernels", say, _flags(), ["-fopenmp"])
     except Exception as err:  # a missing compiler or ninja, a read-only cache, a compile error
-        reason = _why(err)
+        reason = native.why(err)
         if mode == "on":
             raise CpuKernelsError(
                 f"cpu_kernels: on, but the kernels (tinygpt/csrc) could not be built: {reason}. "
@@ -180,9 +105,6 @@ def activate(mode: str = "auto", say=print) -> bool:
         say(f"note: tinygpt's CPU kernels could not be built ({reason}); using PyTorch's operations, "
             f"which are slower on CPU (--cpu-kernels off skips the attempt)")
         return False
-    took = time.perf_counter() - started
-    if fresh or took > 5:  # also a rebuild: torch rebuilds when a source or the compiler flags changed
-        say(f"built tinygpt's CPU kernels in {took:.0f} s")
     return True
 
 

@@ -38,7 +38,7 @@ import torch
 
 from . import checkpoint as ckpt
 from . import config as config_mod
-from . import cpu_kernels, provenance
+from . import cpu_allocator, cpu_kernels, provenance
 from . import distributed as dist_mod
 from . import precision as precision_mod
 from . import preemption as preempt_mod
@@ -122,39 +122,6 @@ def _set_threads(cfg: TrainConfig) -> None:
     threads = cfg.run.threads or int(os.environ.get("SLURM_CPUS_PER_TASK", "0") or 0)
     if threads:
         torch.set_num_threads(threads)
-
-
-# glibc's malloc hands big blocks back to the kernel when they are freed (mmap'd blocks, and a trimmed heap
-# top), so every step re-faults its activations page by page: ~8k page faults a step on the medium config
-# here, 21-31 ms of kernel CPU time. A trainer allocates the same sizes every step, so blocks up to 32 MiB
-# (glibc's own ceiling for its adaptive threshold) now stay in the heap for reuse and the heap top is not
-# trimmed. Bigger blocks are still mapped and returned. The price is resident memory where activations are
-# big: on the large config (25 MiB activations) kept blocks fragment the heap over the first steps. With
-# dropout 0.2 in fp32 it peaks at 4181-4373 MiB against 2641-2647 MiB with glibc's defaults (set by
-# MALLOC_TOP_PAD_=131072, its default value, which leaves glibc alone), for steps of 7.7-10.8 s against
-# 11.4-12.3 s; without dropout 5.3-6.4 s. Keeping blocks up to 16 MiB only gave 2811-2824 MiB, but steps of
-# 10.1-12.3 s (6.7-7.6 s without dropout, MFU 0.50-0.54 instead of 0.70-0.74).
-MALLOC_MMAP_THRESHOLD, MALLOC_TRIM_THRESHOLD = -3, -1  # mallopt's parameter numbers (malloc.h)
-KEEP_BLOCKS_UP_TO = 32 << 20
-TRIM_ABOVE = 2**31 - 1  # the heap top goes back to the kernel only beyond 2 GiB free (mallopt takes an int)
-
-
-def keep_freed_memory() -> bool:
-    """Have glibc keep freed blocks for reuse (CPU training); False where it did not apply.
-
-    Left alone when the user tunes malloc already (MALLOC_*_ or GLIBC_TUNABLES, or a preloaded allocator)
-    and on other C libraries.
-    """
-    import ctypes
-
-    if any(k.startswith("MALLOC_") for k in os.environ) or "malloc" in os.environ.get("GLIBC_TUNABLES", "") \
-            or "alloc" in os.environ.get("LD_PRELOAD", ""):
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(MALLOC_MMAP_THRESHOLD, KEEP_BLOCKS_UP_TO) and mallopt(MALLOC_TRIM_THRESHOLD, TRIM_ABOVE))
 
 
 def _seed_everything(seed: int) -> None:
@@ -252,6 +219,16 @@ def _choose_cpu_kernels(mode: str, device: str, gpt_cfg: GPTConfig, precision: s
     return [k for k in used if not (k == "gelu" and precision != "fp32")]
 
 
+def _choose_cpu_allocator(mode: str, device: str, say) -> str | None:
+    """Where CPU tensors get their memory (tinygpt/cpu_allocator.py): "caching" or "malloc"; None on CUDA."""
+    if device != "cpu":
+        return None
+    try:
+        return cpu_allocator.install(mode, say)
+    except cpu_allocator.CpuAllocatorError as err:
+        raise TrainingError(str(err)) from None
+
+
 def _find_resume(cfg: TrainConfig, out_dir: Path, say):
     mode = cfg.run.resume
     if mode == "never":
@@ -276,8 +253,6 @@ def train(cfg: TrainConfig, requeue_hook=None) -> TrainResult:
     dist_env = dist_mod.detect()
     _set_threads(cfg)
     device = precision_mod.pick_device(cfg.run.device, dist_env.local_rank)
-    if device == "cpu":
-        keep_freed_memory()
     policy = precision_mod.resolve_policy(device, cfg.run.precision, cfg.run.compile,
                                           cfg.data.batch_size * cfg.model.block_size)
     precision_mod.apply(policy)
@@ -285,7 +260,8 @@ def train(cfg: TrainConfig, requeue_hook=None) -> TrainResult:
     try:
         return _train(cfg, dist_env, device, policy, requeue_hook)
     finally:
-        cpu_kernels.deactivate()  # it was this run's choice; the process may go on to other things
+        cpu_kernels.deactivate()  # these were this run's choices; the process may go on to other things
+        cpu_allocator.uninstall()
         dist_mod.teardown()
 
 
@@ -303,6 +279,7 @@ def _train(cfg: TrainConfig, dist_env, device: str, policy, requeue_hook) -> Tra
     gpt_cfg = _model_config(cfg, prepared.vocab_size, state["model_args"] if state else None, say)
     kernels = _choose_cpu_kernels(cfg.run.cpu_kernels, device, gpt_cfg, policy.precision,
                                   say if is_main else lambda _: None)
+    allocator = _choose_cpu_allocator(cfg.run.cpu_allocator, device, say if is_main else lambda _: None)
     batches = Batches(prepared, gpt_cfg.block_size, cfg.data.batch_size, cfg.run.seed, dist_env.rank,
                       cfg.data.eval_windows)
 
@@ -363,6 +340,7 @@ def _train(cfg: TrainConfig, dist_env, device: str, policy, requeue_hook) -> Tra
     say = progress.message
     say(f"tinygpt: {model.num_params():,} parameters (non-embedding), vocab {gpt_cfg.vocab_size}, "
         f"{policy.describe()}, cpu kernels {', '.join(kernels) or 'off'}, "
+        f"{f'cpu allocator {allocator}, ' if allocator else ''}"
         f"{dist_env.world_size} rank(s) via {dist_env.launcher}")
     say(f"global batch: {cfg.data.batch_size} x {o.grad_accum} accum x {dist_env.world_size} ranks = "
         f"{cfg.data.batch_size * o.grad_accum * dist_env.world_size} sequences "
@@ -374,7 +352,8 @@ def _train(cfg: TrainConfig, dist_env, device: str, policy, requeue_hook) -> Tra
                    "restarts": restarts, "world_size": dist_env.world_size, "launcher": dist_env.launcher,
                    "master": f"{dist_env.master_addr}:{dist_env.master_port}" if dist_env.is_distributed else None,
                    "hostnames": hostnames, "precision": policy.precision, "compile": policy.compile,
-                   "cpu_kernels": kernels, "device": device, "tokens_per_step": tokens_per_step})
+                   "cpu_kernels": kernels, "cpu_allocator": allocator, "device": device,
+                   "tokens_per_step": tokens_per_step})
 
     def checkpoint_state() -> dict:
         rng = dist_mod.gather_objects(ckpt.capture_rng(), dist_env)
@@ -495,7 +474,8 @@ def _train(cfg: TrainConfig, dist_env, device: str, policy, requeue_hook) -> Tra
                 say(sample)
                 say("-" * 71)
             metrics.write({"step": step, "event": "finished", "best_val_loss": best_val, "elapsed_s": total_s,
-                           "weights_digest": digests, "peak_memory_mb": peak_memory_mb(device)})
+                           "weights_digest": digests, "peak_memory_mb": peak_memory_mb(device),
+                           "cpu_allocator_stats": cpu_allocator.stats()})
             best = f"{best_val:.4f}" if best_val is not None else "n/a"
             newest = ckpt.list_checkpoints(out_dir)
             say(f"done: step {step}, best val loss {best}, {progress_mod.format_duration(total_s)} of training; "
