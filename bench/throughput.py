@@ -6,7 +6,8 @@
 
 Prints one JSON line per precision: ms/iter (median after warm-up), tokens/s, MFU against the best of
 several matmuls of the model's own shapes in that precision (measured here, before and after the run,
-with the same threads), peak memory (resident set on CPU), precision, compile mode and the CPU kernels used.
+with the same threads), peak memory (resident set on CPU), precision, compile mode, the CPU kernels and
+the CPU allocator used.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ def main() -> None:
     parser.add_argument("--compile", default="off")
     parser.add_argument("--dropout", type=float, default=0.0)
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's choice)")
+    parser.add_argument("--cpu-allocator", default="auto", choices=("auto", "caching", "malloc"),
+                        help="where CPU tensors get memory (the trainer's flag; default: auto, the caching allocator)")
     parser.add_argument("--activation-checkpointing", action="store_true", help="recompute blocks in backward")
     args = parser.parse_args()
     from tinygpt.model import GPT, GPTConfig
@@ -74,7 +77,8 @@ def main() -> None:
     model_cfg = {k: config[k] for k in ("n_layer", "n_head", "n_embd", "block_size")}
     n_params = GPT(GPTConfig(vocab_size=65, **model_cfg)).num_params()
     fpt = flops_per_token(n_params, config["n_layer"], config["n_embd"], config["block_size"])
-    extra = ["--compile", args.compile, "--dropout", str(args.dropout), "--device", "cpu"]
+    extra = ["--compile", args.compile, "--dropout", str(args.dropout), "--device", "cpu",
+             "--cpu-allocator", args.cpu_allocator]
     if args.threads:
         extra += ["--threads", str(args.threads)]
     if args.activation_checkpointing:
