@@ -133,6 +133,7 @@ class CachingAllocator final : public c10::Allocator {
         void* data = sc.kept.back();
         sc.kept.pop_back();
         kept_ -= size;
+        peak_live_ = std::max(peak_live_, mapped_ - kept_);
         ++hits_;
         header_of(data)->request = n;
         return data;
