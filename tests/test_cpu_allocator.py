@@ -107,6 +107,33 @@ def test_the_profiler_sees_its_memory(caching):
     assert any(v >= 8 * MiB for v in usage.values()), usage
 
 
+OUT_OF_MEMORY = """
+import resource, torch
+from tinygpt import cpu_allocator
+assert cpu_allocator.install("caching", say=lambda _: None) == "caching"
+before = cpu_allocator.stats()["mapped_bytes"]
+vm = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (vm + (256 << 20), resource.RLIM_INFINITY))
+try:
+    torch.empty(1 << 28)  # 1 GiB: over the limit
+except torch.OutOfMemoryError as err:
+    print(str(err).splitlines()[0])
+assert cpu_allocator.stats()["mapped_bytes"] == before  # nothing counted for the failed block
+t = torch.ones(4 << 20)  # 16 MiB still fits
+print(int(t.sum()), cpu_allocator.stats()["mapped_bytes"] - before)
+"""
+
+
+def test_out_of_memory_is_pytorchs_error_and_leaves_the_allocator_usable():
+    """A real failed mmap: the address space limited (RLIMIT_AS) below the request."""
+    out = subprocess.run([sys.executable, "-c", OUT_OF_MEMORY], capture_output=True, text=True, env=python_env(),
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    oom, after = out.stdout.splitlines()
+    assert oom.startswith("CPU out of memory: tried to allocate 1073741824 bytes (Cannot allocate memory)"), oom
+    assert after == f"{4 << 20} {16 * MiB + 4096}"
+
+
 FAULTS_OF_FRESH_BLOCKS = """
 import resource, sys, torch
 from tinygpt import cpu_allocator

@@ -148,10 +148,11 @@ class CachingAllocator final : public c10::Allocator {
     }
     void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (base == MAP_FAILED) {
+      const int err = errno;
       std::lock_guard<std::mutex> lock(mu_);
       mapped_ -= size;
       TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU out of memory: tried to allocate ", n, " bytes (",
-                       std::strerror(errno), ")");
+                       std::strerror(err), ")");
     }
     void* data = static_cast<char*>(base) + HEADER;
     *header_of(data) = {size, n};
