@@ -134,6 +134,33 @@ def test_out_of_memory_is_pytorchs_error_and_leaves_the_allocator_usable():
     assert after == f"{4 << 20} {16 * MiB + 4096}"
 
 
+FORK_WHILE_LOCKED = """
+import os, time, torch
+from tinygpt import cpu_allocator
+assert cpu_allocator.install("caching", say=lambda _: None) == "caching"
+cpu_allocator._ext._hold_lock_for_test(0.3)  # another thread is in the middle of an allocation
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if torch.ones(1 << 20).sum().item() == 1 << 20 else 3)  # 4 MiB: takes the lock
+for _ in range(1000):  # up to 10 s
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        print(os.waitstatus_to_exitcode(status))
+        break
+    time.sleep(0.01)
+else:
+    os.kill(pid, 9)
+    print("the child hung")
+"""
+
+
+def test_a_fork_while_another_thread_allocates_leaves_the_child_working():
+    out = subprocess.run([sys.executable, "-c", FORK_WHILE_LOCKED], capture_output=True, text=True, env=python_env(),
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "0"
+
+
 FAULTS_OF_FRESH_BLOCKS = """
 import resource, sys, torch
 from tinygpt import cpu_allocator

@@ -22,17 +22,20 @@
 #include <c10/util/Exception.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -70,7 +73,15 @@ class CachingAllocator final : public c10::Allocator {
   }
 
   static CachingAllocator& instance() {
-    static auto* it = new CachingAllocator();  // never destroyed: tensors may outlive static destructors
+    static auto* it = [] {
+      auto* a = new CachingAllocator();  // never destroyed: tensors may outlive static destructors
+      // fork() copies the lock as it is: held by another thread at that moment (a backward pass
+      // allocating without the GIL), it would stay held in the child for ever. Hold it across fork, as
+      // glibc's malloc does with its own locks.
+      pthread_atfork([] { instance().mu_.lock(); }, [] { instance().mu_.unlock(); },
+                     [] { instance().mu_.unlock(); });
+      return a;
+    }();
     return *it;
   }
 
@@ -97,6 +108,17 @@ class CachingAllocator final : public c10::Allocator {
   size_t empty_cache() {
     std::lock_guard<std::mutex> lock(mu_);
     return release_kept(SIZE_MAX);
+  }
+
+  // For tests: another thread holds the lock for `seconds`, as one in the middle of an allocation would.
+  void hold_lock(double seconds) {
+    std::atomic<bool> held{false};
+    std::thread([this, seconds, &held] {
+      std::lock_guard<std::mutex> lock(mu_);
+      held = true;  // (the last use of `held`: hold_lock returns once it is set)
+      std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+    }).detach();
+    while (!held) std::this_thread::yield();
   }
 
   std::map<std::string, int64_t> stats() {
@@ -238,4 +260,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("empty_cache", [] { return CachingAllocator::instance().empty_cache(); },
         "unmap every kept block; returns the bytes given back");
   m.def("stats", [] { return CachingAllocator::instance().stats(); }, "the allocator's counters, in bytes");
+  m.def("_hold_lock_for_test", [](double seconds) { CachingAllocator::instance().hold_lock(seconds); },
+        "another thread holds the allocator's lock for this long (tests)");
 }
