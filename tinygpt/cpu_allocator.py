@@ -5,7 +5,7 @@ Why: a training step allocates the same tensors, of the same sizes, every step. 
 back to the kernel, so every step faults its activations in again page by page (medium config: ~8k page
 faults, 21-31 ms of kernel time a step). Told to keep blocks up to 32 MiB (`keep_freed_memory`, what the
 trainer did before the allocator), it packs them into one heap that fragments where activations are big:
-the large config with dropout 0.2 peaked at 4.2-4.4 GiB in fp32 against 2.6 GiB with glibc's defaults,
+the large config with dropout 0.2 peaked at 4.1-4.4 GiB in fp32 against 2.6 GiB with glibc's defaults,
 which in turn made its steps a third slower. The caching allocator keeps each freed block of 1 MiB or more
 in a list of blocks of exactly its size and hands it to the next tensor of that size, so after the first
 step nothing is mapped, faulted in or fragmented; live plus kept memory stays within twice the live peak.
