@@ -322,6 +322,21 @@ def test_without_a_compiler_auto_trains_on_pytorchs_ops_and_malloc_and_on_says_w
     assert "Traceback" not in caching.stderr
 
 
+def test_built_extensions_load_without_a_compiler_on_path(tmp_path, tiny_corpus):
+    """Once built, the kernels and the allocator load in a process whose PATH has neither a compiler nor ninja
+    (a stripped batch environment) without being built again: every process builds with the same ninja."""
+    common = [*TINY_FLAGS, "--data-file", str(tiny_corpus), "--data-dir", str(tmp_path / "data"), "--max-steps", "2"]
+    first = run_module("tinygpt.train", *common, "--out-dir", str(tmp_path / "first"))  # builds if need be
+    assert first.returncode == 0, first.stderr
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    bare = run_module("tinygpt.train", *common, "--out-dir", str(tmp_path / "bare"), PATH=str(empty))
+    assert bare.returncode == 0, bare.stderr
+    assert "building" not in bare.stdout and "could not" not in bare.stdout, bare.stdout
+    start = next(r for r in read_metrics(tmp_path / "bare") if r.get("event") == "start")
+    assert start["cpu_kernels"] == ["attention", "layer_norm", "gelu"] and start["cpu_allocator"] == "caching"
+
+
 def test_each_kernel_runs_where_the_model_fits_it(tmp_path, tiny_corpus):
     """Heads of 8 channels: attention goes to SDPA, LayerNorm and GELU still run in kernels; bf16 leaves
     GELU to PyTorch (its input is bf16); off uses none."""

@@ -8,11 +8,11 @@ flags and the torch version, so a home directory shared by different nodes keeps
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import platform
-import shutil
 import time
 from pathlib import Path
 
@@ -34,15 +34,27 @@ def _cpu_signature() -> str:
     return hashlib.sha1(f"{platform.machine()}\n{torch.__version__}\n{seen}".encode()).hexdigest()[:12]
 
 
-def _ninja_on_path() -> None:
-    """torch builds with ninja; the pip package puts it in the venv's bin, which may not be on PATH."""
-    if shutil.which("ninja"):
-        return
+@contextlib.contextmanager
+def _project_ninja_first():
+    """torch builds with the first ninja on PATH. Put the pip package's (a dependency of this project) first
+    while it builds, so that every process uses the same one whatever its PATH: a build directory used by
+    two ninja versions is compiled again from scratch at each change (measured: pip's 1.13 found the log of
+    the system's 1.11 "too old" and recompiled everything, a minute; a process without a compiler on PATH
+    then failed to load kernels that were built)."""
     try:
-        import ninja  # the pip package: a dependency of this project
+        import ninja  # the pip package
     except ImportError:
+        yield  # whichever ninja PATH has
         return
-    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+    old = os.environ.get("PATH")
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + (old or "")
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = old
 
 
 def build_directory(stem: str) -> Path:
@@ -77,7 +89,6 @@ def load(stem: str, sources: tuple[str, ...], what: str, say, cflags: list[str],
     if fresh:
         say(f"building {what} for this CPU (once; {takes}) in {directory}")
     started = time.perf_counter()
-    _ninja_on_path()
     directory.mkdir(parents=True, exist_ok=True)
     _clear_stale_lock(directory, say)
     # torch warns at length about any compiler that is not g++ (clang++ works as well); callers report a
@@ -86,9 +97,10 @@ def load(stem: str, sources: tuple[str, ...], what: str, say, cflags: list[str],
     level = logger.level
     logger.setLevel(logging.ERROR)
     try:
-        module = torch_load(name=directory.name, sources=[str(CSRC / name) for name in sources],
-                            extra_cflags=cflags, extra_ldflags=list(ldflags), extra_include_paths=[str(CSRC)],
-                            build_directory=str(directory), verbose=False)
+        with _project_ninja_first():
+            module = torch_load(name=directory.name, sources=[str(CSRC / name) for name in sources],
+                                extra_cflags=cflags, extra_ldflags=list(ldflags), extra_include_paths=[str(CSRC)],
+                                build_directory=str(directory), verbose=False)
     finally:
         logger.setLevel(level)
     took = time.perf_counter() - started
