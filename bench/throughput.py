@@ -17,6 +17,7 @@ import json
 import time
 
 from common import PRESETS, run_trainer
+from tinygpt.config import CPU_ALLOCATOR_MODES  # (torch-free; common.py put the project on sys.path)
 
 
 def measured_peak(config: dict, dtype_name: str, threads: int | None, seconds_per_shape: float = 1.0) -> float:
@@ -61,7 +62,7 @@ def main() -> None:
     parser.add_argument("--compile", default="off")
     parser.add_argument("--dropout", type=float, default=0.0)
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's choice)")
-    parser.add_argument("--cpu-allocator", default="auto", choices=("auto", "caching", "malloc"),
+    parser.add_argument("--cpu-allocator", default="auto", choices=CPU_ALLOCATOR_MODES,
                         help="where CPU tensors get memory (the trainer's flag; default: auto, the caching allocator)")
     parser.add_argument("--activation-checkpointing", action="store_true", help="recompute blocks in backward")
     args = parser.parse_args()

@@ -181,10 +181,10 @@ class RunConfig:
             problems.append(f"peak_flops: must be > 0 (or unset), got {self.peak_flops}")
         if self.max_requeues < 0:
             problems.append(f"max_requeues: must be >= 0, got {self.max_requeues}")
-        for name in ("precision", "compile", "cpu_kernels", "cpu_allocator", "progress", "preempt_signal"):
-            choices = _FIELD_INFO[name].choices
-            if choices and getattr(self, name) not in choices:
-                problems.append(_choice_message(name, getattr(self, name), choices))
+        for f in dataclasses.fields(self):  # every field with a fixed set of values (precision, compile, ...)
+            choices = _FIELD_INFO[f.name].choices
+            if choices and getattr(self, f.name) not in choices:
+                problems.append(_choice_message(f.name, getattr(self, f.name), choices))
 
 
 @dataclass(kw_only=True, slots=True)

@@ -30,10 +30,11 @@ import ctypes
 import os
 
 from . import native
+from .config import CPU_ALLOCATOR_MODES
 
 BUILD_STEM = "tinygpt_cpu_allocator"
 SOURCES = ("caching_allocator.cpp",)
-MODES = ("auto", "caching", "malloc")
+MODES = CPU_ALLOCATOR_MODES
 
 _ext = None  # the loaded extension while the caching allocator serves CPU tensors, else None
 
@@ -76,8 +77,8 @@ def install(mode: str = "auto", say=print) -> str:
     if _ext is not None and mode != "malloc":
         return "caching"
     uninstall()
+    keep_freed_memory()  # malloc's blocks: all of them, or those under 1 MiB beside the caching allocator
     if mode == "malloc" or (mode == "auto" and user_tunes_malloc()):
-        keep_freed_memory()
         return "malloc"
     try:
         ext = native.load(BUILD_STEM, SOURCES, "tinygpt's CPU allocator", say, ["-O2"], takes="a few seconds")
@@ -86,14 +87,12 @@ def install(mode: str = "auto", say=print) -> str:
         reason = native.why(err)
     if reason is None:
         _ext = ext
-        keep_freed_memory()  # the blocks under 1 MiB, which stay malloc's (unless the user tunes it)
         return "caching"
     if mode == "caching":
         raise CpuAllocatorError(f"cpu_allocator: caching, but the caching allocator (tinygpt/csrc) could not be "
                                 f"set up: {reason}. Install a C++ compiler (g++) or use --cpu-allocator malloc")
     say(f"note: tinygpt's CPU allocator could not be set up ({reason}); using malloc, which keeps more memory "
         f"(--cpu-allocator malloc skips the attempt)")
-    keep_freed_memory()
     return "malloc"
 
 

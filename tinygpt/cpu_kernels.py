@@ -51,10 +51,11 @@ from pathlib import Path
 import torch
 
 from . import native
+from .config import CPU_KERNEL_MODES
 
 BUILD_STEM = "tinygpt_cpu_kernels"
 SOURCES = ("module.cpp", "causal_attention.cpp", "layer_norm.cpp", "gelu.cpp")  # and kernels.h
-MODES = ("auto", "on", "off")
+MODES = CPU_KERNEL_MODES
 KERNELS = ("attention", "layer_norm", "gelu")
 # Longer sequences go to SDPA: a thread's two (T, T) buffers outgrow L2, and PyTorch's flash kernel, which
 # works in blocks, catches up (measured forward + backward: T 512 fused 20-23 ms vs 20-27; T 1024, width

@@ -277,9 +277,9 @@ def _train(cfg: TrainConfig, dist_env, device: str, policy, requeue_hook) -> Tra
                                    warn=lambda m: say(f"warning: {m}"))
     resume_path, state = _find_resume(cfg, out_dir, say)
     gpt_cfg = _model_config(cfg, prepared.vocab_size, state["model_args"] if state else None, say)
-    kernels = _choose_cpu_kernels(cfg.run.cpu_kernels, device, gpt_cfg, policy.precision,
-                                  say if is_main else lambda _: None)
-    allocator = _choose_cpu_allocator(cfg.run.cpu_allocator, device, say if is_main else lambda _: None)
+    say_once = say if is_main else lambda _: None  # (building the extensions: one line, not one per rank)
+    kernels = _choose_cpu_kernels(cfg.run.cpu_kernels, device, gpt_cfg, policy.precision, say_once)
+    allocator = _choose_cpu_allocator(cfg.run.cpu_allocator, device, say_once)
     batches = Batches(prepared, gpt_cfg.block_size, cfg.data.batch_size, cfg.run.seed, dist_env.rank,
                       cfg.data.eval_windows)
 
