@@ -16,6 +16,16 @@ from tinygpt import cpu_allocator
 MiB = 1 << 20
 
 
+def run_python(code: str, *args: str, **env: str) -> str:
+    """stdout of `python -c code args` in the project's environment without the caller's MALLOC_* settings
+    (plus `env`), which must exit 0."""
+    base = {k: v for k, v in python_env().items() if not k.startswith("MALLOC_")}
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env={**base, **env},
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 @pytest.fixture
 def caching():
     assert cpu_allocator.install("caching", say=lambda _: None) == "caching"
@@ -126,10 +136,7 @@ print(int(t.sum()), cpu_allocator.stats()["mapped_bytes"] - before)
 
 def test_out_of_memory_is_pytorchs_error_and_leaves_the_allocator_usable():
     """A real failed mmap: the address space limited (RLIMIT_AS) below the request."""
-    out = subprocess.run([sys.executable, "-c", OUT_OF_MEMORY], capture_output=True, text=True, env=python_env(),
-                         timeout=120)
-    assert out.returncode == 0, out.stderr
-    oom, after = out.stdout.splitlines()
+    oom, after = run_python(OUT_OF_MEMORY).splitlines()
     assert oom.startswith("CPU out of memory: tried to allocate 1073741824 bytes (Cannot allocate memory)"), oom
     assert after == f"{4 << 20} {16 * MiB + 4096}"
 
@@ -155,10 +162,7 @@ else:
 
 
 def test_a_fork_while_another_thread_allocates_leaves_the_child_working():
-    out = subprocess.run([sys.executable, "-c", FORK_WHILE_LOCKED], capture_output=True, text=True, env=python_env(),
-                         timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "0"
+    assert run_python(FORK_WHILE_LOCKED).strip() == "0"
 
 
 FAULTS_OF_FRESH_BLOCKS = """
@@ -181,15 +185,11 @@ print(faults() - before)
 @pytest.mark.parametrize("block", [8 * MiB, MiB // 2], ids=["8MiB-caching's", "512KiB-malloc's"])
 def test_kept_blocks_are_not_faulted_in_again_every_step(block):
     """Blocks of 1 MiB and more are the caching allocator's; smaller ones stay malloc's, which keeps them too."""
-    env = {k: v for k, v in python_env().items() if not k.startswith("MALLOC_")}
     faults = {}
     for mode in ("default", "malloc", "caching"):
         # glibc handing every block back: its fixed initial threshold (by default it adapts, unpredictably)
         extra = {"MALLOC_MMAP_THRESHOLD_": "131072"} if mode == "default" else {}
-        out = subprocess.run([sys.executable, "-c", FAULTS_OF_FRESH_BLOCKS, mode, str(block)], capture_output=True,
-                             text=True, env={**env, **extra}, timeout=120)
-        assert out.returncode == 0, out.stderr
-        faults[mode] = int(out.stdout)
+        faults[mode] = int(run_python(FAULTS_OF_FRESH_BLOCKS, mode, str(block), **extra))
     every_page = 20 * 6 * (block // 4096)
     assert faults["default"] >= every_page, faults  # each step faults each page in again
     assert faults["malloc"] * 8 < every_page, faults  # the heap keeps them (measured: 2-16k of 245k, settling)
@@ -197,12 +197,10 @@ def test_kept_blocks_are_not_faulted_in_again_every_step(block):
 
 
 def test_malloc_stays_as_the_user_set_it():
-    env = {k: v for k, v in python_env().items() if not k.startswith("MALLOC_")}
-    env["MALLOC_ARENA_MAX"] = "2"
     code = ("from tinygpt import cpu_allocator as a; print(a.keep_freed_memory(), a.install('auto'), "
             "a.install('caching', say=lambda _: None))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert out.stdout.split() == ["False", "malloc", "caching"], out.stderr  # asked for by name: installed
+    out = run_python(code, MALLOC_ARENA_MAX="2")
+    assert out.split() == ["False", "malloc", "caching"], out  # asked for by name: installed
 
 
 def test_training_is_bit_identical_on_either_allocator(tmp_path, tiny_corpus):
