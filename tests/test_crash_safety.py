@@ -121,6 +121,29 @@ def test_requeue_loops_are_capped(tmp_path, tiny_corpus):
     assert event["restarts"] == 3 and "reached max_requeues" in event["requeue"]
 
 
+SIGNAL_WHILE_PYTHON_SHUTS_DOWN = """
+import os, signal
+from tinygpt import preemption, train
+preemption.install_early_recorder()  # as `python -m tinygpt.train` starts
+
+
+class Late:  # cleared with __main__'s globals, after Python has put the default signal actions back
+    def __del__(self, kill=os.kill, pid=os.getpid(), sig=signal.SIGUSR2):
+        kill(pid, sig)  # the time limit's warning, as the process leaves
+
+
+late = Late()
+train.exit_process(0)
+"""
+
+
+def test_a_signal_while_the_trainer_exits_does_not_kill_it():
+    """Seen in CI: a requeued life finished all its steps and died of SIGUSR2 on its way out, failing the job."""
+    done = subprocess.run([sys.executable, "-c", SIGNAL_WHILE_PYTHON_SHUTS_DOWN], capture_output=True, text=True,
+                          env=python_env(), timeout=120)
+    assert done.returncode == 0, (done.returncode, done.stderr)
+
+
 def test_interrupted_checkpoint_write_leaves_no_partial_file(tmp_path, monkeypatch):
     import torch
 

@@ -44,6 +44,15 @@ def install_early_recorder() -> None:
         signal.signal(getattr(signal, f"SIG{name}"), _record_early)
 
 
+def ignore_from_now_on() -> None:
+    """At the very end of the process (training over, or stopped and saved): ignore the signals Slurm may
+    still send. Python puts its own handlers back to the default action, death, as it shuts down, before it
+    tears the modules down; a time-limit warning landing then turned a finished job into a FAILED one (seen
+    once in CI: a requeued life completed all its steps and was killed by SIGUSR2 on its way out)."""
+    for name in _EARLY_NAMES:
+        signal.signal(getattr(signal, f"SIG{name}"), signal.SIG_IGN)
+
+
 @dataclass
 class StopRequest:
     signal_name: str

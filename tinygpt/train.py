@@ -543,7 +543,9 @@ def exit_process(code: int) -> None:
     the process group destroyed). What finalisation would still do is run C++ destructors of the
     collective library's threads, and there one rank in about twenty aborted with "terminate called
     without an active exception" (SIGABRT, no Python frame left), failing a finished job.
+    Slurm's signals are ignored from here on: the run has nothing more to save (preemption.py).
     """
+    preempt_mod.ignore_from_now_on()
     if dist_mod.detect().is_distributed:
         sys.stdout.flush()
         sys.stderr.flush()
