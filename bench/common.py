@@ -62,8 +62,6 @@ def run_trainer(config: dict, steps: int, warmup: int, extra: list[str] | None =
     result = {
         "precision": start["precision"],
         "compile": start["compile"],
-        "cpu_kernels": start.get("cpu_kernels"),
-        "cpu_allocator": start.get("cpu_allocator"),
         "device": start["device"],
         "steps_timed": len(times),
         "ms_per_iter": round(ms, 2),

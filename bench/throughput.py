@@ -6,8 +6,7 @@
 
 Prints one JSON line per precision: ms/iter (median after warm-up), tokens/s, MFU against the best of
 several matmuls of the model's own shapes in that precision (measured here, before and after the run,
-with the same threads), peak memory (resident set on CPU), precision, compile mode, the CPU kernels and
-the CPU allocator used.
+with the same threads), peak memory (resident set on CPU), precision and compile mode.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ import json
 import time
 
 from common import PRESETS, run_trainer
-from tinygpt.config import CPU_ALLOCATOR_MODES  # (torch-free; common.py put the project on sys.path)
 
 
 def measured_peak(config: dict, dtype_name: str, threads: int | None, seconds_per_shape: float = 1.0) -> float:
@@ -62,11 +60,10 @@ def main() -> None:
     parser.add_argument("--compile", default="off")
     parser.add_argument("--dropout", type=float, default=0.0)
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's choice)")
-    parser.add_argument("--cpu-allocator", default="auto", choices=CPU_ALLOCATOR_MODES,
-                        help="where CPU tensors get memory (the trainer's flag; default: auto, the caching allocator)")
     parser.add_argument("--activation-checkpointing", action="store_true", help="recompute blocks in backward")
     args = parser.parse_args()
-    from tinygpt.model import GPT, GPTConfig
+    from tinygpt.config import ModelConfig
+    from tinygpt.model import GPT
     from tinygpt.precision import cpu_has_bf16, flops_per_token
 
     config = dict(PRESETS[args.preset])
@@ -76,10 +73,9 @@ def main() -> None:
     if "bf16" in precisions and not cpu_has_bf16():
         precisions.remove("bf16")
     model_cfg = {k: config[k] for k in ("n_layer", "n_head", "n_embd", "block_size")}
-    n_params = GPT(GPTConfig(vocab_size=65, **model_cfg)).num_params()
+    n_params = GPT(ModelConfig(**model_cfg), vocab_size=65).num_params()
     fpt = flops_per_token(n_params, config["n_layer"], config["n_embd"], config["block_size"])
-    extra = ["--compile", args.compile, "--dropout", str(args.dropout), "--device", "cpu",
-             "--cpu-allocator", args.cpu_allocator]
+    extra = ["--compile", args.compile, "--dropout", str(args.dropout), "--device", "cpu"]
     if args.threads:
         extra += ["--threads", str(args.threads)]
     if args.activation_checkpointing:

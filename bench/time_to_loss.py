@@ -112,11 +112,11 @@ def score_final_model(run: Path, data_dir: Path, draws: int = 40, batches: int =
     from tinygpt import checkpoint as ckpt
     from tinygpt.config import from_dict
     from tinygpt.data import Batches, prepare_from_config
-    from tinygpt.model import GPT, GPTConfig
+    from tinygpt.model import GPT
 
     _, state = ckpt.load_newest(run, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
     cfg = from_dict(state["config"])
-    model = GPT(GPTConfig(**state["model_args"])).eval()
+    model = GPT(*ckpt.model_config(state)).eval()
     model.load_state_dict(state["model"])
     prepared = prepare_from_config(cfg.data.dataset, cfg.data.data_file, str(data_dir))
     T, B = model.cfg.block_size, cfg.data.batch_size

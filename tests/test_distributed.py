@@ -95,10 +95,10 @@ def test_two_rank_run_stopped_and_resumed_is_identical(tmp_path, tiny_corpus):
 
 @pytest.mark.distributed
 def test_resume_with_another_world_size_rederives_the_data_streams(tmp_path, tiny_corpus):
-    from tinygpt import config, train
+    from tinygpt import config, trainer
 
     out = tmp_path / "grow"
-    train.train(config.resolve([*TINY_FLAGS, "--data-file", str(tiny_corpus), "--out-dir", str(out),
+    trainer.train(config.resolve([*TINY_FLAGS, "--data-file", str(tiny_corpus), "--out-dir", str(out),
                                 "--data-dir", str(tmp_path / "data"), "--stop-after", "10"]))
     result = torchrun(tmp_path, tiny_corpus, out)
     assert "written by 1 ranks, this run has 2" in result.stdout

@@ -33,10 +33,13 @@ def launch(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 
 def test_grid_expands_to_named_runs(tmp_path):
     path = write(tmp_path, "name: s\ntrain: {max_steps: 10}\ngrid:\n  n_layer: [2, 4]\n  model.n_embd: [64, 128]\n")
-    sweep = spec_mod.load(path)
+    sweep = spec_mod.load(path, tmp_path)
     assert [r.name for r in sweep.runs] == ["n_layer=2,n_embd=64", "n_layer=2,n_embd=128", "n_layer=4,n_embd=64",
                                             "n_layer=4,n_embd=128"]
-    assert sweep.runs[3].train["n_embd"] == 128 and sweep.runs[3].train["max_steps"] == 10
+    cfg = sweep.runs[3].config  # the trainer's own config, final: what the job will read
+    assert cfg.model.n_embd == 128 and cfg.optim.max_steps == 10
+    assert cfg.run.out_dir == str(tmp_path.resolve() / "runs" / "s" / "n_layer=4,n_embd=128")
+    assert cfg.data.data_dir == str(tmp_path.resolve() / "data")
     assert sweep.varying == ["n_layer", "n_embd"]
 
 
@@ -110,8 +113,8 @@ def test_empty_data_file_is_refused(tmp_path):
 
 @pytest.mark.parametrize("path", sorted((ROOT / "jobs").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_spec_loads_and_renders(path, tmp_path):
-    sweep = spec_mod.load(path)
-    plan = build(sweep, tmp_path)
+    sweep = spec_mod.load(path, tmp_path)
+    plan = build(sweep)
     assert plan.scripts and all(p.exists() for p, *_ in plan.scripts)
     manifest = json.loads(plan.manifest_path.read_text())
     assert [r["name"] for r in manifest["runs"]] == [r.name for r in sweep.runs]
@@ -230,7 +233,7 @@ def test_long_sweeps_are_split_below_max_array_size(tmp_path):
     prof = tmp_path / "small.yaml"
     prof.write_text("name: small\npartitions: {debug: {}}\nnode: {cpus: 4}\nmax_array_size: 4\n")
     path = write(tmp_path, "name: big\ngrid: {seed: [1, 2, 3, 4, 5, 6, 7]}\n")
-    plan = build(spec_mod.load(path, cluster=str(prof)), tmp_path)
+    plan = build(spec_mod.load(path, tmp_path, cluster=str(prof)))
     assert [(a, off, idx) for _, a, off, idx in plan.scripts] == [("0-2", 0, [0, 1, 2]), ("0-2", 3, [3, 4, 5]),
                                                                   ("0-0", 6, [6])]
     assert "RUN_INDEX=$(( 3 + ${SLURM_ARRAY_TASK_ID:-0} ))" in plan.scripts[1][0].read_text()
@@ -238,7 +241,7 @@ def test_long_sweeps_are_split_below_max_array_size(tmp_path):
 
 def test_manifest_lookup_on_the_node(tmp_path):
     path = write(tmp_path, "name: s\ngrid: {n_layer: [1, 2]}\n")
-    plan = build(spec_mod.load(path), tmp_path)
+    plan = build(spec_mod.load(path, tmp_path))
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     out = subprocess.run([sys.executable, "-m", "tinygpt.launch.manifest", "config", str(plan.manifest_path), "1"],
                          capture_output=True, text=True, env=env)

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import ROOT, TINY_FLAGS, loss_series, read_metrics
 from slurm_helpers import cancel, job_env, python, run_to_completion, sbatch, signal_when_training, unique_name
-from tinygpt import config, train
+from tinygpt import config, trainer
 from tinygpt.launch.manifest import task_job_ids
 
 pytestmark = pytest.mark.slurm
@@ -23,7 +23,7 @@ def flags(corpus: Path, out: Path, data: Path, *extra: str) -> list[str]:
 
 def reference(tmp_path: Path, corpus: Path, *extra: str) -> Path:
     out = tmp_path / "reference"
-    train.train(config.resolve(flags(corpus, out, tmp_path / "data", *extra)))
+    trainer.train(config.resolve(flags(corpus, out, tmp_path / "data", *extra)))
     return out
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, TINY_FLAGS, run_module
-from tinygpt import config, progress, report, train
+from tinygpt import config, progress, report, trainer
 from tinygpt.data import prepare_from_config
 
 
@@ -58,7 +58,7 @@ def test_sweep_report_has_curves_table_samples_and_attention(tmp_path, tiny_corp
 
 def test_single_run_report_and_its_errors(tmp_path, tiny_corpus):
     run_dir = tmp_path / "one"
-    train.train(config.resolve([*TINY_FLAGS, "--data-file", str(tiny_corpus), "--out-dir", str(run_dir),
+    trainer.train(config.resolve([*TINY_FLAGS, "--data-file", str(tiny_corpus), "--out-dir", str(run_dir),
                                 "--data-dir", str(tmp_path / "d"), "--sample-tokens", "30"]))
     out = run_module("tinygpt.report", "--run", str(run_dir), "--prompt", "ROMEO: love")
     assert out.returncode == 0, out.stderr
@@ -71,8 +71,8 @@ def test_single_run_report_and_its_errors(tmp_path, tiny_corpus):
 def test_provenance_records_code_software_and_command(tmp_path, tiny_corpus):
     run_dir = tmp_path / "p"
     argv = [*TINY_FLAGS, "--data-file", str(tiny_corpus), "--out-dir", str(run_dir), "--data-dir", str(tmp_path / "d")]
-    train.train(config.resolve([*argv, "--stop-after", "10"]))
-    train.train(config.resolve(argv))
+    trainer.train(config.resolve([*argv, "--stop-after", "10"]))
+    trainer.train(config.resolve(argv))
     starts = json.loads((run_dir / "provenance.json").read_text())["starts"]
     assert len(starts) == 2  # one record per life of the run
     p = starts[0]

@@ -2,25 +2,28 @@
 
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import TINY_FLAGS, loss_series, read_metrics, run_module
+from conftest import ROOT, TINY_FLAGS, loss_series, python_env, read_metrics, run_module
 from tinygpt import checkpoint as ckpt
-from tinygpt import config, train
+from tinygpt import config, trainer
 
 
 def run(tmp_path, corpus, *extra, name="run"):
     out = tmp_path / name
     argv = [*TINY_FLAGS, "--data-file", str(corpus), "--out-dir", str(out), *extra]
-    result = train.train(config.resolve(argv))
+    result = trainer.train(config.resolve(argv))
     return out, result
 
 
 def test_lr_schedule_warms_up_then_decays_to_min_lr():
     o = config.OptimConfig(lr=1.0, min_lr=0.1, warmup_steps=10, max_steps=110)
-    lrs = [train.lr_at(s, o) for s in range(120)]
+    lrs = [trainer.lr_at(s, o) for s in range(120)]
     assert lrs[0] < lrs[5] < lrs[9] < 1.0
     assert max(lrs) == pytest.approx(1.0, abs=1e-3)
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
@@ -28,10 +31,10 @@ def test_lr_schedule_warms_up_then_decays_to_min_lr():
 
 
 def test_weight_decay_applies_to_matrices_only():
-    from tinygpt.model import GPT, GPTConfig
+    from tinygpt.model import GPT
 
-    model = GPT(GPTConfig(vocab_size=10, block_size=8, n_layer=1, n_head=1, n_embd=8, bias=True))
-    opt = train.make_optimizer(model, config.OptimConfig(weight_decay=0.1), fused=False)
+    model = GPT(config.ModelConfig(block_size=8, n_layer=1, n_head=1, n_embd=8, bias=True), vocab_size=10)
+    opt = trainer.make_optimizer(model, config.OptimConfig(weight_decay=0.1), fused=False)
     decayed, plain = opt.param_groups
     assert decayed["weight_decay"] == 0.1 and all(p.dim() == 2 for p in decayed["params"])
     assert plain["weight_decay"] == 0.0 and all(p.dim() == 1 for p in plain["params"])
@@ -49,8 +52,7 @@ def test_a_run_writes_metrics_config_checkpoints_and_sample(tmp_path, tiny_corpu
     assert [r["step"] for r in evals] == [10, 20] and all("train_loss" in r for r in evals)
     assert records[-1]["event"] == "finished"
     assert records[0]["event"] == "start"
-    assert records[0]["cpu_kernels"] == ["attention", "layer_norm", "gelu"]  # the C++ kernels on CPU
-    assert records[0]["cpu_allocator"] == "caching" and records[-1]["cpu_allocator_stats"]["installed"] == 1
+    assert records[0]["precision"] == "fp32" and records[0]["device"] == "cpu"  # auto on CPU: fp32
     assert evals[-1]["val_loss"] < math.log(len(set(tiny_corpus.read_text())))  # it learned something
     saved = config.resolve(["--config", str(out / "config.yaml")])
     assert saved.model.n_embd == 32 and saved.data.data_file == str(tiny_corpus)
@@ -113,7 +115,7 @@ def test_resume_never_starts_over_and_explicit_path_must_exist(tmp_path, tiny_co
     out, _ = run(tmp_path, tiny_corpus)
     _, result = run(tmp_path, tiny_corpus, "--resume", "never")
     assert result.step == 20 and [r["event"] for r in read_metrics(out) if "event" in r] == ["start", "finished"]
-    with pytest.raises(train.TrainingError, match="does not exist"):
+    with pytest.raises(trainer.TrainingError, match="does not exist"):
         run(tmp_path, tiny_corpus, "--resume", str(tmp_path / "nope.pt"))
     _, again = run(tmp_path, tiny_corpus, "--resume", str(ckpt.path_for_step(out, 10)), name="other")
     assert again.step == 20
@@ -139,7 +141,7 @@ def test_non_finite_loss_stops_with_a_clear_message_and_keeps_checkpoints(tmp_pa
         return logits, (loss * float("nan") if loss is not None else None)
 
     monkeypatch.setattr(GPT, "forward", poisoned)
-    with pytest.raises(train.TrainingError, match="training loss became nan at step 15"):
+    with pytest.raises(trainer.TrainingError, match="training loss became nan at step 15"):
         run(tmp_path, tiny_corpus, "--max-steps", "20")
     assert [p.name for p in ckpt.list_checkpoints(out)] == ["step_00000010.pt"]
 
@@ -169,3 +171,45 @@ def test_cli_help_errors_and_sample(tmp_path, tiny_corpus):
     assert again.stdout == sample.stdout
     empty = run_module("tinygpt.sample", "--run", str(tmp_path / "nothing"))
     assert empty.returncode == 1 and "no valid checkpoint" in empty.stderr
+
+
+def test_help_and_a_bad_flag_answer_without_importing_torch():
+    code = ("import sys\nfrom tinygpt import train\n"
+            "assert train.main(['--help']) == 0 and train.main(['--n-layers', '2']) == 2\n"
+            "sys.exit(3 if 'torch' in sys.modules else 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=python_env())
+    assert out.returncode == 0, out.stderr
+    assert "--n-layer" in out.stdout and "did you mean `n_layer`" in out.stderr
+
+
+def test_the_console_script_takes_the_same_path_as_python_m():
+    """`tinygpt-train` and `python -m tinygpt.train` both run train.cli: early signal recorder, exit handling."""
+    from importlib.metadata import entry_points
+
+    (script,) = [e for e in entry_points(group="console_scripts") if e.name == "tinygpt-train"]
+    assert script.value == "tinygpt.train:cli"
+    assert "if __name__ == \"__main__\":\n    cli()" in (ROOT / "tinygpt" / "train.py").read_text()
+    installed = Path(sys.executable).parent / "tinygpt-train"
+    out = subprocess.run([str(installed), "--n-layer", "0"], capture_output=True, text=True, env=python_env())
+    assert out.returncode == 2 and "n_layer: must be >= 1" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_run_written_with_the_removed_cpu_keys_resumes_and_samples(tmp_path, tiny_corpus, data_dir):
+    """Runs from before the native CPU layer was removed hold run.cpu_kernels / cpu_allocator in their
+    config.yaml and checkpoints: they still resume and sample (the keys are noted and ignored)."""
+    import yaml
+
+    out, _ = run(tmp_path, tiny_corpus, "--max-steps", "10")
+    for path in ckpt.list_checkpoints(out):
+        state = torch.load(path, weights_only=True)
+        state["config"]["run"].update(cpu_kernels="auto", cpu_allocator="caching")
+        torch.save(state, path)
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    saved["run"].update(cpu_kernels="on", cpu_allocator="malloc")
+    (out / "config.yaml").write_text(yaml.safe_dump(saved))
+    sample = run_module("tinygpt.sample", "--run", str(out), "--tokens", "10")
+    assert sample.returncode == 0 and "note: `cpu_allocator` is ignored" in sample.stderr, sample.stderr
+    again = run_module("tinygpt.train", "--config", str(out / "config.yaml"), "--max-steps", "20")
+    assert again.returncode == 0, again.stderr
+    assert "resumed from" in again.stdout and "note: `cpu_kernels` is ignored" in again.stderr
+    assert "done: step 20" in again.stdout

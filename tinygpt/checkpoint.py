@@ -14,6 +14,7 @@ dicts only; RNG states are converted to tensors.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import re
@@ -25,6 +26,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from .config import ModelConfig
 
 CHECKPOINT_DIR = "checkpoints"
 PATTERN = re.compile(r"^step_(\d{8})\.pt$")
@@ -53,6 +56,18 @@ def list_checkpoints(out_dir: str | Path) -> list[Path]:
     if not folder.is_dir():
         return []
     return sorted(p for p in folder.iterdir() if PATTERN.match(p.name))
+
+
+def model_args(cfg: ModelConfig, vocab_size: int) -> dict[str, Any]:
+    """What a checkpoint stores of the model's shape: the ModelConfig's fields and the vocabulary size."""
+    return {**dataclasses.asdict(cfg), "vocab_size": vocab_size}
+
+
+def model_config(state: dict[str, Any]) -> tuple[ModelConfig, int]:
+    """The model's shape and vocabulary size as a checkpoint saved them (see `model_args`)."""
+    args = dict(state["model_args"])
+    vocab_size = int(args.pop("vocab_size"))
+    return ModelConfig(**args), vocab_size
 
 
 # ----------------------------------------------------------------------------------------------------

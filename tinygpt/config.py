@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import re
+import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,8 +120,6 @@ class OptimConfig:
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 COMPILE_MODES = ("auto", "on", "off")
-CPU_KERNEL_MODES = ("auto", "on", "off")  # tinygpt/cpu_kernels.py (kept torch-free here)
-CPU_ALLOCATOR_MODES = ("auto", "caching", "malloc")  # tinygpt/cpu_allocator.py
 PROGRESS_MODES = ("auto", "bar", "plain", "off")
 PREEMPT_SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "XCPU")
 
@@ -137,16 +137,9 @@ class RunConfig:
     sample_tokens: int = _f(300, "characters of text sampled at the end (0: none)")
     sample_prompt: str = _f("\n", "prompt for the final sample")
     device: str = _f("auto", "auto, cpu, cuda or cuda:N")
-    precision: str = _f("auto", "auto: bf16 on sm >= 8.0, fp16 on sm 7.x; on CPU bf16 with native bf16 and "
-                                "batch_size*block_size >= 512 (AMX) or 2048 (AVX512-BF16), else fp32",
-                        PRECISIONS)
-    compile: str = _f("auto", "torch.compile: auto (on for CUDA), on or off", COMPILE_MODES)
-    cpu_kernels: str = _f("auto", "C++ kernels for attention, LayerNorm and GELU on CPU: auto (built once with "
-                                  "the machine's compiler; PyTorch's ops if that fails), on (fail instead) or off",
-                          CPU_KERNEL_MODES)
-    cpu_allocator: str = _f("auto", "CPU tensor memory: auto (tinygpt's caching allocator, built once; malloc if "
-                                    "that fails or MALLOC_* is set), caching (fail instead) or malloc",
-                            CPU_ALLOCATOR_MODES)
+    precision: str = _f("auto", "auto: bf16 on sm >= 8.0, fp16 + grad scaler on sm 7.x, fp32 on CPU "
+                                "(bf16 on CPU on request, where the CPU has native bf16)", PRECISIONS)
+    compile: str = _f("auto", "torch.compile: auto (on for CUDA, off on CPU), on or off", COMPILE_MODES)
     activation_checkpointing: bool = _f(False, "recompute each block in backward: less memory, ~30% more compute")
     threads: int | None = _f(None, "CPU threads (default: $SLURM_CPUS_PER_TASK, else torch's choice)")
     peak_flops: float | None = _f(None, "peak FLOP/s of one device, for MFU (default: known GPUs)")
@@ -316,9 +309,18 @@ def coerce(name: str, value: Any) -> Any:
     return str(value)
 
 
-# Keys of earlier versions, still read (saved configs, checkpoints, generated job scripts): the old name
-# -> the new one and how old values map onto it.
-RENAMED = {"cpu_attention": ("cpu_kernels", {"auto": "auto", "fused": "on", "sdpa": "off"})}
+# Keys of earlier versions that no longer do anything. Saved configs, checkpoints and generated job
+# scripts still hold them, so they are accepted, said once per process, and ignored.
+DEPRECATED = {
+    "cpu_kernels": "the C++ CPU kernels were removed; the CPU runs PyTorch's own operations",
+    "cpu_attention": "the C++ CPU kernels were removed; the CPU runs PyTorch's own operations",
+    "cpu_allocator": "the caching CPU allocator was removed; CPU memory is PyTorch's default",
+}
+
+
+@functools.cache
+def _note_deprecated(name: str) -> None:
+    print(f"note: `{name}` is ignored ({DEPRECATED[name]}); remove it from your config", file=sys.stderr)
 
 
 def flatten_overrides(mapping: dict[str, Any], source: str, problems: list[str]) -> dict[str, Any]:
@@ -333,9 +335,9 @@ def flatten_overrides(mapping: dict[str, Any], source: str, problems: list[str])
         section = None
         if "." in name:
             section, _, name = name.partition(".")
-        if name in RENAMED:
-            name, values = RENAMED[name]
-            value = values.get(value, value) if isinstance(value, str) else value
+        if name in DEPRECATED and section in (None, "run"):
+            _note_deprecated(name)
+            return
         info = _FIELD_INFO.get(name)
         if info is None or (section is not None and section != info.section):
             problems.append(unknown_key_message(where + key))
@@ -350,11 +352,13 @@ def flatten_overrides(mapping: dict[str, Any], source: str, problems: list[str])
         if key in SECTION_NAMES and isinstance(value, dict):
             for sub_key, sub_value in value.items():
                 sub = normalise_key(str(sub_key))
-                info = _FIELD_INFO.get(RENAMED.get(sub, (sub,))[0])
-                if info is None or info.section != key:
+                info = _FIELD_INFO.get(sub)
+                if sub in DEPRECATED and key == "run":
+                    _note_deprecated(sub)
+                elif info is None or info.section != key:
                     problems.append(unknown_key_message(f"{key}.{sub_key}", section=key))
-                    continue
-                put(sub, sub_value, f"{key}.")
+                else:
+                    put(sub, sub_value, f"{key}.")
         elif key in SECTION_NAMES:
             problems.append(f"{key}: a section must be a mapping of keys, got {value!r}")
         else:
@@ -481,6 +485,11 @@ def parse_cli(argv: list[str]) -> tuple[dict[str, Any], str | None, list[str]]:
         if name not in _FIELD_INFO and name.startswith("no_") and _FIELD_INFO.get(name[3:], None) \
                 and _FIELD_INFO[name[3:]].kind is bool and not eq:
             overrides[name[3:]] = False
+            continue
+        if name in DEPRECATED:
+            _note_deprecated(name)
+            if not eq and i < len(argv) and not argv[i].startswith("--"):
+                i += 1
             continue
         info = _FIELD_INFO.get(name)
         if info is None:

@@ -7,64 +7,28 @@
 
 The output head shares its weight with the token embedding ("weight tying"): the same matrix maps a
 character to a vector and a vector back to a score per character.
+
+The shape of the model is `tinygpt.config.ModelConfig` (n_layer, n_head, n_embd, block_size, dropout,
+bias, pos_emb), the one description of it that the command line, the launcher and checkpoints share;
+the vocabulary size comes from the data.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from . import cpu_kernels
-from .kernels import dropout, dropout_attention, gelu_linear
-
-
-@dataclass(frozen=True)
-class GPTConfig:
-    vocab_size: int
-    block_size: int = 64
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    dropout: float = 0.0
-    bias: bool = False
-    pos_emb: bool = True
-
-    def __post_init__(self) -> None:
-        if self.n_embd % self.n_head:
-            raise ValueError(
-                f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}): each head gets "
-                f"n_embd / n_head channels"
-            )
-        if self.vocab_size < 1 or self.block_size < 1 or self.n_layer < 1 or self.n_head < 1:
-            raise ValueError(f"vocab_size, block_size, n_layer and n_head must all be >= 1: {self}")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor:
-    """Causal attention, fused (flash / memory-efficient kernels where available)."""
-    if q.device.type != "cpu":
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-    # Under bf16 autocast on CPU, attention runs in fp32: PyTorch's CPU flash-attention backward is
-    # ~4x slower in bf16 than in fp32 (measured: 51.6 vs 12.7 ms per layer, B=32, T=128).
-    with torch.autocast("cpu", enabled=False):
-        qf, kf, vf = q.float(), k.float(), v.float()
-        if p > 0:
-            # CPU flash attention has no dropout; this keeps the memory of a flash kernel (tinygpt/kernels.py).
-            y = dropout_attention(qf, kf, vf, p)
-        else:
-            y = F.scaled_dot_product_attention(qf, kf, vf, is_causal=True)
-    return y.to(q.dtype)
+if TYPE_CHECKING:  # only for the annotations: the model needs nothing from the config module at run time
+    from .config import ModelConfig
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_head = cfg.n_head
         self.dropout = cfg.dropout
@@ -72,32 +36,28 @@ class CausalSelfAttention(nn.Module):
         # faster than 3 * n_head small ones.
         self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.resid_dropout = nn.Dropout(cfg.dropout)
 
-    def _split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        B, T, C3 = qkv.shape
-        q, k, v = qkv.split(C3 // 3, dim=2)  # 3 × (B, T, C)
+    def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)  # 3 × (B, T, C)
         # (B, T, C) -> (B, nh, T, hs): heads become a batch dimension.
-        return tuple(t.view(B, T, self.n_head, C3 // 3 // self.n_head).transpose(1, 2) for t in (q, k, v))
+        return tuple(t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
+        q, k, v = self._heads(x)
+        # Fused causal attention (flash / memory-efficient kernels where the device has them): the
+        # (T, T) weights below are never materialised. Dropout acts on the attention weights.
         p = self.dropout if self.training else 0.0
-        qkv = self.qkv(x)
-        if cpu_kernels.attention_usable(qkv, self.n_head, p):
-            # One C++ kernel from qkv to the heads side by side (tinygpt/cpu_kernels.py), in fp32 like
-            # the CPU path below.
-            with torch.autocast("cpu", enabled=False):
-                y = cpu_kernels.causal_attention(qkv.float(), self.n_head).to(qkv.dtype)
-        else:
-            q, k, v = self._split(qkv)
-            y = _attend(q, k, v, p)  # (B, nh, T, hs)
-            y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads side by side
-        return dropout(self.proj(y), self.dropout, self.training)
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads side by side
+        return self.resid_dropout(self.proj(y))
 
     @torch.no_grad()
     def weights(self, x: torch.Tensor) -> torch.Tensor:
         """The attention weights, (B, nh, T, T), by an explicit softmax. Only for pictures."""
-        q, k, _ = self._split(self.qkv(x))
+        q, k, _ = self._heads(x)
         T = x.size(1)
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, nh, T, T)
         future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
@@ -105,20 +65,19 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
+        self.gelu = nn.GELU()
         self.proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
-        self.dropout = cfg.dropout
+        self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # proj(gelu(fc(x))); for a big h = fc(x), gelu(h) is recomputed in backward, not kept (tinygpt/kernels.py);
-        # on CPU in fp32 GELU runs in one kernel with its slope (tinygpt/cpu_kernels.py).
-        return dropout(gelu_linear(self.fc(x), self.proj), self.dropout, self.training)
+        return self.dropout(self.proj(self.gelu(self.fc(x))))
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.ln1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.attn = CausalSelfAttention(cfg)
@@ -126,37 +85,29 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x, pending = self.step(x)
-        return x + pending
-
-    def step(self, x: torch.Tensor, pending: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The block on the residual stream x + pending, with its own last add left pending in turn.
-
-        Same maths as `forward` (x = x + attn(ln1(x)); x = x + mlp(ln2(x))), arranged so that every
-        residual add comes right before a LayerNorm and runs in the same pass on CPU
-        (tinygpt/cpu_kernels.py): returns the stream without the MLP's output, and that output.
-        """
-        x, h = cpu_kernels.add_layer_norm(x, pending, self.ln1)
-        x, h = cpu_kernels.add_layer_norm(x, self.attn(h), self.ln2)  # tokens talk to each other
-        return x, self.mlp(h)  # each token thinks on its own
+        x = x + self.attn(self.ln1(x))  # tokens talk to each other
+        x = x + self.mlp(self.ln2(x))  # each token thinks on its own
+        return x
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: ModelConfig, vocab_size: int, checkpoint_blocks: bool = False):
         super().__init__()
         self.cfg = cfg
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.vocab_size = vocab_size
+        self.tok_emb = nn.Embedding(vocab_size, cfg.n_embd)
         # Without position embeddings attention sees a bag of characters (only the causal mask tells
         # order apart): the classic exercise that shows why positions matter.
         self.pos_emb = nn.Embedding(cfg.block_size, cfg.n_embd) if cfg.pos_emb else None
+        self.emb_dropout = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
-        self.head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.head = nn.Linear(cfg.n_embd, vocab_size, bias=False)
         self.head.weight = self.tok_emb.weight  # weight tying
 
         # Activation checkpointing: keep only each block's input and recompute the block in backward,
-        # trading about a third more compute for most of the activation memory (set by the trainer).
-        self.checkpoint_blocks = False
+        # trading about a third more compute for most of the activation memory.
+        self.checkpoint_blocks = checkpoint_blocks
 
         self.apply(self._init_weights)
         # Each block adds two projections to the residual stream; scaling them by 1/sqrt(2 * n_layer)
@@ -188,21 +139,21 @@ class GPT(nn.Module):
         x = self.tok_emb(idx)  # (B, T, C)
         if self.pos_emb is not None:
             x = x + self.pos_emb(torch.arange(T, device=idx.device))  # (T, C) broadcasts over B
-        return dropout(x, self.cfg.dropout, self.training)
+        return self.emb_dropout(x)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         """Logits (B, T, vocab) and, given targets (B, T), the mean cross-entropy loss."""
-        x, pending = self.embed(idx), None  # pending: the last block's output, added in ln_f's pass
+        x = self.embed(idx)
         for block in self.blocks:
             if self.checkpoint_blocks and torch.is_grad_enabled():
                 # The saved RNG state makes the recomputed dropout masks identical to the first pass.
                 x = checkpoint(block, x, use_reentrant=False)
             else:
-                x, pending = block.step(x, pending)
-        _, h = cpu_kernels.add_layer_norm(x, pending, self.ln_f)
-        logits = self.head(h)  # (B, T, vocab)
+                x = block(x)
+        logits = self.head(self.ln_f(x))  # (B, T, vocab)
         if targets is None:
             return logits, None
+        # The loss in fp32 even under autocast: a softmax over the vocabulary in bf16 loses digits.
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1))
         return logits, loss
 

@@ -10,7 +10,6 @@ through emulation, which is slower than fp16 there.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 
@@ -49,40 +48,17 @@ class Policy:
         return f"{self.device_type} {self.precision}" + (f" ({', '.join(extra)})" if extra else "")
 
 
-# On CPUs with native bf16, bf16 autocast pays off once a micro-batch holds enough tokens for the
-# matmuls to dominate; with AMX tiles much sooner than with AVX512-BF16 alone. Measured on this
-# project's 2-core machines (bench/throughput.py, width 128 unless said; fp32 tokens/s = 1x):
-#   AVX512-BF16 without AMX (bf16 matmul peak ~0.4 TFLOP/s, 2x fp32):
-#      768 tokens (12 x 64):              bf16 0.77x   -> fp32
-#     2048 tokens (16 x 128):             bf16 1.45-1.54x
-#     4096 tokens (32 x 128):             bf16 1.35-1.8x
-#    16384 tokens (64 x 256, width 384):  bf16 2.2x
-#   AMX (bf16 matmul peak 1.0-2.9 TFLOP/s):
-#      128 tokens (2 x 64):               bf16 0.85-0.88x -> fp32
-#      256 tokens (4 x 64):               bf16 1.01-1.04x -> fp32 (no gain worth the rounding)
-#      512 tokens (8 x 64):               bf16 1.43-1.52x
-#      768 tokens (12 x 64):              bf16 1.42-1.44x
-#     4096 tokens (32 x 128):             bf16 1.59-1.82x
-#    16384 tokens (64 x 256, width 384):  bf16 2.4-2.8x
-CPU_BF16_MIN_TOKENS = 2048
-CPU_AMX_BF16_MIN_TOKENS = 512
-
-
 def choose_policy(
     device_type: str,
     capability: tuple[int, int] | None,
     precision: str = "auto",
     compile: str = "auto",
     cpu_bf16: bool = False,
-    cpu_tokens: int | None = None,
-    cpu_amx: bool = False,
 ) -> Policy:
     """The precision policy for a device.
 
     device_type: "cpu" or "cuda"; capability: CUDA compute capability, e.g. (8, 0) for A100;
-    cpu_bf16: whether this CPU has native bf16 matmuls (AVX512-BF16 / AMX);
-    cpu_tokens: tokens per micro-batch (batch_size * block_size), for the CPU's auto choice;
-    cpu_amx: whether those bf16 matmuls run on AMX tiles (they pay off at smaller batches).
+    cpu_bf16: whether this CPU has native bf16 matmuls (AVX512-BF16 / AMX), for `precision bf16` on CPU.
     """
     if device_type == "cuda":
         if capability is None:
@@ -99,10 +75,10 @@ def choose_policy(
         use_compile = compile in ("auto", "on")
         fused = True
     elif device_type in ("cpu", "mps"):
+        # CPU runs are smoke tests of the GPU code: fp32 is bit-reproducible on any CPU, and whether bf16
+        # autocast is faster depends on the CPU and the shapes (docs/performance.md), so it is asked for.
         if precision == "auto":
-            threshold = CPU_AMX_BF16_MIN_TOKENS if cpu_amx else CPU_BF16_MIN_TOKENS
-            big_enough = cpu_tokens is not None and cpu_tokens >= threshold
-            precision = "bf16" if device_type == "cpu" and cpu_bf16 and big_enough else "fp32"
+            precision = "fp32"
         elif precision == "fp16":
             raise PrecisionError("precision: fp16 autocast is for GPUs; on CPU use bf16 or fp32")
         elif precision == "bf16" and not cpu_bf16 and device_type == "cpu":
@@ -111,10 +87,9 @@ def choose_policy(
                 "CPU lacks; use --precision fp32"
             )
         tf32 = False
-        # Measured on these CPUs: compiling costs ~30 s and gains nothing visible, so auto is off.
+        # torch.compile on CPU generates C++ and needs a compiler; a smoke test must start anywhere.
         use_compile = compile == "on"
-        # Fused AdamW runs on CPU too: 2.1 ms against 5.1 ms (for-loop) per step for the 4x128 model here.
-        fused = device_type == "cpu"
+        fused = device_type == "cpu"  # PyTorch's fused AdamW kernel exists for CPU (and CUDA), not for MPS
     else:
         raise PrecisionError(f"device: unknown device type {device_type!r}")
     if precision not in ("bf16", "fp16", "fp32"):
@@ -124,24 +99,14 @@ def choose_policy(
     return Policy(device_type, precision, precision == "fp16", tf32, use_compile, fused)
 
 
-@functools.cache
-def _cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags, read once (resolve_policy asks twice at every start)."""
+def cpu_has_bf16() -> bool:
+    """Native bf16 matmul support on this CPU (Linux: the avx512_bf16 or amx_bf16 flags in /proc/cpuinfo)."""
     try:
         with open("/proc/cpuinfo") as fh:
-            return frozenset(next((line for line in fh if line.startswith("flags")), "").split())
+            flags = next((line for line in fh if line.startswith("flags")), "").split()
     except OSError:
-        return frozenset()
-
-
-def cpu_has_bf16() -> bool:
-    """Native bf16 matmul support on this CPU (Linux: the avx512_bf16 or amx_bf16 flags)."""
-    return bool({"avx512_bf16", "amx_bf16"} & _cpu_flags())
-
-
-def cpu_has_amx() -> bool:
-    """bf16 matmuls on AMX tiles (Sapphire Rapids and newer; Linux: the amx_bf16 flag)."""
-    return "amx_bf16" in _cpu_flags()
+        return False
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags))
 
 
 def pick_device(requested: str, local_rank: int = 0) -> str:
@@ -154,13 +119,13 @@ def pick_device(requested: str, local_rank: int = 0) -> str:
     return requested
 
 
-def resolve_policy(device: str, precision: str, compile: str, tokens_per_microbatch: int | None = None) -> Policy:
+def resolve_policy(device: str, precision: str, compile: str) -> Policy:
     import torch
 
     kind = device.split(":")[0]
     capability = torch.cuda.get_device_capability(device) if kind == "cuda" else None
-    return choose_policy(kind, capability, precision, compile, cpu_bf16=kind == "cpu" and cpu_has_bf16(),
-                         cpu_tokens=tokens_per_microbatch, cpu_amx=kind == "cpu" and cpu_has_amx())
+    cpu_bf16 = kind == "cpu" and precision == "bf16" and cpu_has_bf16()  # read only when it matters
+    return choose_policy(kind, capability, precision, compile, cpu_bf16=cpu_bf16)
 
 
 def apply(policy: Policy) -> None:

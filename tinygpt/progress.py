@@ -111,6 +111,13 @@ class RichBar(Progress):
         self.bar.stop()
 
 
+def messenger(mode: str, is_main: bool):
+    """How to say something before the progress display exists: a printed line on rank 0, unless `off`."""
+    if not is_main or mode == "off":
+        return lambda text: None
+    return lambda text: print(text, flush=True)
+
+
 def make(mode: str, is_main: bool, max_steps: int, start_step: int) -> Progress:
     if not is_main or mode == "off":
         return Silent(max_steps, start_step)

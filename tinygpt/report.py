@@ -118,14 +118,14 @@ def attention_figure(run: RunSummary, path: Path, prompt: str | None = None, lay
 
     from . import checkpoint as ckpt
     from .data import prepare_from_config
-    from .model import GPT, GPTConfig
+    from .model import GPT
 
     _, state = ckpt.load_newest(run.run_dir, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
     if state is None:
         raise ReportError(f"{run.run_dir}: no checkpoint to draw attention maps from")
     cfg = run.config
     prepared = prepare_from_config(cfg["dataset"], cfg["data_file"], cfg["data_dir"])
-    model = GPT(GPTConfig(**state["model_args"]))
+    model = GPT(*ckpt.model_config(state))
     model.load_state_dict(state["model"])
     length = min(model.cfg.block_size, 24)
     if prompt is None:
@@ -195,16 +195,11 @@ def write_report(runs: list[RunSummary], out_dir: Path, title: str, varying: lis
     return path
 
 
-def sweep_report(manifest_path: Path, prompt: str | None = None) -> int:
-    """`launch.py report SPEC`: runs/<sweep>/report.md for every run in the manifest."""
-    from .launch import manifest as manifest_mod
-
-    manifest = manifest_mod.load(manifest_path)
-    runs = [load_run(Path(r["out_dir"]), r["name"]) for r in manifest["runs"]]
-    varying = sorted({k for r in manifest["runs"] for k in r["overrides"]})
-    out_dir = Path(manifest["workdir"]) / "runs" / manifest["name"]
+def report_command(runs: list[tuple[Path, str | None]], out_dir: Path, title: str, varying: list[str],
+                   prompt: str | None = None) -> int:
+    """Write the report of `runs` ((run directory, name) pairs) into out_dir; print where; exit status."""
     try:
-        path = write_report(runs, out_dir, f"sweep {manifest['name']}", varying, prompt)
+        path = write_report([load_run(run_dir, name) for run_dir, name in runs], out_dir, title, varying, prompt)
     except ReportError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -218,14 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", required=True, help="a run directory")
     parser.add_argument("--prompt", help="prompt for the attention maps (default: the start of the val split)")
     args = parser.parse_args(argv)
-    try:
-        run = load_run(Path(args.run))
-        path = write_report([run], Path(args.run), f"run {run.name}", [], args.prompt)
-    except ReportError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    print(f"report: {path}")
-    return 0
+    run_dir = Path(args.run)
+    return report_command([(run_dir, None)], run_dir, f"run {run_dir.name}", [], args.prompt)
 
 
 if __name__ == "__main__":

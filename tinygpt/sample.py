@@ -1,4 +1,7 @@
-"""`python -m tinygpt.sample --run DIR --prompt "ROMEO:" --tokens 400`: text from a trained run."""
+"""Text from a model: `sample_text` for the trainer, and `python -m tinygpt.sample` for a trained run.
+
+    python -m tinygpt.sample --run runs/mine --prompt "ROMEO:" --tokens 400 --temperature 0.8 --top-k 20
+"""
 
 from __future__ import annotations
 
@@ -7,8 +10,25 @@ import sys
 from pathlib import Path
 
 
+def sample_text(model, prepared, prompt: str, tokens: int, seed: int, device: str,
+                temperature: float = 0.8, top_k: int | None = 20) -> str:
+    """`prompt` continued by `tokens` sampled characters; characters outside the vocabulary are dropped."""
+    import torch
+
+    vocab = set(prepared.vocab)
+    prompt = "".join(ch for ch in prompt if ch in vocab) or prepared.vocab[0]
+    ids = torch.tensor([prepared.encode(prompt)], dtype=torch.long, device=device)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    was_training = model.training
+    model.eval()
+    out = model.generate(ids, tokens, temperature=temperature, top_k=top_k, generator=generator)
+    model.train(was_training)
+    return prepared.decode(out[0].tolist())
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tinygpt.sample", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tinygpt.sample", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", required=True, help="run directory (its newest valid checkpoint is used)")
     parser.add_argument("--checkpoint", help="a specific checkpoint file instead of the newest")
     parser.add_argument("--prompt", default="\n", help="text to continue")
@@ -23,13 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.tokens < 0:
         parser.error(f"--tokens must be >= 0, got {args.tokens}")
 
-    import torch  # noqa: F401  (after argument checks: --help stays fast)
-
-    from . import checkpoint as ckpt
+    from . import checkpoint as ckpt  # (after the argument checks: --help stays fast without torch)
     from .config import ConfigError, from_dict
     from .data import DataError, prepare_from_config
-    from .model import GPT, GPTConfig
-    from .train import sample_text
+    from .model import GPT
 
     run = Path(args.run)
     try:
@@ -45,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ckpt.CheckpointError, DataError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    model = GPT(GPTConfig(**state["model_args"])).to(args.device)
+    model = GPT(*ckpt.model_config(state)).to(args.device)
     model.load_state_dict(state["model"])
     unknown = sorted({ch for ch in args.prompt if ch not in set(prepared.vocab)})
     if unknown:

@@ -67,9 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         if command == "cancel":
             return _cancel(args)
         if command == "report":
-            from tinygpt import report
-
-            return report.sweep_report(_manifest_path(args.spec, args.workdir), prompt=args.prompt)
+            return _report(args)
         return _launch(args)
     except LaunchError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -92,10 +90,10 @@ def _launch(args) -> int:
         if not eq or not key.strip():
             raise LaunchError(f"--set {item!r}: write KEY=VALUE, e.g. --set max_steps=300")
         overrides[key.strip()] = value
-    sweep = spec_mod.load(args.spec, cluster=args.cluster, backend=args.backend, overrides=overrides)
+    sweep = spec_mod.load(args.spec, args.workdir, cluster=args.cluster, backend=args.backend, overrides=overrides)
     if args.hold and (args.local or sweep.backend != "sbatch"):
         raise LaunchError("--hold: only for submissions with the sbatch backend")
-    plan = plan_mod.build(sweep, Path(args.workdir))
+    plan = plan_mod.build(sweep)
     _print_plan(plan, args)
     if args.dry_run:
         print("dry run: nothing submitted")
@@ -151,6 +149,19 @@ def _print_plan(plan, args) -> None:
     for path, array, _, _ in plan.scripts:
         console.print(f"script: {path} (array {array})")
     console.print(f"manifest: {plan.manifest_path}")
+
+
+def _report(args) -> int:
+    """`launch.py report SPEC`: runs/<sweep>/report.md over every run of the sweep's manifest."""
+    from tinygpt import report
+
+    from . import manifest as manifest_mod
+
+    manifest = manifest_mod.load(_manifest_path(args.spec, args.workdir))
+    runs = [(Path(r["out_dir"]), r["name"]) for r in manifest["runs"]]
+    varying = sorted({k for r in manifest["runs"] for k in r["overrides"]})
+    out_dir = Path(manifest["workdir"]) / "runs" / manifest["name"]
+    return report.report_command(runs, out_dir, f"sweep {manifest['name']}", varying, args.prompt)
 
 
 def _cancel(args) -> int:

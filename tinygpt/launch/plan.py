@@ -36,16 +36,9 @@ class Plan:
         return self.sweep.profile.python or sys.executable
 
 
-def run_config(sweep: Sweep, workdir: Path, run) -> train_config.TrainConfig:
-    values = dict(run.train)
-    values["out_dir"] = str(sweep.run_dir(workdir, run))
-    values.setdefault("data_dir", str(workdir / "data"))
-    return train_config.build(values)
-
-
-def build(sweep: Sweep, workdir: Path) -> Plan:
+def build(sweep: Sweep) -> Plan:
     """Write every run's config, the batch scripts and the manifest. Submits nothing."""
-    workdir = workdir.resolve()
+    workdir = sweep.workdir
     jobs_dir = workdir / "jobs" / sweep.name
     logs_dir = workdir / "logs" / sweep.name
     manifest_path = jobs_dir / "manifest.json"
@@ -54,11 +47,11 @@ def build(sweep: Sweep, workdir: Path) -> Plan:
 
     runs = []
     for run in sweep.runs:
-        cfg = run_config(sweep, workdir, run)
         config_path = jobs_dir / "configs" / f"{run.name}.yaml"
-        manifest_mod.write_atomic(config_path, train_config.dump_yaml(cfg))
-        runs.append({"index": run.index, "name": run.name, "overrides": run.overrides, "out_dir": cfg.run.out_dir,
-                     "config": str(config_path), "max_steps": cfg.optim.max_steps})
+        manifest_mod.write_atomic(config_path, train_config.dump_yaml(run.config))
+        runs.append({"index": run.index, "name": run.name, "overrides": run.overrides,
+                     "out_dir": run.config.run.out_dir, "config": str(config_path),
+                     "max_steps": run.config.optim.max_steps})
 
     previous = manifest_mod.load(manifest_path).get("submissions", []) if manifest_path.exists() else []
     r = sweep.resources
@@ -108,8 +101,8 @@ def prepare_data(plan: Plan) -> list[str]:
 
     done, seen = [], set()
     for run in plan.sweep.runs:
-        cfg = run_config(plan.sweep, plan.workdir, run)
-        key = (cfg.data.dataset, cfg.data.data_file, cfg.data.data_dir)
+        data = run.config.data
+        key = (data.dataset, data.data_file, data.data_dir)
         if key in seen:
             continue
         seen.add(key)

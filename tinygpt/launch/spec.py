@@ -71,7 +71,7 @@ class Run:
     index: int
     name: str
     overrides: dict[str, Any]  # the values that make this sweep point
-    train: dict[str, Any]  # the full flat trainer overrides (base + point + launcher-set keys)
+    config: train_config.TrainConfig  # the trainer's whole config, validated: what the run's job reads
 
 
 @dataclass
@@ -82,11 +82,9 @@ class Sweep:
     backend: str
     resources: Resources
     array_parallelism: int | None
+    workdir: Path
     runs: list[Run] = field(default_factory=list)
     varying: list[str] = field(default_factory=list)  # keys whose value differs between runs
-
-    def run_dir(self, workdir: Path, run: Run) -> Path:
-        return workdir / "runs" / self.name / run.name
 
 
 def _value_token(key: str, value: Any) -> str:
@@ -228,15 +226,18 @@ def check_safe_name(value: str, field_name: str, problems: list[str]) -> bool:
     return True
 
 
-def load(path: str | Path, cluster: str | None = None, backend: str | None = None,
+def load(path: str | Path, workdir: str | Path = ".", cluster: str | None = None, backend: str | None = None,
          overrides: dict[str, Any] | None = None) -> Sweep:
-    """Read and validate a spec; raise LaunchError listing every problem.
+    """Read and validate a spec into runs whose trainer configs are final; raise LaunchError listing every
+    problem.
 
-    overrides: trainer keys set for every run (`launch.py --set KEY=VALUE`), over the spec's own values.
+    workdir: where runs/, data/ (the default data_dir) and jobs/ go; each run's out_dir is
+    <workdir>/runs/<sweep>/<run>. overrides: trainer keys set for every run (`launch.py --set KEY=VALUE`),
+    over the spec's own values.
     """
     from . import profiles
 
-    path = Path(path)
+    path, workdir = Path(path), Path(workdir).resolve()
     try:
         data = train_config.load_yaml(path)
     except ConfigError as err:
@@ -266,18 +267,35 @@ def load(path: str | Path, cluster: str | None = None, backend: str | None = Non
         problems.append(f"array_parallelism: expected a whole number >= 1, got {parallel!r}")
         parallel = None
 
-    base_raw = data.get("train") or {}
-    if not isinstance(base_raw, dict):
+    base = _base(data.get("train"), profile, problems)
+    forced = _check_keys(overrides or {}, "--set", problems)
+    points, grid_size = _points(data, problems)
+    varying = _varying(points, base)
+    runs = _runs(points, grid_size, varying, base, forced, workdir, name, problems)
+    resources = _resources(data.get("resources"), profile, problems) if profile is not None else None
+    unique_problems = list(dict.fromkeys(problems))
+    if unique_problems:
+        raise LaunchError(unique_problems, str(path))
+    return Sweep(name, path, profile, backend, resources, parallel, workdir, runs, varying)
+
+
+def _base(raw: Any, profile: Profile | None, problems: list[str]) -> dict[str, Any]:
+    """The spec's `train` keys, with the profile's trainer defaults under them."""
+    if not isinstance(raw or {}, dict):
         problems.append("train: expected a mapping of trainer keys, e.g. {max_steps: 2000, n_layer: 4}")
-        base_raw = {}
-    base = _check_keys(base_raw, "train", problems)
+        raw = {}
+    base = _check_keys(raw or {}, "train", problems)
     if profile is not None:
         for key in ("precision", "compile", "peak_flops"):
             if getattr(profile, key) is not None and key not in base:
                 base[key] = getattr(profile, key)
         base.setdefault("preempt_signal", profile.signal)
+    return base
 
-    forced = _check_keys(overrides or {}, "--set", problems)
+
+def _points(data: dict, problems: list[str]) -> tuple[list[tuple[str | None, dict[str, Any]]], int]:
+    """The sweep's points, (given name or None, flat trainer keys): the grid's, then the explicit runs; and
+    how many came from the grid."""
     points: list[tuple[str | None, dict[str, Any]]] = []
     grid_points = _expand_grid(data.get("grid"), problems)
     for point in grid_points:
@@ -298,17 +316,26 @@ def load(path: str | Path, cluster: str | None = None, backend: str | None = Non
         points.append((None, {}))  # a single job
     elif not points and not problems:
         problems.append("the spec defines no run: give a non-empty grid or runs list")
+    return points, len(grid_points)
 
-    # Which keys vary: names are built from those alone, so a run's name says what makes it different.
+
+def _varying(points: list[tuple[str | None, dict[str, Any]]], base: dict[str, Any]) -> list[str]:
+    """The keys whose value differs between points: names are built from those alone, so a run's name says
+    what makes it different."""
     all_keys = list(dict.fromkeys(k for _, p in points for k in p))
-    varying = [k for k in all_keys if len({repr(p.get(k, base.get(k))) for _, p in points}) > 1]
+    return [k for k in all_keys if len({repr(p.get(k, base.get(k))) for _, p in points}) > 1]
 
+
+def _runs(points, grid_size: int, varying: list[str], base: dict[str, Any], forced: dict[str, Any],
+          workdir: Path, sweep: str, problems: list[str]) -> list[Run]:
+    """Each point named (from its varying keys) and turned into the trainer's final config (base < point <
+    --set; the launcher sets out_dir, and data_dir unless given)."""
     runs: list[Run] = []
     seen: dict[str, int] = {}
     for index, (given, point) in enumerate(points):
         label = given if given is not None else run_name({k: v for k, v in point.items() if k in varying or
                                                           len(points) == 1})
-        where = f"runs[{index - len(grid_points)}]" if index >= len(grid_points) else f"grid point {index}"
+        where = f"runs[{index - grid_size}]" if index >= grid_size else f"grid point {index}"
         if not check_safe_name(label, f"{where} name", problems):
             continue
         if label in seen:
@@ -316,31 +343,28 @@ def load(path: str | Path, cluster: str | None = None, backend: str | None = Non
                             f"different values or explicit `name`s")
             continue
         seen[label] = index
-        merged = {**base, **point, **forced}
+        merged = {"data_dir": str(workdir / "data"), **base, **point, **forced,
+                  "out_dir": str(workdir / "runs" / sweep / label)}
+        if merged.get("data_file"):
+            merged["data_file"] = _data_file(merged["data_file"], label, problems)
         try:
-            train_config.build({**merged, "out_dir": "runs/check"})
+            runs.append(Run(index, label, point, train_config.build(merged)))
         except ConfigError as err:
             problems.extend(f"run `{label}`: {p}" for p in err.problems)
-            continue
-        data_file = merged.get("data_file")
-        if data_file:
-            file = Path(str(data_file)).expanduser()
-            if not file.is_absolute():
-                file = Path.cwd() / file
-            if not file.is_file():
-                problems.append(f"run `{label}`: data_file: {data_file} does not exist; check the path "
-                                f"(relative paths start at {Path.cwd()})")
-            elif file.stat().st_size == 0:
-                problems.append(f"run `{label}`: data_file: {data_file} is empty; give a file with text in it")
-            else:
-                merged["data_file"] = str(file)
-        runs.append(Run(index, label, point, merged))
+    return runs
 
-    resources = _resources(data.get("resources"), profile, problems) if profile is not None else None
-    unique_problems = list(dict.fromkeys(problems))
-    if unique_problems:
-        raise LaunchError(unique_problems, str(path))
-    return Sweep(name, path, profile, backend, resources, parallel, runs, varying)
+
+def _data_file(data_file: Any, label: str, problems: list[str]) -> str:
+    """The absolute path of a run's data file (the job may start elsewhere), checked to hold text."""
+    file = Path(str(data_file)).expanduser()
+    if not file.is_absolute():
+        file = Path.cwd() / file
+    if not file.is_file():
+        problems.append(f"run `{label}`: data_file: {data_file} does not exist; check the path "
+                        f"(relative paths start at {Path.cwd()})")
+    elif file.stat().st_size == 0:
+        problems.append(f"run `{label}`: data_file: {data_file} is empty; give a file with text in it")
+    return str(file)
 
 
 def load_name(path: str | Path) -> str:

@@ -19,7 +19,7 @@ class TrainTask:
     """Picklable: `TrainTask()(config_path)` trains one run; `checkpoint` resubmits it unchanged."""
 
     def __call__(self, config_path: str) -> dict:
-        from tinygpt import config, train
+        from tinygpt import config, trainer
 
         cfg = config.resolve(["--config", config_path])
         signum = getattr(signal, f"SIG{cfg.run.preempt_signal}")
@@ -29,7 +29,7 @@ class TrainTask:
             if callable(submitit_handler):
                 submitit_handler(signum, None)  # checkpoint() + requeue + exit, submitit's own way
 
-        result = train.train(cfg, requeue_hook=hand_over_to_submitit)
+        result = trainer.train(cfg, requeue_hook=hand_over_to_submitit)
         if result.exit_code != 0:
             raise RuntimeError(f"training of {config_path} ended with exit status {result.exit_code}")
         return {"out_dir": str(result.out_dir), "step": result.step, "finished": result.finished,
