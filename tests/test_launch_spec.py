@@ -1,5 +1,6 @@
 """The launcher on the login node: specs, profiles, rendered scripts, dry runs. No Slurm needed."""
 
+import dataclasses
 import json
 import os
 import shlex
@@ -206,6 +207,55 @@ def test_every_sbatch_value_round_trips_through_the_shell(tmp_path):
                          capture_output=True, text=True, cwd=tmp_path)
     assert out.stdout.splitlines() == ["$(reboot)", "it's \"quoted\"", "/w/jobs/sweep $(reboot)/manifest.json",
                                        "/opt/py thon/bin/python"]
+
+
+def hostile_plan(tmp_path: Path):
+    """The hostile profile and resources as a launched sweep of four runs, for the submitit backend."""
+    from tinygpt import config
+    from tinygpt.launch.plan import Plan
+
+    p = hostile_params(tmp_path)
+    profile = dataclasses.replace(p.profile, python=p.python)  # (the sbatch script takes it as a parameter)
+    runs = [spec_mod.Run(i, f"r{i}", {}, config.build({})) for i in range(4)]
+    sweep = spec_mod.Sweep("sweep", Path("/w/sweep.yaml"), profile, "submitit", p.resources, 2, Path(p.workdir),
+                           runs)
+    return Plan(sweep, Path(p.workdir), Path("/w/jobs/sweep"), Path(p.log_dir), Path(p.manifest), [])
+
+
+def sbatch_lines(text: str) -> dict[str, str | None]:
+    """{option: value as the shell reads it} of a script's #SBATCH lines."""
+    options = {}
+    for line in text.splitlines():
+        if line.startswith("#SBATCH --"):
+            key, _, value = line[len("#SBATCH --"):].partition("=")
+            options[key] = shlex.split(value)[0] if value else None
+    return options
+
+
+def test_render_submitit_hostile_golden(tmp_path):
+    from tinygpt.launch import submitit_backend
+
+    text = submitit_backend.render(hostile_plan(tmp_path), pythonpath="/repo")
+    check_golden("hostile-submitit.sbatch", text)
+    assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+    assert "module load 'a'\"'\"'; echo foo'" in text  # quoted like the sbatch backend's
+    assert "apptainer exec --nv --bind '/a b' '/images/my image.sif' '/opt/py thon/bin/python' -u" in text
+    assert "export SUBMITIT_PREEMPT_SIGNAL=USR2" in text
+
+
+def test_both_backends_ask_slurm_for_the_same_options(tmp_path):
+    """One mapping from resources and profile to Slurm options serves both backends."""
+    from tinygpt.launch import submitit_backend
+    from tinygpt.launch.slurm_options import sbatch_options
+
+    plan = hostile_plan(tmp_path)
+    ours = sbatch_lines(render(hostile_params(tmp_path)))
+    theirs = sbatch_lines(submitit_backend.render(plan, pythonpath="/repo"))
+    shared = sbatch_options(plan.sweep.resources, plan.sweep.profile, plan.workdir)
+    assert shared.keys() >= {"partition", "qos", "account", "constraint", "gres", "mem", "signal", "requeue"}
+    for key, value in shared.items():
+        assert ours[key] == theirs[key] == value, key
+    assert ours["signal"] == "USR2@90" and theirs["array"] == "0-3%2" == ours["array"]
 
 
 def test_render_local_profile_golden():

@@ -1,5 +1,9 @@
 """The submitit backend: the same runs, resources and profile, submitted as one submitit job array.
 
+The Slurm options, the node setup and the container come from `slurm_options.py`, the same as the sbatch
+backend writes, and so does the preemption signal (`SUBMITIT_PREEMPT_SIGNAL` tells submitit's handler
+which one the profile asks Slurm for).
+
 The submitted callable, `TrainTask`, runs the trainer in the job's own process and implements submitit's
 checkpointing interface. On submitit's signal the trainer does not save inside the signal handler: it
 records the request, saves at the next step boundary (all ranks agreeing), and only then hands over to
@@ -9,10 +13,15 @@ trainer resumes from the checkpoint it saved (`resume: auto`).
 
 from __future__ import annotations
 
+import shlex
 import signal
+import sys
+from pathlib import Path
+from typing import Any
 
 from . import manifest as manifest_mod
 from .plan import REPO_ROOT, Plan
+from .slurm_options import container_prefix, sbatch_options, setup_lines
 
 
 class TrainTask:
@@ -42,49 +51,51 @@ class TrainTask:
         return submitit.helpers.DelayedSubmission(TrainTask(), config_path)
 
 
+def folder(plan: Plan) -> Path:
+    return plan.logs_dir / "submitit"
+
+
+def python_command(plan: Plan) -> str:
+    """How the job starts Python: the profile's interpreter, inside the profile's container if it has one."""
+    prof = plan.sweep.profile
+    return container_prefix(prof) + shlex.quote(prof.python or sys.executable)
+
+
+def executor_parameters(plan: Plan, pythonpath: str = str(REPO_ROOT)) -> dict[str, Any]:
+    """`submitit.SlurmExecutor` parameters for the sweep (pure)."""
+    sweep, r, prof = plan.sweep, plan.sweep.resources, plan.sweep.profile
+    # submitit writes `additional_parameters` as `#SBATCH --key=value` (quoted), over its own defaults of
+    # the same names (time, signal, ...); a flag is True.
+    options = sbatch_options(r, prof, plan.workdir)
+    additional = {key.replace("-", "_"): True if value is None else value for key, value in options.items()}
+    setup = [*setup_lines(prof, pythonpath), f"export SUBMITIT_PREEMPT_SIGNAL={shlex.quote(prof.signal)}"]
+    params: dict[str, Any] = dict(job_name=sweep.name, nodes=r.nodes, ntasks_per_node=r.tasks_per_node,
+                                  setup=setup, additional_parameters=additional)
+    if sweep.array_parallelism:
+        params["array_parallelism"] = sweep.array_parallelism
+    return params
+
+
+def render(plan: Plan, pythonpath: str = str(REPO_ROOT)) -> str:
+    """The batch script submitit writes for this sweep's array, by submitit's own renderer (for review and
+    the golden-file tests; `submit` lets submitit write it itself)."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    command = f"{python_command(plan)} -u -m submitit.core._submit {shlex.quote(str(folder(plan)))}"
+    return _make_sbatch_string(command=command, folder=folder(plan), map_count=len(plan.sweep.runs),
+                               **executor_parameters(plan, pythonpath))
+
+
 def submit(plan: Plan) -> list[str]:
     import submitit
 
-    sweep, r, prof = plan.sweep, plan.sweep.resources, plan.sweep.profile
-    executor = submitit.AutoExecutor(folder=str(plan.logs_dir / "submitit"), cluster="slurm")
-    setup = [f"module load {m}" for m in prof.modules]
-    setup += [f"export {k}={_quote(v)}" for k, v in sorted(prof.env.items())]
-    setup += list(prof.setup)
-    setup.append(f"export PYTHONPATH={_quote(str(REPO_ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}")
-    params = dict(
-        name=sweep.name, nodes=r.nodes, tasks_per_node=r.tasks_per_node, cpus_per_task=r.cpus_per_task,
-        timeout_min=r.time_min, slurm_signal_delay_s=prof.signal_lead_s, slurm_setup=setup,
-        slurm_additional_parameters={"requeue": True, "chdir": str(plan.workdir)},
-    )
-    if sweep.array_parallelism:
-        params["slurm_array_parallelism"] = sweep.array_parallelism
-    if r.partition:
-        params["slurm_partition"] = r.partition
-    if r.mem_mb:
-        params["slurm_mem"] = f"{r.mem_mb}M"
-    if r.qos:
-        params["slurm_qos"] = r.qos
-    if r.account:
-        params["slurm_account"] = r.account
-    if r.constraint:
-        params["slurm_constraint"] = r.constraint
-    if r.gpus_per_node:
-        if prof.gpu_request == "gres":
-            params["slurm_gres"] = f"gpu:{prof.gpu_type + ':' if prof.gpu_type else ''}{r.gpus_per_node}"
-        else:
-            params["gpus_per_node"] = r.gpus_per_node
-    executor.update_parameters(**params)
+    executor = submitit.SlurmExecutor(folder=str(folder(plan)), python=python_command(plan))
+    executor.update_parameters(**executor_parameters(plan))
     manifest = manifest_mod.load(plan.manifest_path)
     configs = [run["config"] for run in manifest["runs"]]
     jobs = executor.map_array(TrainTask(), configs)
     ids = {str(run["index"]): job.job_id for run, job in zip(manifest["runs"], jobs)}
     array_id = jobs[0].job_id.split("_")[0]
     manifest_mod.record_submission(plan.manifest_path, "submitit", array_id, [int(i) for i in ids],
-                                   per_run_ids=ids, folder=str(plan.logs_dir / "submitit"))
+                                   per_run_ids=ids, folder=str(folder(plan)))
     return [array_id]
-
-
-def _quote(value: str) -> str:
-    import shlex
-
-    return shlex.quote(value)

@@ -1,0 +1,62 @@
+"""What a sweep's jobs ask of Slurm, worked out once for both backends (sbatch scripts and submitit).
+
+From a run's resources and the cluster profile: the `#SBATCH` options (long names, values unquoted;
+each backend quotes them as it writes them), the shell lines that set the node up (modules, variables,
+the profile's own lines) and the command prefix that runs the trainer inside the profile's container.
+The option names the backends add themselves (job name, array, output, open mode) are not here.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from .profiles import Profile
+from .spec import Resources
+
+
+def sbatch_options(r: Resources, prof: Profile, workdir: Path) -> dict[str, str | None]:
+    """{long option: value} for `#SBATCH --option=value` lines; None marks a flag (`--requeue`)."""
+    opts: dict[str, str | None] = {
+        "nodes": str(r.nodes),
+        "ntasks-per-node": str(r.tasks_per_node),
+        "cpus-per-task": str(r.cpus_per_task),
+        "time": r.time,
+        "requeue": None,
+        # No `B:`: the signal goes to the srun steps (the trainers), not only to the batch shell.
+        "signal": f"{prof.signal}@{prof.signal_lead_s}",
+        "chdir": str(workdir),
+    }
+    if r.mem_mb:
+        opts["mem"] = f"{r.mem_mb}M"
+    for key in ("partition", "qos", "account", "constraint"):
+        if getattr(r, key):
+            opts[key] = getattr(r, key)
+    if r.gpus_per_node:
+        if prof.gpu_request == "gres":
+            kind = f"gpu:{prof.gpu_type}" if prof.gpu_type else "gpu"
+            opts["gres"] = f"{kind}:{r.gpus_per_node}"
+        elif prof.gpu_request == "gpus-per-node":
+            opts["gpus-per-node"] = str(r.gpus_per_node)
+    return opts
+
+
+def setup_lines(prof: Profile, pythonpath: str) -> list[str]:
+    """Shell lines run on the node before the trainer: modules, variables, the profile's own lines (written
+    by the cluster's admin or user, taken as they are), and the project on PYTHONPATH."""
+    q = shlex.quote
+    lines = [f"module load {q(m)}" for m in prof.modules]
+    lines += [f"export {k}={q(v)}" for k, v in sorted(prof.env.items())]
+    lines += list(prof.setup)
+    lines.append(f"export PYTHONPATH={q(pythonpath)}${{PYTHONPATH:+:$PYTHONPATH}}")
+    return lines
+
+
+def container_prefix(prof: Profile) -> str:
+    """`apptainer exec --nv IMAGE ` (quoted, with a trailing space) when the profile runs the trainer in a
+    container, else ''."""
+    if prof.container is None:
+        return ""
+    c, q = prof.container, shlex.quote
+    args = "".join(f"{q(a)} " for a in shlex.split(c.args))
+    return f"{q(c.runtime)} exec {args}{q(c.image)} "
