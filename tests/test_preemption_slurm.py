@@ -7,7 +7,16 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, TINY_FLAGS, loss_series, read_metrics
-from slurm_helpers import cancel, job_env, python, run_to_completion, sbatch, signal_when_training, unique_name
+from slurm_helpers import (
+    cancel,
+    job_env,
+    python,
+    run_to_completion,
+    sbatch,
+    signal_when_training,
+    unique_name,
+    wait_until,
+)
 from tinygpt import config, trainer
 from tinygpt.launch.manifest import task_job_ids
 
@@ -88,22 +97,32 @@ def test_two_nodes_signalled_resume_to_the_same_weights(tmp_path, tiny_corpus):
 
 
 def test_time_limit_requeues_and_completes_without_losing_or_repeating_a_step(tmp_path, tiny_corpus):
+    """Slurm's own warning before the time limit stops the run, which requeues itself and finishes, every
+    logged step once across its lives. Whatever the machine's speed: the first life aims at a step count
+    that no machine reaches before the warning, and once Slurm has stopped it, the test sets the real end
+    in the run's config file (which every start reads)."""
     out = tmp_path / "limit"
-    # About a minute of training in a job with a one-minute limit: Slurm signals ~50 s before the limit.
-    train_flags = [*TINY_FLAGS, "--max-steps", "15000", "--log-interval", "50", "--eval-interval", "3000",
-                   "--ckpt-interval", "3000", "--data-file", str(tiny_corpus), "--out-dir", str(out),
-                   "--data-dir", str(tmp_path / "data")]
-    script = f"#!/bin/bash\nsrun {python()} -m tinygpt.train {' '.join(train_flags)}\n"
+    keys = spec_train(tiny_corpus, tmp_path / "data")
+    keys.update(out_dir=str(out), max_steps=10**9, log_interval=50, eval_interval=3000, ckpt_interval=3000)
+    run_config = tmp_path / "limit.yaml"
+    run_config.write_text(json.dumps(keys))
+    script = f"#!/bin/bash\nsrun {python()} -m tinygpt.train --config {run_config}\n"
+    # A one-minute limit; Slurm signals about 50 s before it (slurmctld checks limits every few seconds).
     job = sbatch("-J", unique_name("limit"), "--time=1", "--signal=USR2@50", "--requeue", "-o",
                  str(tmp_path / "limit.out"), "--open-mode=append", script=script, env=job_env())
     try:
+        preempted = wait_until(lambda: [e for e in events(out) if e["event"] == "preempted"] if
+                               (out / "metrics.jsonl").exists() else None, timeout=240, what="the time-limit signal")
+        final = (preempted[0]["step"] // 50 + 10) * 50  # ten more logged steps after the first life
+        run_config.write_text(json.dumps({**keys, "max_steps": final}))
         state, restarts = run_to_completion(job, timeout=420)
     finally:
         cancel(job)
-    print(f"\ntime-limit job: {state} after {restarts} restart(s)")
+    print(f"\ntime-limit job: {state} after {restarts} restart(s), stopped first at step {preempted[0]['step']}")
     assert state == "COMPLETED" and restarts >= 1, (tmp_path / "limit.out").read_text()
+    assert "SIGUSR2" in preempted[0]["reason"] and preempted[0]["requeue"].startswith("requeued job")
     steps = [r["step"] for r in read_metrics(out) if "lr" in r]
-    assert steps == list(range(50, 15001, 50))  # every logged step exactly once, across every life
+    assert steps == list(range(50, final + 1, 50))  # every logged step exactly once, across every life
     assert sum(e["event"] == "preempted" for e in events(out)) == restarts
 
 
