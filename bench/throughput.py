@@ -61,6 +61,8 @@ def main() -> None:
     parser.add_argument("--dropout", type=float, default=0.0)
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's choice)")
     parser.add_argument("--activation-checkpointing", action="store_true", help="recompute blocks in backward")
+    parser.add_argument("--loggers", default="none", help="trackers the trainer feeds, e.g. tensorboard,wandb "
+                                                          "(W&B offline); default none")
     args = parser.parse_args()
     from tinygpt.config import ModelConfig
     from tinygpt.model import GPT
@@ -75,7 +77,8 @@ def main() -> None:
     model_cfg = {k: config[k] for k in ("n_layer", "n_head", "n_embd", "block_size")}
     n_params = GPT(ModelConfig(**model_cfg), vocab_size=65).num_params()
     fpt = flops_per_token(n_params, config["n_layer"], config["n_embd"], config["block_size"])
-    extra = ["--compile", args.compile, "--dropout", str(args.dropout), "--device", "cpu"]
+    extra = ["--compile", args.compile, "--dropout", str(args.dropout), "--device", "cpu",
+             "--loggers", args.loggers, "--wandb-mode", "offline"]
     if args.threads:
         extra += ["--threads", str(args.threads)]
     if args.activation_checkpointing:
@@ -88,7 +91,7 @@ def main() -> None:
         result = run_trainer(config, steps, warmup, [*extra, "--precision", precision])
         after = measured_peak(config, precision, args.threads)
         peak = max(before, after)
-        result.update(preset=args.preset, config=config, dropout=args.dropout, steps=steps,
+        result.update(preset=args.preset, config=config, dropout=args.dropout, steps=steps, loggers=args.loggers,
                       activation_checkpointing=args.activation_checkpointing,
                       measured_peak_gflops=round(peak / 1e9, 1),
                       peak_gflops_before_after=[round(before / 1e9, 1), round(after / 1e9, 1)],

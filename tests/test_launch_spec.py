@@ -397,3 +397,20 @@ def test_pending_array_ids_are_expanded():
     assert expand_array_id("30_[0-3]") == ["30_0", "30_1", "30_2", "30_3"]
     assert expand_array_id("30_[1,4-5%2]") == ["30_1", "30_4", "30_5"]
     assert expand_array_id("30_2") == ["30_2"] and expand_array_id("31") == ["31"]
+
+
+def test_a_profile_sets_tracking_defaults_that_a_spec_and_set_override(tmp_path):
+    prof = tmp_path / "offline-site.yaml"
+    prof.write_text("name: offline-site\npartitions: {debug: {}}\nloggers: [wandb]\nwandb_mode: offline\n"
+                    "wandb_project: shakespeare\n")
+    plain = write(tmp_path, "name: s\ntrain: {max_steps: 5}\n", "plain.yaml")
+    track = spec_mod.load(plain, tmp_path, cluster=str(prof)).runs[0].config.track
+    assert (track.loggers, track.wandb_mode, track.wandb_project) == (["wandb"], "offline", "shakespeare")
+    own = write(tmp_path, "name: s\ntrain: {wandb_mode: online, loggers: [tensorboard, wandb]}\n", "own.yaml")
+    track = spec_mod.load(own, tmp_path, cluster=str(prof)).runs[0].config.track
+    assert (track.loggers, track.wandb_mode) == (["tensorboard", "wandb"], "online")
+    forced = spec_mod.load(own, tmp_path, cluster=str(prof), overrides={"loggers": "none"}).runs[0].config
+    assert forced.track.loggers == [] and forced.run.sweep == "s"
+    prof.write_text("name: offline-site\npartitions: {debug: {}}\nloggers: [tb]\n")
+    with pytest.raises(LaunchError, match="loggers: 'tb' is not one of tensorboard, wandb"):
+        profiles.from_file(prof)

@@ -3,7 +3,7 @@
 This module imports no torch: the launcher validates every run of a sweep against this very schema on
 a login node, before anything is submitted.
 
-Four dataclasses, one per concern (model, data, optim, run), gathered in `TrainConfig`. Every field
+Five dataclasses, one per concern (model, data, optim, run, track), gathered in `TrainConfig`. Every field
 name is unique across the sections, so a key can be written flat (`n_layer: 6`, `--n-layer 6`) or
 dotted (`model.n_layer: 6`) or nested in YAML (`model: {n_layer: 6}`).
 
@@ -35,7 +35,11 @@ def _f(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
     return field(default=default, metadata={"help": help, "choices": choices})
 
 
-SECTION_NAMES = ("model", "data", "optim", "run")
+def _list_f(help: str, choices: tuple[str, ...]) -> Any:
+    return field(default_factory=list, metadata={"help": help, "choices": choices})
+
+
+SECTION_NAMES = ("model", "data", "optim", "run", "track")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -148,6 +152,7 @@ class RunConfig:
     preempt_signal: str = _f("USR2", "signal Slurm sends before the time limit (SIGTERM is always handled)",
                              PREEMPT_SIGNALS)
     max_requeues: int = _f(20, "give up requeueing after this many restarts")
+    sweep: str | None = _f(None, "the sweep this run belongs to (set by the launcher; the W&B group)")
 
     def check(self, problems: list[str]) -> None:
         if not str(self.out_dir).strip():
@@ -174,10 +179,35 @@ class RunConfig:
             problems.append(f"peak_flops: must be > 0 (or unset), got {self.peak_flops}")
         if self.max_requeues < 0:
             problems.append(f"max_requeues: must be >= 0, got {self.max_requeues}")
-        for f in dataclasses.fields(self):  # every field with a fixed set of values (precision, compile, ...)
-            choices = _FIELD_INFO[f.name].choices
-            if choices and getattr(self, f.name) not in choices:
-                problems.append(_choice_message(f.name, getattr(self, f.name), choices))
+        _check_choices(self, problems)
+
+
+LOGGERS = ("tensorboard", "wandb")
+WANDB_MODES = ("auto", "online", "offline")
+
+
+@dataclass(kw_only=True, slots=True)
+class TrackConfig:
+    loggers: list[str] = _list_f("experiment trackers fed with metrics.jsonl's records, e.g. tensorboard,wandb "
+                                 "(pip install -e '.[tracking]')", LOGGERS)
+    wandb_project: str | None = _f(None, "W&B project (default: $WANDB_PROJECT, else tinygpt)")
+    wandb_entity: str | None = _f(None, "W&B entity, a user or team (default: $WANDB_ENTITY, else yours)")
+    wandb_mode: str = _f("auto", "online, offline (sync later with `launch.py sync`), or auto: offline when the "
+                                 "W&B service cannot be reached", WANDB_MODES)
+
+    def check(self, problems: list[str]) -> None:
+        _check_choices(self, problems)
+
+
+def _check_choices(section: Any, problems: list[str]) -> None:
+    """Every field of `section` with a fixed set of values (precision, compile, loggers, ...) holds one."""
+    for f in dataclasses.fields(section):
+        choices, value = _FIELD_INFO[f.name].choices, getattr(section, f.name)
+        if not choices:
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            if item not in choices:
+                problems.append(_choice_message(f.name, item, choices))
 
 
 @dataclass(kw_only=True, slots=True)
@@ -186,6 +216,7 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    track: TrackConfig = field(default_factory=TrackConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return {name: dataclasses.asdict(getattr(self, name)) for name in SECTION_NAMES}
@@ -208,7 +239,7 @@ class TrainConfig:
 class FieldInfo:
     name: str
     section: str
-    kind: type  # int, float, bool or str
+    kind: type  # int, float, bool, str, or list (of str)
     optional: bool
     default: Any
     help: str
@@ -224,9 +255,13 @@ def _build_field_info() -> dict[str, FieldInfo]:
             hint = hints[f.name]
             args = typing.get_args(hint)
             optional = type(None) in args
-            kind = next((a for a in args if a is not type(None)), hint) if args else hint
+            if typing.get_origin(hint) is list:
+                kind = list
+            else:
+                kind = next((a for a in args if a is not type(None)), hint) if args else hint
             assert f.name not in table, f"field {f.name} appears in two sections"
-            table[f.name] = FieldInfo(f.name, section_field.name, kind, optional, f.default,
+            default = [] if kind is list else f.default
+            table[f.name] = FieldInfo(f.name, section_field.name, kind, optional, default,
                                       f.metadata["help"], f.metadata["choices"])
     return table
 
@@ -262,6 +297,8 @@ _NONE = {"none", "null", "~", ""}
 def coerce(name: str, value: Any) -> Any:
     """Convert a YAML or command-line value to the field's type; raise ValueError with a message."""
     info = _FIELD_INFO[name]
+    if info.kind is list:
+        return _coerce_list(name, value)
     if value is None or (isinstance(value, str) and info.optional and value.strip().lower() in _NONE):
         if info.optional:
             return None
@@ -307,6 +344,16 @@ def coerce(name: str, value: Any) -> Any:
     if isinstance(value, (dict, list)):
         raise ValueError(f"{name}: expected a single value, got a {type(value).__name__}")
     return str(value)
+
+
+def _coerce_list(name: str, value: Any) -> list[str]:
+    """A list from YAML (`[a, b]`), or from a comma-separated string (`a,b`; `none` or empty: no items)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in _NONE):
+        return []
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or any(isinstance(i, (dict, list, tuple)) or i is None for i in items):
+        raise ValueError(f"{name}: expected a list such as [tensorboard, wandb] or tensorboard,wandb, got {value!r}")
+    return list(dict.fromkeys(str(i).strip() for i in items if str(i).strip()))
 
 
 # Keys of earlier versions that no longer do anything. Saved configs, checkpoints and generated job
@@ -396,6 +443,7 @@ def build(overrides: dict[str, Any], source: str | None = None) -> TrainConfig:
         data=DataConfig(**values["data"]),
         optim=OptimConfig(**values["optim"]),
         run=RunConfig(**values["run"]),
+        track=TrackConfig(**values["track"]),
     )
     problems.extend(config.check())
     if problems:

@@ -2,7 +2,8 @@
 
 It is the source of truth for everything that looks at a run afterwards (status, reports, benchmarks).
 Only rank 0 writes. A resumed run first drops the lines past its checkpoint's step, so that a step
-redone after a crash appears once.
+redone after a crash appears once. Experiment trackers (`tinygpt/tracking.py`) are sinks beside the
+file: every record written goes to each of them too.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from pathlib import Path
 
 
 class MetricsLog:
-    def __init__(self, path: Path, enabled: bool):
+    def __init__(self, path: Path, enabled: bool, sinks: list | None = None):
         self.path = path
         self.enabled = enabled
+        self.sinks = list(sinks or [])
 
     def truncate_after(self, step: int) -> None:
         """Drop lines past `step`: a run that died after its last checkpoint logged steps it will redo."""
@@ -41,3 +43,11 @@ class MetricsLog:
         if self.enabled:
             with open(self.path, "a") as fh:
                 fh.write(json.dumps(record) + "\n")
+            for sink in self.sinks:
+                sink.write(record)
+
+    def close(self) -> None:
+        """Close the sinks (each flushes what it holds)."""
+        sinks, self.sinks = self.sinks, []
+        for sink in sinks:
+            sink.close()

@@ -30,7 +30,7 @@ from . import distributed as dist_mod
 from . import precision as precision_mod
 from . import preemption as preempt_mod
 from . import progress as progress_mod
-from . import provenance
+from . import provenance, tracking
 from .config import ModelConfig, TrainConfig
 from .data import Batches, prepare_from_config
 from .metrics import MetricsLog
@@ -120,6 +120,7 @@ class Trainer:
         self.out_dir = Path(cfg.run.out_dir)
         self.say = progress_mod.messenger(cfg.run.progress, self.is_main)
         self.progress: progress_mod.Progress | None = None
+        self.metrics: MetricsLog | None = None
         self.handler: preempt_mod.PreemptionHandler | None = None
         self.step = self.start_step = 0
         self.best_val: float | None = None
@@ -131,6 +132,7 @@ class Trainer:
     # setup
 
     def setup(self) -> None:
+        tracking.check_installed(self.cfg.track.loggers)  # on every rank, before anyone waits for rank 0
         self._place()
         prepared = prepare_from_config(self.cfg.data.dataset, self.cfg.data.data_file, self.cfg.data.data_dir,
                                        warn=lambda m: self.say(f"warning: {m}"))
@@ -224,7 +226,8 @@ class Trainer:
     def _start(self, prepared, resume_path: Path | None, fresh: bool) -> None:
         """Wrap the model (compile, DDP), take over the signals, and record the start."""
         cfg, world = self.cfg, self.dist.world_size
-        self.metrics = MetricsLog(self.out_dir / "metrics.jsonl", self.is_main)
+        sinks = tracking.open_sinks(cfg, self.out_dir, self.step, self.say) if self.is_main else []
+        self.metrics = MetricsLog(self.out_dir / "metrics.jsonl", self.is_main, sinks)
         self.metrics.truncate_after(self.step)
         if self.is_main:
             (self.out_dir / "config.yaml").write_text(config_mod.dump_yaml(cfg))
@@ -476,6 +479,8 @@ class Trainer:
         (the time limit's warning can come late) must not kill a finished run with the default action."""
         if self.handler is not None:
             self.handler.uninstall()
+        if self.metrics is not None:
+            self.metrics.close()
         if self.progress is not None:
             self.progress.close()
         dist_mod.teardown()

@@ -6,6 +6,7 @@
     python launch.py status SPEC.yaml [--watch] a table of the sweep's runs
     python launch.py cancel SPEC.yaml           scancel the sweep's jobs
     python launch.py report SPEC.yaml           loss curves, final losses, samples, attention maps
+    python launch.py sync SPEC.yaml             upload the sweep's offline W&B runs (wandb sync), from a login node
 
 Errors in the spec are all reported at once, and nothing is submitted; the exit status is 1.
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from .errors import LaunchError
 
-COMMANDS = ("status", "cancel", "report")
+COMMANDS = ("status", "cancel", "report", "sync")
 
 
 def _parser(command: str | None) -> argparse.ArgumentParser:
@@ -44,6 +45,8 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
             p.add_argument("--interval", type=float, default=5.0, help="seconds between refreshes")
         if command == "report":
             p.add_argument("--prompt", default=None, help="prompt for the attention maps and samples")
+        if command == "sync":
+            p.add_argument("--dry-run", action="store_true", help="show what W&B would upload, upload nothing")
     p.add_argument("--workdir", default=".", help="where jobs/, logs/ and runs/ go (default: here)")
     return p
 
@@ -68,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cancel(args)
         if command == "report":
             return _report(args)
+        if command == "sync":
+            return _sync(args)
         return _launch(args)
     except LaunchError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -162,6 +167,29 @@ def _report(args) -> int:
     varying = sorted({k for r in manifest["runs"] for k in r["overrides"]})
     out_dir = Path(manifest["workdir"]) / "runs" / manifest["name"]
     return report.report_command(runs, out_dir, f"sweep {manifest['name']}", varying, args.prompt)
+
+
+def _sync(args) -> int:
+    """`launch.py sync SPEC`: W&B's own `wandb sync` over the offline W&B runs of the sweep's run directories."""
+    import shutil
+    import subprocess
+
+    from . import manifest as manifest_mod
+
+    manifest = manifest_mod.load(_manifest_path(args.spec, args.workdir))
+    offline = sorted(str(d) for r in manifest["runs"] for d in (Path(r["out_dir"]) / "wandb").glob("offline-run-*"))
+    if not offline:
+        print(f"nothing to sync: no offline W&B run under the run directories of sweep {manifest['name']}")
+        return 0
+    wandb = shutil.which("wandb") or str(Path(sys.executable).parent / "wandb")
+    if not Path(wandb).exists():
+        raise LaunchError('sync: the `wandb` command is not installed here; pip install -e ".[tracking]"')
+    print(f"syncing {len(offline)} offline W&B run(s) (each life of a run is one) of sweep {manifest['name']}",
+          flush=True)
+    done = subprocess.run([wandb, "sync", *(["--dry-run"] if args.dry_run else []), *offline])
+    if done.returncode != 0:
+        raise LaunchError(f"sync: wandb sync exited with status {done.returncode}; its output is above")
+    return 0
 
 
 def _cancel(args) -> int:

@@ -17,6 +17,8 @@ and refuses, before submission, what the cluster could never give. Keys (all but
     signal, signal_lead_s       the signal Slurm sends before the time limit, and how long before
     precision, compile          trainer defaults on this hardware
     peak_flops                  peak FLOP/s of one GPU (or CPU node), for MFU
+    loggers, wandb_mode         trainer defaults for tracking on this site, e.g. [wandb] and offline where
+    wandb_project, wandb_entity   compute nodes have no internet (a spec or --set overrides them)
 """
 
 from __future__ import annotations
@@ -71,14 +73,14 @@ class Profile:
     container: Container | None = None
     signal: str = "USR2"
     signal_lead_s: int = 120
-    precision: str | None = None
-    compile: str | None = None
-    peak_flops: float | None = None
+    trainer_defaults: dict[str, Any] = field(default_factory=dict)  # trainer keys (TRAINER_KEYS) for every run
 
 
+# Trainer keys a profile may set for every run on its cluster (checked with the trainer's own schema).
+TRAINER_KEYS = ("precision", "compile", "peak_flops", "loggers", "wandb_mode", "wandb_project", "wandb_entity")
 KEYS = ("name", "cluster_name", "account", "qos", "partitions", "default_partition", "node", "gpu_request",
         "cpus_per_gpu", "mem_per_gpu", "max_array_size", "modules", "env", "setup", "python", "container",
-        "signal", "signal_lead_s", "precision", "compile", "peak_flops", "description")
+        "signal", "signal_lead_s", *TRAINER_KEYS, "description")
 
 
 def parse_time_min(value: Any) -> int | None:
@@ -159,6 +161,7 @@ def load(name_or_path: str) -> Profile:
 
 
 def from_file(path: Path) -> Profile:
+    """A profile read and checked; every problem in the file is reported at once (LaunchError)."""
     from tinygpt.config import ConfigError, load_yaml, suggest
 
     try:
@@ -171,34 +174,8 @@ def from_file(path: Path) -> Profile:
     for key in data:
         if key not in KEYS:
             problems.append(f"unknown profile key `{key}`{suggest(str(key), KEYS)}; valid keys: {', '.join(KEYS)}")
-
-    def get(key, kind, default=None):
-        value = data.get(key, default)
-        if value is None:
-            return default
-        if kind is int and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            problems.append(f"{key}: expected a whole number >= 0, got {value!r}")
-            return default
-        if kind is str and not isinstance(value, (str, int, float)):
-            problems.append(f"{key}: expected a single value, got {value!r}")
-            return default
-        return str(value) if kind is str else value
-
-    partitions: dict[str, Partition] = {}
-    raw_parts = data.get("partitions") or {}
-    if not isinstance(raw_parts, dict):
-        problems.append("partitions: expected a mapping {name: {max_time: ..., max_nodes: ...}}")
-        raw_parts = {}
-    for pname, spec in raw_parts.items():
-        spec = spec or {}
-        try:
-            max_time = parse_time_min(spec.get("max_time"))
-        except ValueError:
-            problems.append(f"partitions.{pname}.max_time: {spec.get('max_time')!r} is not a Slurm time "
-                            f"(e.g. 2-00:00:00, 04:00:00 or INFINITE)")
-            max_time = None
-        partitions[str(pname)] = Partition(str(pname), max_time, spec.get("max_nodes"))
-    default_partition = get("default_partition", str, next(iter(partitions), None))
+    partitions = _partitions(data.get("partitions"), problems)
+    default_partition = _get(data, "default_partition", str, problems, next(iter(partitions), None))
     if default_partition is not None and partitions and default_partition not in partitions:
         problems.append(f"default_partition: `{default_partition}` is not among partitions "
                         f"({', '.join(partitions)})")
@@ -206,75 +183,54 @@ def from_file(path: Path) -> Profile:
     if not isinstance(node, dict):
         problems.append("node: expected a mapping {gpus, gpu_type, cpus, mem}")
         node = {}
-    def mem_mb(value, name: str, example: str) -> int | None:
-        if value is None:
-            return None
-        try:
-            return parse_mem_mb(value)
-        except ValueError:
-            problems.append(f"{name}: {value!r} is not a memory size (e.g. {example})")
-            return None
-
-    mem = mem_mb(node.get("mem"), "node.mem", "512G")
-    mem_per_gpu = mem_mb(data.get("mem_per_gpu"), "mem_per_gpu", "120G")
-    gpu_request = get("gpu_request", str, "gpus-per-node")
+    gpu_request = _get(data, "gpu_request", str, problems, "gpus-per-node")
     if gpu_request not in GPU_REQUESTS:
         problems.append(f"gpu_request: {gpu_request!r} is not one of {', '.join(GPU_REQUESTS)}")
-    signal = get("signal", str, "USR2").removeprefix("SIG")
+    signal = _get(data, "signal", str, problems, "USR2").removeprefix("SIG")
     if signal not in SIGNALS:
         problems.append(f"signal: {signal!r} is not one of {', '.join(SIGNALS)}")
-    container = None
-    if data.get("container"):
-        c = data["container"]
-        if not isinstance(c, dict) or not c.get("image"):
-            problems.append("container: expected {runtime: apptainer, image: PATH, args: ...}")
-        else:
-            container = Container(str(c.get("runtime", "apptainer")), str(c["image"]), str(c.get("args", "")))
-    env = data.get("env") or {}
-    if not isinstance(env, dict) or not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(k)) for k in env):
-        problems.append("env: expected a mapping of variable names (letters, digits, _) to values")
-        env = {}
-    for key in ("modules", "setup"):
-        value = data.get(key) or []
-        if not isinstance(value, list):
-            problems.append(f"{key}: expected a list of strings")
-    peak = data.get("peak_flops")
-    if peak is not None:
-        try:
-            peak = float(peak)
-        except (TypeError, ValueError):
-            problems.append(f"peak_flops: expected a number such as 312e12, got {peak!r}")
-            peak = None
     profile = Profile(
         name=str(data.get("name") or path.stem),
         path=str(path),
-        cluster_name=get("cluster_name", str),
-        account=get("account", str),
-        qos=get("qos", str),
+        cluster_name=_get(data, "cluster_name", str, problems),
+        account=_get(data, "account", str, problems),
+        qos=_get(data, "qos", str, problems),
         partitions=partitions,
         default_partition=default_partition,
         node_gpus=get_int(node, "gpus", problems, 0),
         gpu_type=str(node["gpu_type"]) if node.get("gpu_type") else None,
         node_cpus=get_int(node, "cpus", problems, None),
-        node_mem_mb=mem,
+        node_mem_mb=_mem(node.get("mem"), "node.mem", "512G", problems),
         gpu_request=gpu_request,
-        cpus_per_gpu=get("cpus_per_gpu", int),
-        mem_per_gpu_mb=mem_per_gpu,
-        max_array_size=get("max_array_size", int, 1001) or 1001,
-        modules=tuple(str(m) for m in data.get("modules") or [] if isinstance(data.get("modules"), list)),
-        env={str(k): str(v) for k, v in env.items()},
-        setup=tuple(str(s) for s in data.get("setup") or [] if isinstance(data.get("setup"), list)),
-        python=get("python", str),
-        container=container,
+        cpus_per_gpu=_get(data, "cpus_per_gpu", int, problems),
+        mem_per_gpu_mb=_mem(data.get("mem_per_gpu"), "mem_per_gpu", "120G", problems),
+        max_array_size=_get(data, "max_array_size", int, problems, 1001) or 1001,
+        modules=_strings(data, "modules", problems),
+        env=_env(data.get("env"), problems),
+        setup=_strings(data, "setup", problems),
+        python=_get(data, "python", str, problems),
+        container=_container(data.get("container"), problems),
         signal=signal,
-        signal_lead_s=get("signal_lead_s", int, 120),
-        precision=get("precision", str),
-        compile=get("compile", str),
-        peak_flops=peak,
+        signal_lead_s=_get(data, "signal_lead_s", int, problems, 120),
+        trainer_defaults=_trainer_defaults(data, problems),
     )
     if problems:
         raise LaunchError(problems, str(path))
     return profile
+
+
+def _get(data: dict, key: str, kind: type, problems: list[str], default: Any = None) -> Any:
+    """A whole number >= 0 (kind int) or a single value as text (kind str); `default` when unset or wrong."""
+    value = data.get(key, default)
+    if value is None:
+        return default
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        problems.append(f"{key}: expected a whole number >= 0, got {value!r}")
+        return default
+    if kind is str and not isinstance(value, (str, int, float)):
+        problems.append(f"{key}: expected a single value, got {value!r}")
+        return default
+    return str(value) if kind is str else value
 
 
 def get_int(mapping: dict, key: str, problems: list[str], default):
@@ -285,6 +241,71 @@ def get_int(mapping: dict, key: str, problems: list[str], default):
         problems.append(f"node.{key}: expected a whole number >= 0, got {value!r}")
         return default
     return value
+
+
+def _mem(value: Any, name: str, example: str, problems: list[str]) -> int | None:
+    if value is None:
+        return None
+    try:
+        return parse_mem_mb(value)
+    except ValueError:
+        problems.append(f"{name}: {value!r} is not a memory size (e.g. {example})")
+        return None
+
+
+def _strings(data: dict, key: str, problems: list[str]) -> tuple[str, ...]:
+    value = data.get(key) or []
+    if not isinstance(value, list):
+        problems.append(f"{key}: expected a list of strings")
+        return ()
+    return tuple(str(item) for item in value)
+
+
+def _partitions(raw: Any, problems: list[str]) -> dict[str, Partition]:
+    if not isinstance(raw or {}, dict):
+        problems.append("partitions: expected a mapping {name: {max_time: ..., max_nodes: ...}}")
+        return {}
+    partitions: dict[str, Partition] = {}
+    for name, spec in (raw or {}).items():
+        spec = spec or {}
+        try:
+            max_time = parse_time_min(spec.get("max_time"))
+        except ValueError:
+            problems.append(f"partitions.{name}.max_time: {spec.get('max_time')!r} is not a Slurm time "
+                            f"(e.g. 2-00:00:00, 04:00:00 or INFINITE)")
+            max_time = None
+        partitions[str(name)] = Partition(str(name), max_time, spec.get("max_nodes"))
+    return partitions
+
+
+def _env(raw: Any, problems: list[str]) -> dict[str, str]:
+    env = raw or {}
+    if not isinstance(env, dict) or not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(k)) for k in env):
+        problems.append("env: expected a mapping of variable names (letters, digits, _) to values")
+        return {}
+    return {str(k): str(v) for k, v in env.items()}
+
+
+def _container(raw: Any, problems: list[str]) -> Container | None:
+    if not raw:
+        return None
+    if not isinstance(raw, dict) or not raw.get("image"):
+        problems.append("container: expected {runtime: apptainer, image: PATH, args: ...}")
+        return None
+    return Container(str(raw.get("runtime", "apptainer")), str(raw["image"]), str(raw.get("args", "")))
+
+
+def _trainer_defaults(data: dict, problems: list[str]) -> dict[str, Any]:
+    """The trainer keys the profile sets, typed and checked with the trainer's own schema."""
+    from tinygpt.config import ConfigError, build
+
+    given = {key: data[key] for key in TRAINER_KEYS if data.get(key) is not None}
+    try:
+        typed = build(given).flat()
+    except ConfigError as err:
+        problems.extend(err.problems)
+        return {}
+    return {key: typed[key] for key in given}
 
 
 def detect() -> Profile:

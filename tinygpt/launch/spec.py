@@ -38,7 +38,7 @@ RESOURCE_KEYS = ("nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "m
                  "account", "constraint")
 BACKENDS = ("sbatch", "submitit")
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+-]{0,119}")
-LAUNCHER_KEYS = ("out_dir",)  # set by the launcher, never by a spec
+LAUNCHER_KEYS = {"out_dir": "runs/<sweep>/<run>", "sweep": "the spec's name"}  # set by the launcher, never a spec
 
 
 @dataclass(frozen=True)
@@ -133,9 +133,9 @@ def _check_keys(mapping: dict, where: str, problems: list[str]) -> dict[str, Any
     sub: list[str] = []
     flat = train_config.flatten_overrides(mapping, where, sub)
     problems.extend(f"{where}: {p}" for p in sub)
-    for key in LAUNCHER_KEYS:
+    for key, value in LAUNCHER_KEYS.items():
         if key in flat:
-            problems.append(f"{where}: `{key}` is set by the launcher (runs/<sweep>/<run>); remove it")
+            problems.append(f"{where}: `{key}` is set by the launcher ({value}); remove it")
             flat.pop(key)
     return flat
 
@@ -286,9 +286,8 @@ def _base(raw: Any, profile: Profile | None, problems: list[str]) -> dict[str, A
         raw = {}
     base = _check_keys(raw or {}, "train", problems)
     if profile is not None:
-        for key in ("precision", "compile", "peak_flops"):
-            if getattr(profile, key) is not None and key not in base:
-                base[key] = getattr(profile, key)
+        for key, value in profile.trainer_defaults.items():
+            base.setdefault(key, value)
         base.setdefault("preempt_signal", profile.signal)
     return base
 
@@ -344,7 +343,7 @@ def _runs(points, grid_size: int, varying: list[str], base: dict[str, Any], forc
             continue
         seen[label] = index
         merged = {"data_dir": str(workdir / "data"), **base, **point, **forced,
-                  "out_dir": str(workdir / "runs" / sweep / label)}
+                  "out_dir": str(workdir / "runs" / sweep / label), "sweep": sweep}
         if merged.get("data_file"):
             merged["data_file"] = _data_file(merged["data_file"], label, problems)
         try:
