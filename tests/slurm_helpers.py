@@ -96,6 +96,19 @@ def python() -> str:
     return sys.executable
 
 
+def train_on_two_nodes(tmp_path: Path, name: str, flags: list[str]) -> str:
+    """`srun python -m tinygpt.train FLAGS` on both nodes (one rank each); asserts the job COMPLETED."""
+    script = f"#!/bin/bash\nsrun {python()} -m tinygpt.train {' '.join(flags)}\n"
+    log = tmp_path / f"{name}.out"
+    job = sbatch("-J", unique_name(name), "-N", "2", "--ntasks-per-node", "1", "-o", str(log), script=script,
+                 env=job_env())
+    try:
+        assert wait(job) == "COMPLETED", log.read_text()
+    finally:
+        cancel(job)
+    return job
+
+
 def job_fields(job_id: str) -> dict[str, str]:
     out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, timeout=30)
     if out.returncode != 0 or not out.stdout.strip():

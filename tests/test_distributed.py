@@ -107,18 +107,11 @@ def test_resume_with_another_world_size_rederives_the_data_streams(tmp_path, tin
 
 @pytest.mark.slurm
 def test_two_nodes_under_srun_find_the_master_from_the_nodelist_and_stay_in_sync(tmp_path, tiny_corpus):
-    from slurm_helpers import cancel, job_env, python, sbatch, unique_name, wait
+    from slurm_helpers import train_on_two_nodes
 
     out = tmp_path / "srun"
-    flags = " ".join([*TINY_FLAGS, "--data-file", str(tiny_corpus), "--out-dir", str(out),
-                      "--data-dir", str(tmp_path / "data"), "--dropout", "0.1"])
-    script = f"#!/bin/bash\nsrun {python()} -m tinygpt.train {flags}\n"
-    job = sbatch("-J", unique_name("ddp2n"), "-N", "2", "--ntasks-per-node", "1", "-o", str(tmp_path / "out.txt"),
-                 script=script, env=job_env())
-    try:
-        assert wait(job) == "COMPLETED", (tmp_path / "out.txt").read_text()
-    finally:
-        cancel(job)
+    job = train_on_two_nodes(tmp_path, "ddp2n", [*TINY_FLAGS, "--data-file", str(tiny_corpus), "--out-dir", str(out),
+                                                 "--data-dir", str(tmp_path / "data"), "--dropout", "0.1"])
     records = read_metrics(out)
     start, finished = records[0], records[-1]
     assert start["launcher"] == "slurm" and start["world_size"] == 2
@@ -129,7 +122,7 @@ def test_two_nodes_under_srun_find_the_master_from_the_nodelist_and_stay_in_sync
     assert finished["weights_digest"][0] == finished["weights_digest"][1]
     steps = [r["step"] for r in records if "lr" in r]
     assert steps == sorted(set(steps))
-    assert (tmp_path / "out.txt").read_text().count("done: step 20") == 1
+    assert (tmp_path / "ddp2n.out").read_text().count("done: step 20") == 1
 
 
 @pytest.mark.parametrize("world_size, leaves_by", [("2", "os._exit"), ("1", "sys.exit")])

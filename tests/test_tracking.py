@@ -202,18 +202,12 @@ def test_launch_sync_hands_every_offline_life_of_a_sweep_to_wandb_sync(tmp_path,
 
 @pytest.mark.slurm
 def test_a_two_node_ddp_run_has_one_tensorboard_writer_and_one_wandb_run(tmp_path, tiny_corpus):
-    from slurm_helpers import cancel, job_env, python, sbatch, unique_name, wait
+    from slurm_helpers import train_on_two_nodes
 
     out = tmp_path / "ddp"
-    flags = " ".join([*TINY_FLAGS, "--data-file", str(tiny_corpus), "--out-dir", str(out), "--data-dir",
-                      str(tmp_path / "data"), "--loggers", "tensorboard,wandb", "--wandb-mode", "offline"])
-    script = f"#!/bin/bash\nsrun {python()} -m tinygpt.train {flags}\n"
-    job = sbatch("-J", unique_name("track2n"), "-N", "2", "--ntasks-per-node", "1", "-o", str(tmp_path / "out.txt"),
-                 script=script, env=job_env())
-    try:
-        assert wait(job) == "COMPLETED", (tmp_path / "out.txt").read_text()
-    finally:
-        cancel(job)
+    train_on_two_nodes(tmp_path, "track2n", [*TINY_FLAGS, "--data-file", str(tiny_corpus), "--out-dir", str(out),
+                                             "--data-dir", str(tmp_path / "data"), "--loggers", "tensorboard,wandb",
+                                             "--wandb-mode", "offline"])
     start = read_metrics(out)[0]
     assert start["world_size"] == 2 and sorted(start["hostnames"]) == ["node1", "node2"]
     assert len(list((out / "tensorboard").iterdir())) == 1  # rank 0's writer only

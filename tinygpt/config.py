@@ -183,13 +183,14 @@ class RunConfig:
 
 
 LOGGERS = ("tensorboard", "wandb")
+TRACKING_EXTRA = 'pip install -e ".[tracking]"'  # what installs the trackers' packages (pyproject.toml)
 WANDB_MODES = ("auto", "online", "offline")
 
 
 @dataclass(kw_only=True, slots=True)
 class TrackConfig:
     loggers: list[str] = _list_f("experiment trackers fed with metrics.jsonl's records, e.g. tensorboard,wandb "
-                                 "(pip install -e '.[tracking]')", LOGGERS)
+                                 f"({TRACKING_EXTRA})", LOGGERS)
     wandb_project: str | None = _f(None, "W&B project (default: $WANDB_PROJECT, else tinygpt)")
     wandb_entity: str | None = _f(None, "W&B entity, a user or team (default: $WANDB_ENTITY, else yours)")
     wandb_mode: str = _f("auto", "online, offline (sync later with `launch.py sync`), or auto: offline when the "

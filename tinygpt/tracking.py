@@ -28,9 +28,8 @@ import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
-from .config import TrainConfig, dump_yaml
+from .config import TRACKING_EXTRA, TrainConfig, dump_yaml
 
-EXTRA = 'pip install -e ".[tracking]"'
 WANDB_REACH_TIMEOUT_S = 3.0
 
 
@@ -49,8 +48,9 @@ def check_installed(loggers: list[str]) -> None:
         try:
             importlib.import_module(PACKAGES[logger])
         except ImportError:
-            raise TrackingError(f"loggers: {logger} needs the `{PACKAGES[logger]}` package, which is not installed; "
-                                f"install the tracking extra ({EXTRA}) or drop {logger} from loggers") from None
+            raise TrackingError(f"loggers: {logger} needs the `{PACKAGES[logger]}` package, which is not "
+                                f"installed; install the tracking extra ({TRACKING_EXTRA}) or drop {logger} "
+                                f"from loggers") from None
 
 
 def _scalars(record: dict) -> dict[str, float]:

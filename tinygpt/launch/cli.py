@@ -183,7 +183,9 @@ def _sync(args) -> int:
         return 0
     wandb = shutil.which("wandb") or str(Path(sys.executable).parent / "wandb")
     if not Path(wandb).exists():
-        raise LaunchError('sync: the `wandb` command is not installed here; pip install -e ".[tracking]"')
+        from tinygpt.config import TRACKING_EXTRA
+
+        raise LaunchError(f"sync: the `wandb` command is not installed here; {TRACKING_EXTRA}")
     print(f"syncing {len(offline)} offline W&B run(s) (each life of a run is one) of sweep {manifest['name']}",
           flush=True)
     done = subprocess.run([wandb, "sync", *(["--dry-run"] if args.dry_run else []), *offline])
