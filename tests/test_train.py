@@ -213,3 +213,35 @@ def test_a_run_written_with_the_removed_cpu_keys_resumes_and_samples(tmp_path, t
     assert again.returncode == 0, again.stderr
     assert "resumed from" in again.stdout and "note: `cpu_kernels` is ignored" in again.stderr
     assert "done: step 20" in again.stdout
+
+
+def test_a_checkpoint_that_does_not_load_is_set_aside_and_never_counts_as_kept(tmp_path, tiny_corpus, data_dir,
+                                                                               capsys):
+    """With keep 2 and a garbage file among the checkpoints, retention used to keep the garbage and one good
+    checkpoint, and the final line named the garbage."""
+    out, _ = run(tmp_path, tiny_corpus, "--max-steps", "10", "--ckpt-interval", "5", "--keep-checkpoints", "2")
+    garbage = ckpt.path_for_step(out, 12)
+    garbage.write_bytes(b"not a checkpoint")
+    _, result = run(tmp_path, tiny_corpus, "--max-steps", "20", "--ckpt-interval", "5", "--keep-checkpoints", "2")
+    said = capsys.readouterr().out
+    assert result.finished and "resumed from" in said and f"{ckpt.path_for_step(out, 10)} at step 10" in said
+    assert [p.name for p in ckpt.list_checkpoints(out)] == ["step_00000015.pt", "step_00000020.pt"]
+    aside = ckpt.checkpoint_dir(out) / "step_00000012.pt.corrupt"
+    assert aside.read_bytes() == b"not a checkpoint"  # moved, never deleted
+    assert said.count("set aside step_00000012.pt as step_00000012.pt.corrupt") == 1
+    assert f"checkpoint: {ckpt.path_for_step(out, 20)}" in said  # the final line names a valid checkpoint
+
+
+def test_a_checkpoint_holding_code_is_refused_without_advice_to_run_it(tmp_path):
+    import os
+
+    class Payload:
+        def __reduce__(self):
+            return os.system, (f"touch {tmp_path / 'ran'}",)
+
+    path = tmp_path / "evil.pt"
+    torch.save({"model": Payload()}, path)
+    with pytest.raises(ckpt.CheckpointError) as err:
+        ckpt.load(path)
+    assert "holds objects other than tensors" in str(err.value) and "weights_only" not in str(err.value)
+    assert not (tmp_path / "ran").exists()

@@ -4,9 +4,11 @@
 
 A checkpoint is written to a hidden temporary file in the same folder, flushed and fsynced, then renamed
 into place (rename is atomic on POSIX), and the folder is fsynced so the rename itself survives a
-crash. A file with the final name is therefore complete, unless the storage corrupted it afterwards:
-loading checks that the file unpickles and holds every part, and a bad newest checkpoint is skipped with
-a warning in favour of the one before. The newest `keep` (at least 2) are kept.
+crash. A file with the final name is therefore complete, unless the storage corrupted it afterwards (or
+something else was put there): loading checks that the file unpickles and holds every part, and a bad
+newest checkpoint is skipped with a warning in favour of the one before. When a run starts, every file
+that does not load is set aside (renamed `<name>.corrupt`, never deleted), so the newest `keep` (at least
+2) that are kept are all usable.
 
 Everything is loadable with `torch.load(..., weights_only=True)`: tensors, numbers, strings, lists and
 dicts only; RNG states are converted to tensors.
@@ -168,15 +170,32 @@ def prune(out_dir: str | Path, keep: int) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def load(path: str | Path, map_location: str = "cpu") -> dict[str, Any]:
-    """Load and check one checkpoint; raise CheckpointError when it is unreadable or incomplete."""
+def _why_unreadable(err: Exception) -> str:
+    """What was wrong with a file, in our words. PyTorch's own message for a file holding arbitrary objects
+    advises loading it with weights_only=False, which would run whatever code the file carries."""
+    text = str(err)
+    if "Weights only" in text and "global" in text.lower():  # the unpickler met a class or function to import
+        return ("it holds objects other than tensors and plain data, so tinygpt did not write it; "
+                "it was not loaded")
+    if "Weights only" in text:
+        return "not a whole checkpoint file (its contents are damaged or of another kind)"
+    if "zip" in text:  # torch.save writes a zip archive; PyTorch's reader names what it could not find
+        return "not a whole checkpoint file (no complete zip archive: cut short, damaged, or another kind of file)"
+    first = text.strip().split(". ")[0].splitlines()[0][:160] if text.strip() else ""
+    return f"not a whole checkpoint file ({type(err).__name__}{': ' + first if first else ''})"
+
+
+def load(path: str | Path, map_location: str = "cpu", mmap: bool = False) -> dict[str, Any]:
+    """Load and check one checkpoint; raise CheckpointError when it is unreadable or incomplete.
+
+    mmap: map the tensors instead of reading them (a cheap check of a big file)."""
     path = Path(path)
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no such checkpoint") from None
     except Exception as err:  # a truncated zip, a corrupt pickle, ...: all mean "not usable"
-        raise CheckpointError(f"{path}: unreadable ({type(err).__name__}: {str(err)[:200]})") from None
+        raise CheckpointError(f"{path}: unreadable: {_why_unreadable(err)}") from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{path}: not a tinygpt checkpoint")
     missing = [k for k in REQUIRED_KEYS if k not in state]
@@ -185,6 +204,25 @@ def load(path: str | Path, map_location: str = "cpu") -> dict[str, Any]:
     if state["format"] != FORMAT_VERSION:
         raise CheckpointError(f"{path}: format {state['format']}, this version reads {FORMAT_VERSION}")
     return state
+
+
+def set_aside_unusable(out_dir: str | Path, say: Callable[[str], None]) -> list[Path]:
+    """Rename every checkpoint that does not load and hold every part to `<name>.corrupt` (never deleting
+    it), saying why once; returns the new paths. Run once, by one process, when a run starts: afterwards
+    retention counts usable checkpoints only, so a bad file can never push out the newest good one."""
+    moved = []
+    for path in list_checkpoints(out_dir):
+        try:
+            load(path, mmap=True)
+        except CheckpointError as err:
+            target = path.with_name(path.name + ".corrupt")
+            n = 1
+            while target.exists():
+                target, n = path.with_name(f"{path.name}.corrupt.{n}"), n + 1
+            os.replace(path, target)
+            say(f"warning: set aside {path.name} as {target.name}; {str(err).removeprefix(str(path) + ': ')}")
+            moved.append(target)
+    return moved
 
 
 def load_newest(out_dir: str | Path, warn: Callable[[str], None], map_location: str = "cpu"):

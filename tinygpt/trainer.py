@@ -160,6 +160,9 @@ class Trainer:
             self.out_dir.mkdir(parents=True, exist_ok=True)
 
     def _find_resume(self):
+        if self.is_main:  # one process renames; the others wait, then all find the same newest checkpoint
+            ckpt.set_aside_unusable(self.out_dir, self.say)
+        dist_mod.barrier()
         mode = self.cfg.run.resume
         if mode == "never":
             return None, None
