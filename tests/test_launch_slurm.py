@@ -181,3 +181,22 @@ def test_status_shows_completed_running_and_cancelled_runs(tmp_path, workdir, ti
     assert "COMPLETED" in rows["quick"] and "20/20" in rows["quick"]
     assert "RUNNING" in rows["long"] and "/200000" in rows["long"]
     assert "CANCELLED" in rows["doomed"]
+
+
+@pytest.mark.parametrize("backend", ["sbatch", "submitit"])
+def test_a_failing_setup_line_ends_the_job_naming_it(tmp_path, workdir, tiny_corpus, backend):
+    """A module that does not load used to leave the job training anyway, in an environment nobody asked for."""
+    profile = tmp_path / "broken-site.yaml"
+    profile.write_text((ROOT / "hpc_lab" / "clusters" / "local.yaml").read_text()
+                       + "setup: [\"echo setup-began\", \"module load no-such-module\", \"echo setup-went-on\"]\n")
+    spec = tmp_path / "broken.yaml"
+    spec.write_text(f"name: broken\ncluster: {profile}\nbackend: {backend}\ntrain: {{data_file: {tiny_corpus}, "
+                    f"{TINY_TRAIN}}}\nresources: {{time: '00:05:00'}}\n")
+    out = launch(str(spec), "--workdir", str(workdir))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert set(wait_all(workdir, "broken").values()) == {"FAILED"}
+    logs = "\n".join(p.read_text() for p in (workdir / "logs" / "broken").rglob("*") if p.suffix in (".out", ".err"))
+    assert "tinygpt: setup failed (exit status 127): module load no-such-module" in logs, logs
+    assert "setup-began" in logs and "setup-went-on" not in logs
+    run_dir = Path(manifest_of(workdir, "broken")["runs"][0]["out_dir"])
+    assert not (run_dir / "metrics.jsonl").exists()  # the trainer never started

@@ -41,14 +41,23 @@ def sbatch_options(r: Resources, prof: Profile, workdir: Path) -> dict[str, str 
     return opts
 
 
+# A setup line that fails ends the job there, naming the line, instead of training in an environment nobody
+# asked for. Exit status 1: the job ends FAILED and is not requeued for it.
+SETUP_GUARD = ("trap 'echo \"tinygpt: setup failed (exit status $?): $BASH_COMMAND; fix the profile'\"'\"'s "
+               "modules, env or setup\" >&2; exit 1' ERR")
+
+
 def setup_lines(prof: Profile, pythonpath: str) -> list[str]:
     """Shell lines run on the node before the trainer: modules, variables, the profile's own lines (written
-    by the cluster's admin or user, taken as they are), and the project on PYTHONPATH."""
+    by the cluster's admin or user, taken as they are), and the project on PYTHONPATH; the first that fails
+    ends the job with a line that names it."""
     q = shlex.quote
-    lines = [f"module load {q(m)}" for m in prof.modules]
+    lines = [SETUP_GUARD]
+    lines += [f"module load {q(m)}" for m in prof.modules]
     lines += [f"export {k}={q(v)}" for k, v in sorted(prof.env.items())]
     lines += list(prof.setup)
     lines.append(f"export PYTHONPATH={q(pythonpath)}${{PYTHONPATH:+:$PYTHONPATH}}")
+    lines.append("trap - ERR")
     return lines
 
 
