@@ -32,11 +32,12 @@ def main(argv: list[str] | None = None) -> int:
     from . import trainer  # torch, from here on
     from .data import DataError
     from .precision import PrecisionError
+    from .rundir_lock import RunDirBusy
     from .tracking import TrackingError
 
     try:
         return trainer.train(cfg).exit_code
-    except (DataError, trainer.TrainingError, PrecisionError, TrackingError) as err:
+    except (DataError, trainer.TrainingError, PrecisionError, TrackingError, RunDirBusy) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

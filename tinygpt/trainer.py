@@ -35,6 +35,7 @@ from .config import ModelConfig, TrainConfig
 from .data import Batches, prepare_from_config
 from .metrics import MetricsLog
 from .model import GPT
+from .rundir_lock import RunDirLock
 from .sample import sample_text
 
 
@@ -122,6 +123,7 @@ class Trainer:
         self.progress: progress_mod.Progress | None = None
         self.metrics: MetricsLog | None = None
         self.handler: preempt_mod.PreemptionHandler | None = None
+        self.lock: RunDirLock | None = None
         self.step = self.start_step = 0
         self.best_val: float | None = None
         self.last_val: float | None = None
@@ -133,6 +135,8 @@ class Trainer:
 
     def setup(self) -> None:
         tracking.check_installed(self.cfg.track.loggers)  # on every rank, before anyone waits for rank 0
+        if self.is_main:  # before anything in the run directory is touched: one trainer per directory
+            self.lock = RunDirLock(self.out_dir).acquire()
         self._place()
         prepared = prepare_from_config(self.cfg.data.dataset, self.cfg.data.data_file, self.cfg.data.data_dir,
                                        warn=lambda m: self.say(f"warning: {m}"))
@@ -487,3 +491,5 @@ class Trainer:
         if self.progress is not None:
             self.progress.close()
         dist_mod.teardown()
+        if self.lock is not None:
+            self.lock.release()
