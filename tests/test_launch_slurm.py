@@ -200,3 +200,27 @@ def test_a_failing_setup_line_ends_the_job_naming_it(tmp_path, workdir, tiny_cor
     assert "setup-began" in logs and "setup-went-on" not in logs
     run_dir = Path(manifest_of(workdir, "broken")["runs"][0]["out_dir"])
     assert not (run_dir / "metrics.jsonl").exists()  # the trainer never started
+
+
+def test_a_live_sweep_is_never_changed_behind_its_jobs(tmp_path, workdir, tiny_corpus):
+    """A dry run of a spec whose sweep was queued used to rewrite the configs the queued tasks would read."""
+    import hashlib
+
+    def checksums() -> dict:
+        return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in (workdir / "jobs" / "live").rglob("*")
+                if p.is_file()}
+
+    spec = sweep_spec(tmp_path, tiny_corpus, "live")
+    assert launch(str(spec), "--hold", "--workdir", str(workdir)).returncode == 0
+    before = checksums()
+    spec.write_text(spec.read_text().replace("max_steps: 20", "max_steps: 27"))
+    for extra in (["--dry-run"], [], ["--local"]):
+        again = launch(str(spec), *extra, "--workdir", str(workdir))
+        assert again.returncode == 1 and "Traceback" not in again.stderr, again.stderr
+        assert "sweep `live` has jobs that are still live: n_layer=1,lr=0.001 (job " in again.stderr
+        assert "PENDING" in again.stderr and f"python launch.py cancel {spec}" in again.stderr
+    assert checksums() == before  # every file of the queued sweep as it was
+    assert launch("cancel", str(spec), "--workdir", str(workdir)).returncode == 0
+    dry = wait_until(lambda: (out := launch(str(spec), "--dry-run", "--workdir", str(workdir))).returncode == 0
+                     and out, timeout=120, poll=2, what="the cancelled sweep to be launchable again")
+    assert "dry run: nothing submitted" in dry.stdout

@@ -98,6 +98,7 @@ def _launch(args) -> int:
     sweep = spec_mod.load(args.spec, args.workdir, cluster=args.cluster, backend=args.backend, overrides=overrides)
     if args.hold and (args.local or sweep.backend != "sbatch"):
         raise LaunchError("--hold: only for submissions with the sbatch backend")
+    _refuse_if_live(sweep, args.spec)
     plan = plan_mod.build(sweep)
     _print_plan(plan, args)
     if args.dry_run:
@@ -128,6 +129,23 @@ def _launch(args) -> int:
     print(f"submitted {len(sweep.runs)} run(s) as job array {', '.join(ids)}; follow with "
           f"`python launch.py status {args.spec}`")
     return 0
+
+
+def _refuse_if_live(sweep, spec: str) -> None:
+    """A sweep whose jobs are pending or running reads its files when each task starts: launching it again
+    (even a dry run, which rewrites its configs and scripts) would change what those jobs train."""
+    from . import status
+
+    manifest_path = sweep.workdir / "jobs" / sweep.name / "manifest.json"
+    if not manifest_path.exists():
+        return
+    live = [r for r in status.collect(manifest_path)
+            if r.source != "run dir" and r.state.split()[0] not in status.TERMINAL]
+    if live:
+        jobs = ", ".join(f"{r.name} (job {r.job_id}, {r.state})" for r in live)
+        raise LaunchError(f"sweep `{sweep.name}` has jobs that are still live: {jobs}. They read this sweep's "
+                          f"files when they start, so nothing was written; wait for them to end, cancel them "
+                          f"(python launch.py cancel {spec}), or launch the spec under another `name`")
 
 
 def _print_plan(plan, args) -> None:
