@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from tinygpt import train
+from tinygpt import sample, train
 from tinygpt.launch import cli
 
 DOC = ROOT / "docs" / "errors.md"
@@ -47,7 +47,25 @@ CASES = [
     ("out-dir-in-spec", "spec", "name: s\ntrain: {out_dir: /tmp/elsewhere}\n", "`out_dir` is set by the launcher"),
     ("missing-data-spec", "spec", "name: s\ntrain: {data_file: {tmp}/nope.txt}\n",
      "data_file: {tmp}/nope.txt does not exist"),
+    ("data-not-a-file", "train", "--data-file /dev/zero", "data_file: /dev/zero is not a regular file"),
+    ("empty-spec", "spec", "", "the spec is empty"),
+    ("partition-not-mapping", "spec", "name: s\ncluster: {partition_str}\n",
+     "partitions.gpu: expected a mapping such as {max_time: '2-00:00:00', max_nodes: 4}, got 'fast'"),
+    ("max-nodes-not-number", "spec", "name: s\ncluster: {max_nodes_str}\n",
+     "partitions.gpu.max_nodes: expected a whole number >= 1, got 'four'"),
+    ("container-args-quote", "spec", "name: s\ncluster: {container_quote}\n",
+     "container.args: \"--bind '/a\" cannot be split into words (No closing quotation); balance its quotes"),
+    ("sample-top-k", "sample", "--top-k -3", "--top-k: must be >= 0 (0: all characters), got -3"),
+    ("sample-temperature", "sample", "--temperature nan", "--temperature: must be a number > 0, got nan"),
+    ("sample-device", "sample", "--device banana", "--device: must be cpu, cuda or cuda:N, got 'banana'"),
 ]
+
+# Cluster profiles for the cases above that need one (a profile is a file of its own).
+PROFILES = {
+    "partition_str": "name: p\npartitions: {gpu: fast}\n",
+    "max_nodes_str": "name: p\npartitions: {gpu: {max_nodes: four}}\n",
+    "container_quote": "name: p\npartitions: {debug: {}}\ncontainer: {image: x.sif, args: \"--bind '/a\"}\n",
+}
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +79,9 @@ def outcomes(tmp_path_factory) -> dict[str, tuple[int, str, dict]]:
     (tmp / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1") * 50)
     files = {"tmp": str(tmp), "tiny": str(tmp / "tiny.txt"), "empty": str(tmp / "empty.txt"),
              "latin1": str(tmp / "latin1.txt")}
+    for key, text in PROFILES.items():
+        (tmp / f"{key}.yaml").write_text(text)
+        files[key] = str(tmp / f"{key}.yaml")
     results = {}
     old = os.environ.get("TINYGPT_OFFLINE")
     os.environ["TINYGPT_OFFLINE"] = "1"
@@ -73,6 +94,9 @@ def outcomes(tmp_path_factory) -> dict[str, tuple[int, str, dict]]:
                     code = train.main([*fill(given, files).split(), "--out-dir", str(work / "run"), "--max-steps",
                                        "5", "--data-dir", str(tmp / "data"), "--threads", "1"])
                     wrote = (work / "run" / "checkpoints").exists()
+                elif where == "sample":
+                    code = sample.main(["--run", str(work / "run"), *fill(given, files).split()])
+                    wrote = (work / "run").exists()
                 else:
                     spec = tmp / f"{case_id}.yaml"
                     spec.write_text(fill(given, files))
@@ -119,8 +143,10 @@ def render_doc(outcomes) -> str:
         shown = given.replace("\n", "⏎ ").replace("|", "\\|")
         code, err, files, _ = outcomes[case_id]
         message = err.strip().replace(files["tmp"], "<tmp>").replace(str(ROOT), "<repo>")
+        shown = fill(shown, {key: f"<tmp>/{key}.yaml" for key in PROFILES})
         message = message.replace(str(Path.cwd()), "<cwd>").replace("\n", "<br>").replace("|", "\\|")
-        where_text = "`python -m tinygpt.train`" if where == "train" else "`python launch.py SPEC`"
+        where_text = {"train": "`python -m tinygpt.train`", "sample": "`python -m tinygpt.sample --run DIR`",
+                      "spec": "`python launch.py SPEC`"}[where]
         lines.append(f"| {case_id} | {where_text} | `{shown}` | {message} |")
     return "\n".join(lines) + "\n"
 

@@ -133,3 +133,23 @@ def test_prepare_cli(tiny_corpus, tmp_path):
 def test_prepare_leaves_no_temporary_files(tiny_corpus, data_dir):
     prepared = data.prepare_from_config("pydoc", str(tiny_corpus), str(data_dir))
     assert sorted(os.listdir(prepared.path)) == [".lock", "meta.json", "train.bin", "val.bin"]
+
+
+def test_a_data_file_too_big_or_not_a_file_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    huge = tmp_path / "huge.txt"
+    with open(huge, "wb") as fh:
+        fh.truncate(data.MAX_TEXT_BYTES + 1)  # sparse: its size is all there is of it
+    monkeypatch.setattr(type(huge), "read_bytes", lambda self: pytest.fail("read before the checks"))
+    with pytest.raises(DataError, match=r"huge.txt is 2.0 GiB; a data file is read whole into memory, at most 2 GiB"):
+        data.read_text_file(huge)
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(DataError, match="is not a regular file"):
+        data.read_text_file(tmp_path / "pipe")
+
+
+def test_more_distinct_characters_than_uint16_ids_count_is_a_clear_error(tmp_path):
+    text = "".join(chr(c) for c in range(0x4E00, 0x4E00 + 70000) if not 0xD800 <= c < 0xE000)
+    path = tmp_path / "many.txt"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(DataError, match=f"holds {len(set(text)):,} distinct characters, more than the 65,536 that"):
+        data.prepare_from_config("pydoc", str(path), str(tmp_path / "d"))

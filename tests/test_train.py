@@ -245,3 +245,10 @@ def test_a_checkpoint_holding_code_is_refused_without_advice_to_run_it(tmp_path)
         ckpt.load(path)
     assert "holds objects other than tensors" in str(err.value) and "weights_only" not in str(err.value)
     assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the case of a machine without CUDA")
+def test_sampling_on_cuda_where_there_is_none_is_a_clear_error(tmp_path):
+    out = run_module("tinygpt.sample", "--run", str(tmp_path / "any"), "--device", "cuda")
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "error: device: cuda was asked for but no CUDA GPU is visible; use --device cpu" in out.stderr

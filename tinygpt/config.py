@@ -229,7 +229,19 @@ class TrainConfig:
         problems: list[str] = []
         for name in SECTION_NAMES:
             getattr(self, name).check(problems)
+        for key, value in self.flat().items():
+            if isinstance(value, str) and "\x00" in value:  # no path, name or shell word can hold one
+                problems.append(f"{key}: contains a NUL character; remove it")
+            elif key in PATH_KEYS and isinstance(value, str) and value.startswith("~"):
+                try:
+                    Path(value).expanduser()
+                except RuntimeError:
+                    problems.append(f"{key}: {value!r} starts with ~ but names no user of this machine; "
+                                    f"write the path out")
         return problems
+
+
+PATH_KEYS = ("data_file", "data_dir", "out_dir", "resume")  # the keys that hold paths
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import sys
 import tempfile
 import urllib.request
@@ -122,16 +123,29 @@ def sherlock_text(data_dir: Path) -> str:
     return text
 
 
+MAX_TEXT_BYTES = 2**31  # a data file is read whole into memory, and its characters become uint16 ids
+
+
 def read_text_file(path: str | Path) -> str:
+    """A UTF-8 text file, whole; what it is and how big is checked before anything is read."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        info = path.stat()
     except FileNotFoundError:
         raise DataError(
             f"data_file: {path} does not exist; check the path (relative paths start at {Path.cwd()})"
         ) from None
-    except IsADirectoryError:
-        raise DataError(f"data_file: {path} is a directory; give a UTF-8 text file") from None
+    except OSError as err:
+        raise DataError(f"data_file: cannot read {path}: {err.strerror}") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise DataError(f"data_file: {path} is a directory; give a UTF-8 text file")
+    if not stat.S_ISREG(info.st_mode):
+        raise DataError(f"data_file: {path} is not a regular file (a device, pipe or socket); give a UTF-8 text file")
+    if info.st_size > MAX_TEXT_BYTES:
+        raise DataError(f"data_file: {path} is {info.st_size / 2**30:.1f} GiB; a data file is read whole into "
+                        f"memory, at most {MAX_TEXT_BYTES // 2**30} GiB: train on a part of it")
+    try:
+        raw = path.read_bytes()
     except OSError as err:
         raise DataError(f"data_file: cannot read {path}: {err.strerror}") from None
     try:
@@ -257,8 +271,10 @@ def prepare(source: Source, data_dir: Path) -> Prepared:
         if meta is not None:
             return Prepared(folder, meta)
         vocab = "".join(sorted(set(source.text)))
-        if len(vocab) > np.iinfo(np.uint16).max:
-            raise DataError(f"{source.label}: {len(vocab)} distinct characters do not fit uint16 ids")
+        if len(vocab) > np.iinfo(np.uint16).max + 1:
+            raise DataError(f"data_file: {source.label} holds {len(vocab):,} distinct characters, more than the "
+                            f"{np.iinfo(np.uint16).max + 1:,} that uint16 token ids can count; give a text with "
+                            f"fewer distinct characters")
         lut = {ch: i for i, ch in enumerate(vocab)}
         ids = np.fromiter((lut[ch] for ch in source.text), dtype=np.uint16, count=len(source.text))
         n_val = int(len(ids) * VAL_FRACTION)

@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import argparse
+import math
+import re
 import sys
 from pathlib import Path
 
@@ -38,18 +40,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
-    if args.temperature <= 0:
-        parser.error(f"--temperature must be > 0, got {args.temperature}")
-    if args.tokens < 0:
-        parser.error(f"--tokens must be >= 0, got {args.tokens}")
+    problems = [message for bad, message in (
+        (not (math.isfinite(args.temperature) and args.temperature > 0),
+         f"--temperature: must be a number > 0, got {args.temperature}"),
+        (args.tokens < 0, f"--tokens: must be >= 0, got {args.tokens}"),
+        (args.top_k < 0, f"--top-k: must be >= 0 (0: all characters), got {args.top_k}"),
+        (not re.fullmatch(r"cpu|cuda(:\d+)?", args.device),
+         f"--device: must be cpu, cuda or cuda:N, got {args.device!r}"),
+    ) if bad]
+    if problems:
+        print("error: " + "; ".join(problems), file=sys.stderr)
+        return 2
 
     from . import checkpoint as ckpt  # (after the argument checks: --help stays fast without torch)
     from .config import ConfigError, from_dict
     from .data import DataError, prepare_from_config
     from .model import GPT
+    from .precision import PrecisionError, pick_device
 
     run = Path(args.run)
     try:
+        device = pick_device(args.device)
         if args.checkpoint:
             state = ckpt.load(args.checkpoint)
         else:
@@ -59,15 +70,15 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
         cfg = from_dict(state["config"])
         prepared = prepare_from_config(cfg.data.dataset, cfg.data.data_file, cfg.data.data_dir)
-    except (ckpt.CheckpointError, DataError, ConfigError) as err:
+    except (ckpt.CheckpointError, DataError, ConfigError, PrecisionError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    model = GPT(*ckpt.model_config(state)).to(args.device)
+    model = GPT(*ckpt.model_config(state)).to(device)
     model.load_state_dict(state["model"])
     unknown = sorted({ch for ch in args.prompt if ch not in set(prepared.vocab)})
     if unknown:
         print(f"warning: dropping characters the model never saw: {''.join(unknown)!r}", file=sys.stderr)
-    text = sample_text(model, prepared, args.prompt, args.tokens, args.seed, args.device,
+    text = sample_text(model, prepared, args.prompt, args.tokens, args.seed, device,
                        temperature=args.temperature, top_k=args.top_k or None)
     print(text)
     return 0

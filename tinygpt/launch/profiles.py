@@ -24,6 +24,7 @@ and refuses, before submission, what the cluster could never give. Keys (all but
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -140,23 +141,27 @@ def available() -> list[str]:
 
 def load(name_or_path: str) -> Profile:
     """A profile by name (`hpc_lab/clusters/<name>.yaml`) or by path; `auto` asks Slurm for the cluster name."""
+    from tinygpt.config import suggest
+
     if name_or_path == "auto":
         return detect()
-    path = Path(name_or_path)
-    if path.suffix not in (".yaml", ".yml") or not path.exists():
-        if "/" in name_or_path or path.suffix:
-            if not path.exists():
-                raise LaunchError(f"cluster: profile file {path} does not exist")
-        else:
-            path = PROFILE_DIR / f"{name_or_path}.yaml"
-            if not path.exists():
-                from tinygpt.config import suggest
-
-                raise LaunchError(
-                    f"cluster: unknown cluster profile `{name_or_path}`{suggest(name_or_path, available())}; "
-                    f"available: {', '.join(available()) or 'none'} (files in {PROFILE_DIR}), "
-                    f"or `auto`, or a path to a profile YAML"
-                )
+    if "/" in name_or_path or name_or_path.endswith((".yaml", ".yml")):
+        path = Path(name_or_path)
+        try:
+            found = path.is_file()
+        except OSError:  # a name too long for the filesystem, ...
+            found = False
+        if not found:
+            raise LaunchError(f"cluster: profile file {path} does not exist or is not a file; give the path of a "
+                              f"profile YAML, or a profile name ({', '.join(available())})")
+        return from_file(path)
+    path = PROFILE_DIR / f"{name_or_path}.yaml"
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", name_or_path) or not path.is_file():
+        raise LaunchError(
+            f"cluster: unknown cluster profile `{name_or_path}`{suggest(name_or_path, available())}; "
+            f"available: {', '.join(available()) or 'none'} (files in {PROFILE_DIR}), "
+            f"or `auto`, or a path to a profile YAML"
+        )
     return from_file(path)
 
 
@@ -268,13 +273,28 @@ def _partitions(raw: Any, problems: list[str]) -> dict[str, Partition]:
     partitions: dict[str, Partition] = {}
     for name, spec in (raw or {}).items():
         spec = spec or {}
+        if not isinstance(spec, dict):
+            problems.append(f"partitions.{name}: expected a mapping such as {{max_time: '2-00:00:00', max_nodes: 4}}, "
+                            f"got {spec!r}")
+            continue
+        for key in spec:
+            if key not in ("max_time", "max_nodes"):
+                problems.append(f"partitions.{name}: unknown key `{key}`; valid keys: max_time, max_nodes")
         try:
             max_time = parse_time_min(spec.get("max_time"))
         except ValueError:
             problems.append(f"partitions.{name}.max_time: {spec.get('max_time')!r} is not a Slurm time "
                             f"(e.g. 2-00:00:00, 04:00:00 or INFINITE)")
             max_time = None
-        partitions[str(name)] = Partition(str(name), max_time, spec.get("max_nodes"))
+        if max_time is not None and max_time < 1:
+            problems.append(f"partitions.{name}.max_time: must be at least one minute (or INFINITE), got "
+                            f"{spec.get('max_time')!r}")
+            max_time = None
+        max_nodes = spec.get("max_nodes")
+        if max_nodes is not None and (isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1):
+            problems.append(f"partitions.{name}.max_nodes: expected a whole number >= 1, got {max_nodes!r}")
+            max_nodes = None
+        partitions[str(name)] = Partition(str(name), max_time, max_nodes)
     return partitions
 
 
@@ -292,7 +312,13 @@ def _container(raw: Any, problems: list[str]) -> Container | None:
     if not isinstance(raw, dict) or not raw.get("image"):
         problems.append("container: expected {runtime: apptainer, image: PATH, args: ...}")
         return None
-    return Container(str(raw.get("runtime", "apptainer")), str(raw["image"]), str(raw.get("args", "")))
+    args = str(raw.get("args", ""))
+    try:
+        shlex.split(args)  # the scripts pass them on word by word
+    except ValueError as err:
+        problems.append(f"container.args: {args!r} cannot be split into words ({err}); balance its quotes")
+        return None
+    return Container(str(raw.get("runtime", "apptainer")), str(raw["image"]), args)
 
 
 def _trainer_defaults(data: dict, problems: list[str]) -> dict[str, Any]:

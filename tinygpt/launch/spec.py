@@ -123,6 +123,10 @@ def _expand_grid(grid: Any, problems: list[str]) -> list[dict[str, Any]]:
         if not values:
             problems.append(f"grid.{key}: the list of values is empty; give at least one value")
             return []
+        repeated = sorted({repr(v) for v in values if sum(repr(w) == repr(v) for w in values) > 1})
+        if repeated:
+            problems.append(f"grid.{key}: {', '.join(repeated)} given more than once; give each value once")
+            return []
         keys.append(name)
         value_lists.append(values)
     return [dict(zip(keys, combo)) for combo in itertools.product(*value_lists)]
@@ -160,12 +164,21 @@ def _resources(raw: Any, profile: Profile, problems: list[str]) -> Resources | N
             return default
         return value
 
+    def text(key: str, default: str | None) -> str | None:
+        value = raw.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)) or not str(value).strip():
+            problems.append(f"resources.{key}: expected a name such as 'gpu', got {value!r}")
+            return default
+        return str(value)
+
     nodes = whole("nodes", 1, 1)
     gpus = whole("gpus_per_node", profile.node_gpus if profile.node_gpus else 0, 0)
     tasks = whole("tasks_per_node", gpus or 1, 1)
     default_cpus = profile.cpus_per_gpu if (gpus and profile.cpus_per_gpu) else 1
     cpus = whole("cpus_per_task", default_cpus, 1)
-    partition = raw.get("partition") or profile.default_partition
+    partition = text("partition", profile.default_partition)
     try:
         time_min = parse_time_min(raw.get("time", "01:00:00"))
     except ValueError:
@@ -190,8 +203,8 @@ def _resources(raw: Any, profile: Profile, problems: list[str]) -> Resources | N
         problems.append(f"resources.gpus_per_node: {gpus} GPUs asked, but a node of {where} has "
                         f"{profile.node_gpus}; ask for at most {profile.node_gpus} and more nodes instead")
     if profile.node_cpus and tasks * cpus > profile.node_cpus:
-        problems.append(f"resources: {tasks} task(s) x {cpus} CPU(s) per node is more than the "
-                        f"{profile.node_cpus} CPUs of a node of {where}")
+        problems.append(f"resources.tasks_per_node x cpus_per_task: {tasks} x {cpus} CPUs per node is more than "
+                        f"the {profile.node_cpus} CPUs of a node of {where}")
     if profile.node_mem_mb and mem_mb and mem_mb > profile.node_mem_mb:
         problems.append(f"resources.mem: {mem_mb} MB is more than the {profile.node_mem_mb} MB of a node of {where}")
     if profile.partitions:
@@ -212,8 +225,7 @@ def _resources(raw: Any, profile: Profile, problems: list[str]) -> Resources | N
                 problems.append(f"resources.nodes: {nodes} nodes asked, partition `{partition}` has at most "
                                 f"{part.max_nodes}")
     return Resources(nodes, gpus, tasks, cpus, mem_mb, time_min, str(partition) if partition else None,
-                     raw.get("qos") or profile.qos, raw.get("account") or profile.account,
-                     raw.get("constraint"))
+                     text("qos", profile.qos), text("account", profile.account), text("constraint", None))
 
 
 def check_safe_name(value: str, field_name: str, problems: list[str]) -> bool:
@@ -243,7 +255,8 @@ def load(path: str | Path, workdir: str | Path = ".", cluster: str | None = None
     except ConfigError as err:
         raise LaunchError(err.problems) from None
     if data is None:
-        data = {}
+        raise LaunchError(f"{path}: the spec is empty; give at least its train keys (see jobs/*.yaml), or "
+                          f"`name: {path.stem}` for one run with every default")
     if not isinstance(data, dict):
         raise LaunchError(f"{path}: a spec is a mapping with keys such as name, train, grid, resources")
     problems: list[str] = []
@@ -259,8 +272,8 @@ def load(path: str | Path, workdir: str | Path = ".", cluster: str | None = None
     profile = None
     try:
         profile = profiles.load(str(cluster or data.get("cluster") or "local"))
-    except LaunchError as err:
-        problems.extend(err.problems)
+    except LaunchError as err:  # (a profile's own problems are named with its file)
+        problems.extend(f"cluster profile {err.source}: {p}" if err.source else p for p in err.problems)
 
     parallel = data.get("array_parallelism")
     if parallel is not None and (isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1):
@@ -355,9 +368,19 @@ def _runs(points, grid_size: int, varying: list[str], base: dict[str, Any], forc
 
 def _data_file(data_file: Any, label: str, problems: list[str]) -> str:
     """The absolute path of a run's data file (the job may start elsewhere), checked to hold text."""
-    file = Path(str(data_file)).expanduser()
+    try:
+        file = Path(str(data_file)).expanduser()
+    except RuntimeError:  # ~user of no user here: the trainer's config check says so
+        return str(data_file)
     if not file.is_absolute():
         file = Path.cwd() / file
+    try:
+        file.stat()
+    except (OSError, ValueError) as err:  # (ValueError: a NUL character, which the config check names)
+        if not isinstance(err, FileNotFoundError):
+            problems.append(f"run `{label}`: data_file: {data_file!r} cannot be used "
+                            f"({getattr(err, 'strerror', None) or err}); check the path")
+            return str(file)
     if not file.is_file():
         problems.append(f"run `{label}`: data_file: {data_file} does not exist; check the path "
                         f"(relative paths start at {Path.cwd()})")
