@@ -1,0 +1,177 @@
+"""Property-based tests of every input: any value at any key of a spec or a cluster profile, and any value of
+any flag, gives either a valid run or exit status 1 or 2 with a message naming the field; never a traceback,
+and nothing written or submitted for a bad one.
+
+The keys come from the schemas themselves (the trainer's fields, the spec's and the profile's keys), so a
+key added later is fuzzed without a new test. Examples that once failed are pinned with @example.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import yaml
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from conftest import TINY_TEXT
+from tinygpt import config, sample
+from tinygpt.launch import cli, profiles
+from tinygpt.launch import spec as spec_mod
+
+# 60 examples a property in CI; TINYGPT_FUZZ_EXAMPLES=1000 for a longer hunt.
+SETTINGS = settings(max_examples=int(os.environ.get("TINYGPT_FUZZ_EXAMPLES", "60")), deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+# Values of every kind a YAML file or a command line can hold: wrong types, out of range, empty, huge,
+# non-ASCII and hostile.
+ANY_VALUE = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-(10**20), max_value=10**20),
+    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=30),
+    st.sampled_from(["", " ", "-1", "0", "1e400", "nan", "inf", "ünïcødé", "a'; echo pwned", "$(reboot)",
+                     "../../etc", "x" * 5000, "\n", "00:00:00", "99999-00:00:00", "1T", "-4G"]),
+    st.lists(st.integers(min_value=-3, max_value=3), max_size=3),
+    st.dictionaries(st.sampled_from(["a", "max_time", "gpus", "image"]), st.integers(), max_size=2),
+)
+
+BASE_TRAIN = {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 16, "batch_size": 4, "max_steps": 5}
+
+
+def run_cli(argv: list[str]) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = cli.main(argv)
+    return code, err.getvalue()
+
+
+def check_outcome(code: int, err: str, work: Path, *fields: str) -> None:
+    """Valid (0), or exit 1 with one message naming the field (or what it names: a partition of a profile),
+    and nothing written."""
+    if code == 0:
+        return  # a value that happens to be valid
+    assert code == 1, (code, err)
+    assert err.startswith("error: ") and "Traceback" not in err
+    assert any(field in err for field in fields), f"the message names none of {fields}: {err}"
+    assert not (work / "jobs").exists() and not (work / "runs").exists()  # nothing written
+
+
+def set_path(mapping: dict, path: tuple[str, ...], value) -> dict:
+    node = mapping
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            return mapping
+    node[path[-1]] = value
+    return mapping
+
+
+SPEC_PATHS = ([("name",), ("cluster",), ("backend",), ("array_parallelism",), ("train",), ("grid",), ("runs",),
+               ("resources",), ("description",)]
+              + [("train", key) for key in config.field_info() if key not in spec_mod.LAUNCHER_KEYS]
+              + [("resources", key) for key in spec_mod.RESOURCE_KEYS]
+              + [("grid", "lr"), ("grid", "n_layer")])
+
+
+@SETTINGS
+@given(path=st.sampled_from(SPEC_PATHS), value=ANY_VALUE)
+@example(path=("train",), value=None)
+@example(path=("resources", "qos"), value=1)  # was a TypeError in the script's quoting
+@example(path=("grid", "lr"), value=[1, 1])  # named only "grid point 1: run name `base` is used twice"
+@example(path=("cluster",), value="x" * 5000)  # was an OSError (file name too long)
+@example(path=("cluster",), value="/etc")  # a directory: the message did not name `cluster`
+@example(path=("train", "data_file"), value="x" * 5000)  # was an OSError (file name too long)
+@example(path=("resources", "tasks_per_node"), value=3)  # the message did not name the field
+def test_any_value_at_any_key_of_a_spec(path, value):
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp) / "w"
+        data = {"name": "fuzz", "train": {**BASE_TRAIN, "dataset": "pydoc"}, "resources": {"time": "00:10:00"}}
+        spec = Path(tmp) / "fuzz.yaml"
+        spec.write_text(yaml.safe_dump(set_path(data, path, value)))
+        code, err = run_cli([str(spec), "--dry-run", "--workdir", str(work)])
+        check_outcome(code, err, work, path[-1])
+
+
+PROFILE_BASE = yaml.safe_load((profiles.PROFILE_DIR / "local.yaml").read_text())
+PROFILE_PATHS = ([(key,) for key in profiles.KEYS]
+                 + [("partitions", "debug"), ("partitions", "debug", "max_time"), ("partitions", "debug", "max_nodes"),
+                    ("node", "gpus"), ("node", "cpus"), ("node", "mem"), ("node", "gpu_type"),
+                    ("container", "image"), ("container", "args"), ("container", "runtime"), ("env", "SOME_VAR")])
+
+
+@SETTINGS
+@given(path=st.sampled_from(PROFILE_PATHS), value=ANY_VALUE)
+@example(path=("partitions", "debug", "max_time"), value=0)  # a partition of no time at all was accepted
+@example(path=("partitions", "debug"), value="fast")  # was an AttributeError
+@example(path=("partitions", "debug", "max_nodes"), value="four")  # was a TypeError at the comparison
+@example(path=("container", "args"), value="--bind '/a")  # was a ValueError, after files were written
+def test_any_value_at_any_key_of_a_cluster_profile(path, value):
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp) / "w"
+        profile = Path(tmp) / "site.yaml"
+        data = yaml.safe_load(yaml.safe_dump(PROFILE_BASE))
+        if path[0] == "container":
+            data["container"] = {"image": "/images/x.sif"}
+        profile.write_text(yaml.safe_dump(set_path(data, path, value)))
+        spec = Path(tmp) / "fuzz.yaml"
+        spec.write_text(yaml.safe_dump({"name": "fuzz", "cluster": str(profile),
+                                        "train": {**BASE_TRAIN, "dataset": "pydoc"}}))
+        code, err = run_cli([str(spec), "--dry-run", "--workdir", str(work)])
+        check_outcome(code, err, work, *(p for p in path if p != "partitions"), "partitions")
+
+
+@SETTINGS
+@given(name=st.sampled_from(sorted(config.field_info())), text=st.one_of(ANY_VALUE.map(str), st.text(max_size=20)))
+@example(name="data_file", text="\x00")
+def test_any_value_of_any_trainer_flag(name, text):
+    flag = "--" + name.replace("_", "-")
+    try:
+        config.resolve([flag, text])
+    except config.ConfigError as err:  # naming the field, or the argument it could not take as its value
+        assert name in str(err) or flag in str(err) or repr(text) in str(err), str(err)
+
+
+@SETTINGS
+@given(flag=st.sampled_from(["--tokens", "--temperature", "--top-k", "--seed", "--device"]),
+       text=st.one_of(ANY_VALUE.map(str), st.text(max_size=20)))
+def test_any_value_of_any_sample_flag_before_a_run_is_read(flag, text):
+    if text.startswith("-"):
+        text = " " + text  # (argparse would take it for a flag)
+    err = io.StringIO()
+    with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stderr(err), \
+            contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = sample.main(["--run", str(Path(tmp) / "none"), flag, text])
+        except SystemExit as exit_:  # argparse's own type errors: usage and a message, status 2
+            code = exit_.code
+    assert code in (1, 2) and "Traceback" not in err.getvalue()
+    assert flag in err.getvalue() or "no valid checkpoint" in err.getvalue() or "device" in err.getvalue()
+
+
+@SETTINGS
+@given(key=st.sampled_from(sorted(config.field_info())), value=st.text(max_size=20),
+       nproc=st.integers(min_value=-5, max_value=3))
+@example(key="data_file", value="\x00", nproc=1)  # was a ValueError (embedded null byte)
+@example(key="data_file", value="~0", nproc=1)  # was a RuntimeError (no user `0` to expand ~0 for)
+def test_any_set_and_nproc_of_launch(key, value, nproc):
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp) / "w"
+        corpus = Path(tmp) / "c.txt"
+        corpus.write_text(TINY_TEXT)
+        spec = Path(tmp) / "fuzz.yaml"
+        spec.write_text(yaml.safe_dump({"name": "fuzz", "train": {**BASE_TRAIN, "data_file": str(corpus)}}))
+        code, err = run_cli([str(spec), "--dry-run", "--workdir", str(work), "--set", f"{key}={value}",
+                             "--nproc", str(nproc)])
+        check_outcome(code, err, work, "--nproc" if nproc < 1 else key)
+
+
+def test_the_fuzz_strategies_reach_the_extremes():
+    """The strategies can produce what the properties claim to cover (a check that cannot silently shrink)."""
+    from hypothesis import find
+
+    assert math.isnan(find(ANY_VALUE, lambda v: isinstance(v, float) and math.isnan(v)))
+    assert len(find(ANY_VALUE, lambda v: isinstance(v, str) and len(v) > 1000)) == 5000
