@@ -197,35 +197,41 @@ def _resources(raw: Any, profile: Profile, problems: list[str]) -> Resources | N
     elif gpus and profile.mem_per_gpu_mb:
         mem_mb = gpus * profile.mem_per_gpu_mb
 
-    # Limits of the profile: refuse before submission what the cluster could never give.
+    resources = Resources(nodes, gpus, tasks, cpus, mem_mb, time_min, str(partition) if partition else None,
+                          text("qos", profile.qos), text("account", profile.account), text("constraint", None))
+    _check_limits(resources, profile, problems)
+    return resources
+
+
+def _check_limits(r: Resources, profile: Profile, problems: list[str]) -> None:
+    """Refuse before submission what the cluster could never give: the profile's node and partition limits."""
     where = f"cluster profile `{profile.name}`"
-    if gpus > profile.node_gpus:
-        problems.append(f"resources.gpus_per_node: {gpus} GPUs asked, but a node of {where} has "
+    if r.gpus_per_node > profile.node_gpus:
+        problems.append(f"resources.gpus_per_node: {r.gpus_per_node} GPUs asked, but a node of {where} has "
                         f"{profile.node_gpus}; ask for at most {profile.node_gpus} and more nodes instead")
-    if profile.node_cpus and tasks * cpus > profile.node_cpus:
-        problems.append(f"resources.tasks_per_node x cpus_per_task: {tasks} x {cpus} CPUs per node is more than "
-                        f"the {profile.node_cpus} CPUs of a node of {where}")
-    if profile.node_mem_mb and mem_mb and mem_mb > profile.node_mem_mb:
-        problems.append(f"resources.mem: {mem_mb} MB is more than the {profile.node_mem_mb} MB of a node of {where}")
-    if profile.partitions:
-        part = profile.partitions.get(str(partition)) if partition else None
-        if partition is None:
-            problems.append(f"resources.partition: {where} has no default partition; choose one of "
-                            f"{', '.join(profile.partitions)}")
-        elif part is None:
-            problems.append(f"resources.partition: unknown partition `{partition}`"
-                            f"{suggest(str(partition), profile.partitions)}; {where} has "
-                            f"{', '.join(profile.partitions)}")
-        else:
-            if part.max_time_min is not None and time_min > part.max_time_min:
-                problems.append(f"resources.time: {format_time(time_min)} is over the maximum "
-                                f"{format_time(part.max_time_min)} of partition `{partition}`; ask for less "
-                                f"(the job resumes from its checkpoint when requeued)")
-            if part.max_nodes is not None and nodes > part.max_nodes:
-                problems.append(f"resources.nodes: {nodes} nodes asked, partition `{partition}` has at most "
-                                f"{part.max_nodes}")
-    return Resources(nodes, gpus, tasks, cpus, mem_mb, time_min, str(partition) if partition else None,
-                     text("qos", profile.qos), text("account", profile.account), text("constraint", None))
+    if profile.node_cpus and r.tasks_per_node * r.cpus_per_task > profile.node_cpus:
+        problems.append(f"resources.tasks_per_node x cpus_per_task: {r.tasks_per_node} x {r.cpus_per_task} CPUs "
+                        f"per node is more than the {profile.node_cpus} CPUs of a node of {where}")
+    if profile.node_mem_mb and r.mem_mb and r.mem_mb > profile.node_mem_mb:
+        problems.append(f"resources.mem: {r.mem_mb} MB is more than the {profile.node_mem_mb} MB of a node of {where}")
+    if not profile.partitions:
+        return
+    partition = r.partition
+    part = profile.partitions.get(partition) if partition else None
+    if partition is None:
+        problems.append(f"resources.partition: {where} has no default partition; choose one of "
+                        f"{', '.join(profile.partitions)}")
+    elif part is None:
+        problems.append(f"resources.partition: unknown partition `{partition}`"
+                        f"{suggest(partition, profile.partitions)}; {where} has {', '.join(profile.partitions)}")
+    else:
+        if part.max_time_min is not None and r.time_min > part.max_time_min:
+            problems.append(f"resources.time: {format_time(r.time_min)} is over the maximum "
+                            f"{format_time(part.max_time_min)} of partition `{partition}`; ask for less "
+                            f"(the job resumes from its checkpoint when requeued)")
+        if part.max_nodes is not None and r.nodes > part.max_nodes:
+            problems.append(f"resources.nodes: {r.nodes} nodes asked, partition `{partition}` has at most "
+                            f"{part.max_nodes}")
 
 
 def check_safe_name(value: str, field_name: str, problems: list[str]) -> bool:
