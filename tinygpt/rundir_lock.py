@@ -25,6 +25,8 @@ import threading
 import time
 from pathlib import Path
 
+from .preemption import restart_count, slurm_job_id
+
 LOCK_NAME = ".lock"
 REFRESH_S = 30.0
 STALE_S = 120.0
@@ -35,10 +37,8 @@ class RunDirBusy(RuntimeError):
 
 
 def _me() -> dict:
-    job = os.environ.get("SLURM_ARRAY_JOB_ID") and os.environ.get("SLURM_ARRAY_TASK_ID") and \
-        f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
-    return {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job": job or os.environ.get("SLURM_JOB_ID"),
-            "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0), "since": time.time()}
+    return {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job": slurm_job_id(),
+            "restart": restart_count(), "since": time.time()}
 
 
 def _describe(holder: dict) -> str:
