@@ -55,6 +55,9 @@ CASES = [
      "partitions.gpu.max_nodes: expected a whole number >= 1, got 'four'"),
     ("container-args-quote", "spec", "name: s\ncluster: {container_quote}\n",
      "container.args: \"--bind '/a\" cannot be split into words (No closing quotation); balance its quotes"),
+    ("profile-node-key", "spec", "name: s\ncluster: {node_key}\n", "node: unknown key `gpu` (did you mean `gpus`?)"),
+    ("data-dir-unwritable", "spec", "name: s\ntrain: {data_file: {tiny}, data_dir: /proc/nope}\n",
+     "data_dir: cannot write the prepared data under '/proc/nope'"),
     ("sample-top-k", "sample", "--top-k -3", "--top-k: must be >= 0 (0: all characters), got -3"),
     ("sample-temperature", "sample", "--temperature nan", "--temperature: must be a number > 0, got nan"),
     ("sample-device", "sample", "--device banana", "--device: must be cpu, cuda or cuda:N, got 'banana'"),
@@ -64,6 +67,7 @@ CASES = [
 PROFILES = {
     "partition_str": "name: p\npartitions: {gpu: fast}\n",
     "max_nodes_str": "name: p\npartitions: {gpu: {max_nodes: four}}\n",
+    "node_key": "name: p\npartitions: {debug: {}}\nnode: {gpu: 4}\n",
     "container_quote": "name: p\npartitions: {debug: {}}\ncontainer: {image: x.sif, args: \"--bind '/a\"}\n",
 }
 

@@ -100,7 +100,8 @@ PROFILE_BASE = yaml.safe_load((profiles.PROFILE_DIR / "local.yaml").read_text())
 PROFILE_PATHS = ([(key,) for key in profiles.KEYS]
                  + [("partitions", "debug"), ("partitions", "debug", "max_time"), ("partitions", "debug", "max_nodes"),
                     ("node", "gpus"), ("node", "cpus"), ("node", "mem"), ("node", "gpu_type"),
-                    ("container", "image"), ("container", "args"), ("container", "runtime"), ("env", "SOME_VAR")])
+                    ("container", "image"), ("container", "args"), ("container", "runtime"), ("env", "SOME_VAR"),
+                    ("node", "gpu"), ("container", "imge"), ("partitions", "debug", "max_tme")])  # unknown keys
 
 
 @SETTINGS
@@ -175,3 +176,93 @@ def test_the_fuzz_strategies_reach_the_extremes():
 
     assert math.isnan(find(ANY_VALUE, lambda v: isinstance(v, float) and math.isnan(v)))
     assert len(find(ANY_VALUE, lambda v: isinstance(v, str) and len(v) > 1000)) == 5000
+
+
+def _main_status(main, argv: list[str]) -> tuple[int, str]:
+    """A module's main() on argv: (exit status, stderr), argparse's own exits (status 2) included."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main(argv)
+        except SystemExit as exit_:
+            code = exit_.code
+    return code, err.getvalue()
+
+
+FLAG_TEXT = st.one_of(ANY_VALUE.map(str), st.text(max_size=20)).map(lambda t: " " + t if t.startswith("-") else t)
+
+
+@SETTINGS
+@given(flag=st.sampled_from(["name", "--data-file", "--data-dir"]), text=FLAG_TEXT)
+@example(flag="--data-dir", text="x" * 5000)
+@example(flag="--data-file", text="/dev/zero")
+@example(flag="--data-file", text="/")
+def test_any_value_of_any_data_flag(flag, text):
+    from tinygpt import data
+
+    with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
+        corpus = Path(tmp) / "c.txt"
+        corpus.write_text(TINY_TEXT)
+        argv = {"name": ["prepare", text, "--data-file", str(corpus)],
+                "--data-file": ["prepare", "--data-file", text, "--data-dir", "out"],
+                "--data-dir": ["prepare", "--data-file", str(corpus), "--data-dir", text]}[flag]
+        code, err = _main_status(data.main, argv)
+        if code == 0:
+            return
+        assert code in (1, 2) and "Traceback" not in err, err
+        assert flag.lstrip("-").replace("-", "_") in err or flag in err or "corpus" in err, err
+        if flag == "--data-file":
+            assert not (Path(tmp) / "out").exists() or not any((Path(tmp) / "out").rglob("*.bin"))
+
+
+@SETTINGS
+@given(text=FLAG_TEXT)
+@example(text="x" * 5000)
+@example(text="/dev/null")
+def test_any_value_of_the_report_run_flag(text):
+    from tinygpt import report
+
+    with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
+        code, err = _main_status(report.main, ["--run", text])
+        assert code in (1, 2) and "Traceback" not in err, err  # no run directory anywhere here
+        assert "config.yaml" in err or "--run" in err, err
+        assert not any(Path(tmp).iterdir())  # nothing written
+
+
+COMMAND_FLAGS = {"status": ["--interval", "--workdir"], "cancel": ["--workdir"], "report": ["--prompt", "--workdir"],
+                 "sync": ["--workdir"]}
+
+
+@SETTINGS
+@given(command=st.sampled_from(sorted(COMMAND_FLAGS)), which=st.integers(0, 2), text=FLAG_TEXT)
+@example(command="status", which=0, text="nan")
+@example(command="status", which=2, text="\x00")
+def test_any_value_of_any_flag_of_the_launch_commands(command, which, text):
+    """status, cancel, report and sync before anything was launched: each says what is missing."""
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = Path(tmp) / "fuzz.yaml"
+        spec.write_text(yaml.safe_dump({"name": "fuzz"}))
+        flags = COMMAND_FLAGS[command]
+        if which >= len(flags):  # the spec argument itself
+            argv = [command, text, "--workdir", tmp]
+        else:
+            argv = [command, str(spec), "--workdir", tmp] + [flags[which], text]
+        code, err = _main_status(cli.main, argv)
+        assert code in (1, 2) and "Traceback" not in err, err
+        assert any(word in err for word in ("manifest", "spec", "name", "--", repr(text), text.strip())), err
+        assert sorted(p.name for p in Path(tmp).iterdir()) == ["fuzz.yaml"]  # nothing written
+
+
+@SETTINGS
+@given(text=FLAG_TEXT)
+@example(text="x" * 5000)
+@example(text="\x00")
+def test_any_workdir_of_launch(text):
+    with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
+        spec = Path(tmp) / "fuzz.yaml"
+        spec.write_text(yaml.safe_dump({"name": "fuzz", "train": {**BASE_TRAIN, "dataset": "pydoc"}}))
+        code, err = _main_status(cli.main, [str(spec), "--dry-run", "--workdir", text])
+        assert code in (0, 1) and "Traceback" not in err, err
+        if code == 1:
+            assert "workdir" in err, err
+            assert sorted(p.name for p in Path(tmp).iterdir()) == ["fuzz.yaml"]  # nothing written

@@ -414,3 +414,16 @@ def test_a_profile_sets_tracking_defaults_that_a_spec_and_set_override(tmp_path)
     prof.write_text("name: offline-site\npartitions: {debug: {}}\nloggers: [tb]\n")
     with pytest.raises(LaunchError, match="loggers: 'tb' is not one of tensorboard, wandb"):
         profiles.from_file(prof)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("node: {gpu: 4}", "node: unknown key `gpu` (did you mean `gpus`?)"),
+    ("container: {image: /x.sif, arg: --nv}", "container: unknown key `arg` (did you mean `args`?)"),
+    ("partitions: {debug: {max_tme: 10}}", "partitions.debug: unknown key `max_tme` (did you mean `max_time`?)"),
+])
+def test_unknown_keys_inside_a_profile_are_named(tmp_path, text, message):
+    prof = tmp_path / "site.yaml"
+    prof.write_text(f"name: site\n{text}\n")
+    with pytest.raises(LaunchError) as err:
+        profiles.from_file(prof)
+    assert message in str(err.value)

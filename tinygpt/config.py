@@ -488,6 +488,8 @@ def load_yaml(path: str | Path) -> Any:
         raise ConfigError(f"{path}: no such file; check the path") from None
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: cannot be read ({err})") from None
+    except ValueError as err:  # a NUL character in the path
+        raise ConfigError(f"{str(path)!r}: not a usable file path ({err}); check the path") from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as err:

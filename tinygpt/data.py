@@ -137,6 +137,8 @@ def read_text_file(path: str | Path) -> str:
         ) from None
     except OSError as err:
         raise DataError(f"data_file: cannot read {path}: {err.strerror}") from None
+    except ValueError:  # a NUL character
+        raise DataError(f"data_file: {str(path)!r} holds a NUL character; give a file path") from None
     if stat.S_ISDIR(info.st_mode):
         raise DataError(f"data_file: {path} is a directory; give a UTF-8 text file")
     if not stat.S_ISREG(info.st_mode):
@@ -295,8 +297,18 @@ def prepare(source: Source, data_dir: Path) -> Prepared:
 
 
 def prepare_from_config(dataset: str, data_file: str | None, data_dir: str | None, warn=None) -> Prepared:
-    root = Path(data_dir).expanduser() if data_dir else default_data_dir()
-    return prepare(load_source(dataset, data_file, root, warn), root)
+    if data_dir and "\x00" in data_dir:
+        raise DataError(f"data_dir: {data_dir!r} holds a NUL character; give a directory path")
+    try:
+        root = Path(data_dir).expanduser() if data_dir else default_data_dir()
+    except RuntimeError:  # ~user of no user here
+        raise DataError(f"data_dir: {data_dir!r}: no such user to expand ~ for; give a full path") from None
+    source = load_source(dataset, data_file, root, warn)
+    try:
+        return prepare(source, root)
+    except OSError as err:
+        raise DataError(f"data_dir: cannot write the prepared data under {str(root)[:200]!r} "
+                        f"({err.strerror or err}); give a directory you can write to") from None
 
 
 # ----------------------------------------------------------------------------------------------------

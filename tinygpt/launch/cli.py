@@ -54,6 +54,8 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
 def _manifest_path(spec: str, workdir: str) -> Path:
     from .spec import load_name
 
+    if "\x00" in workdir:
+        raise LaunchError(f"--workdir: {workdir!r} holds a NUL character; give a directory path")
     return Path(workdir).resolve() / "jobs" / load_name(spec) / "manifest.json"
 
 
@@ -99,6 +101,8 @@ def _launch(args) -> int:
     if args.hold and (args.local or sweep.backend != "sbatch"):
         raise LaunchError("--hold: only for submissions with the sbatch backend")
     _refuse_if_live(sweep, args.spec)
+    if not (args.dry_run or args.local):
+        plan_mod.prepare_data(sweep)  # (the data is read by every task: a corpus that fails stops us here)
     plan = plan_mod.build(sweep)
     _print_plan(plan, args)
     if args.dry_run:
@@ -111,7 +115,6 @@ def _launch(args) -> int:
         print(f"{len(sweep.runs) - failed}/{len(sweep.runs)} run(s) finished; see `python launch.py status "
               f"{args.spec}`")
         return 1 if failed else 0
-    plan_mod.prepare_data(plan)
     if sweep.backend == "submitit":
         from . import submitit_backend
 

@@ -39,6 +39,9 @@ def load(path: Path) -> dict[str, Any]:
         manifest = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise LaunchError(f"{path}: no manifest; launch the spec first (or with --dry-run)") from None
+    except OSError as err:
+        raise LaunchError(f"{str(path)[:300]}: the manifest cannot be read ({err.strerror or err}); check --workdir "
+                          f"and the spec's name") from None
     except ValueError as err:
         raise LaunchError(f"{path}: not a valid manifest ({err})") from None
     if manifest.get("format") != FORMAT:

@@ -93,14 +93,14 @@ def build(sweep: Sweep) -> Plan:
     return Plan(sweep, workdir, jobs_dir, logs_dir, manifest_path, scripts)
 
 
-def prepare_data(plan: Plan) -> list[str]:
+def prepare_data(sweep: Sweep) -> list[str]:
     """Prepare each distinct corpus once on this node, so array tasks only read. Returns what was prepared."""
     from tinygpt.data import DataError, prepare_from_config
 
     from .errors import LaunchError
 
     done, seen = [], set()
-    for run in plan.sweep.runs:
+    for run in sweep.runs:
         data = run.config.data
         key = (data.dataset, data.data_file, data.data_dir)
         if key in seen:

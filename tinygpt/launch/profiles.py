@@ -77,6 +77,8 @@ class Profile:
     trainer_defaults: dict[str, Any] = field(default_factory=dict)  # trainer keys (TRAINER_KEYS) for every run
 
 
+NODE_KEYS = ("gpus", "gpu_type", "cpus", "mem")
+CONTAINER_KEYS = ("runtime", "image", "args")
 # Trainer keys a profile may set for every run on its cluster (checked with the trainer's own schema).
 TRAINER_KEYS = ("precision", "compile", "peak_flops", "loggers", "wandb_mode", "wandb_project", "wandb_entity")
 KEYS = ("name", "cluster_name", "account", "qos", "partitions", "default_partition", "node", "gpu_request",
@@ -188,6 +190,7 @@ def from_file(path: Path) -> Profile:
     if not isinstance(node, dict):
         problems.append("node: expected a mapping {gpus, gpu_type, cpus, mem}")
         node = {}
+    _known(node, "node", NODE_KEYS, problems)
     gpu_request = _get(data, "gpu_request", str, problems, "gpus-per-node")
     if gpu_request not in GPU_REQUESTS:
         problems.append(f"gpu_request: {gpu_request!r} is not one of {', '.join(GPU_REQUESTS)}")
@@ -222,6 +225,14 @@ def from_file(path: Path) -> Profile:
     if problems:
         raise LaunchError(problems, str(path))
     return profile
+
+
+def _known(mapping: dict, where: str, keys: tuple[str, ...], problems: list[str]) -> None:
+    from tinygpt.config import suggest
+
+    for key in mapping:
+        if key not in keys:
+            problems.append(f"{where}: unknown key `{key}`{suggest(str(key), keys)}; valid keys: {', '.join(keys)}")
 
 
 def _get(data: dict, key: str, kind: type, problems: list[str], default: Any = None) -> Any:
@@ -277,9 +288,7 @@ def _partitions(raw: Any, problems: list[str]) -> dict[str, Partition]:
             problems.append(f"partitions.{name}: expected a mapping such as {{max_time: '2-00:00:00', max_nodes: 4}}, "
                             f"got {spec!r}")
             continue
-        for key in spec:
-            if key not in ("max_time", "max_nodes"):
-                problems.append(f"partitions.{name}: unknown key `{key}`; valid keys: max_time, max_nodes")
+        _known(spec, f"partitions.{name}", ("max_time", "max_nodes"), problems)
         try:
             max_time = parse_time_min(spec.get("max_time"))
         except ValueError:
@@ -312,6 +321,7 @@ def _container(raw: Any, problems: list[str]) -> Container | None:
     if not isinstance(raw, dict) or not raw.get("image"):
         problems.append("container: expected {runtime: apptainer, image: PATH, args: ...}")
         return None
+    _known(raw, "container", CONTAINER_KEYS, problems)
     args = str(raw.get("args", ""))
     try:
         shlex.split(args)  # the scripts pass them on word by word

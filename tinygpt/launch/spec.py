@@ -21,6 +21,7 @@ run directory and checkpoints.
 from __future__ import annotations
 
 import itertools
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -255,7 +256,7 @@ def load(path: str | Path, workdir: str | Path = ".", cluster: str | None = None
     """
     from . import profiles
 
-    path, workdir = Path(path), Path(workdir).resolve()
+    path, workdir = Path(path), check_workdir(workdir)
     try:
         data = train_config.load_yaml(path)
     except ConfigError as err:
@@ -296,6 +297,29 @@ def load(path: str | Path, workdir: str | Path = ".", cluster: str | None = None
     if unique_problems:
         raise LaunchError(unique_problems, str(path))
     return Sweep(name, path, profile, backend, resources, parallel, workdir, runs, varying)
+
+
+def check_workdir(workdir: str | Path) -> Path:
+    """The absolute work directory, or a LaunchError naming --workdir when jobs/, logs/ and runs/ could not be
+    made in it (checked before anything is written)."""
+    if "\x00" in str(workdir):
+        raise LaunchError(f"--workdir: {str(workdir)!r} holds a NUL character; give a directory path")
+    where = Path(os.path.abspath(workdir))
+    problem = None
+    if any(len(part.encode()) > 255 for part in where.parts) or len(str(where).encode()) > 3000:
+        problem = "a name in it is too long"
+    else:
+        existing = where
+        while not existing.exists():
+            existing = existing.parent
+        if not existing.is_dir():
+            problem = f"{existing} is not a directory"
+        elif not os.access(existing, os.W_OK | os.X_OK):
+            problem = f"{existing} is not writable"
+    if problem:
+        raise LaunchError(f"--workdir: {str(workdir)[:200]!r} cannot hold jobs/, logs/ and runs/ ({problem}); "
+                          f"give a directory you can write to")
+    return where.resolve()
 
 
 def _base(raw: Any, profile: Profile | None, problems: list[str]) -> dict[str, Any]:
