@@ -224,3 +224,23 @@ def test_a_live_sweep_is_never_changed_behind_its_jobs(tmp_path, workdir, tiny_c
     dry = wait_until(lambda: (out := launch(str(spec), "--dry-run", "--workdir", str(workdir))).returncode == 0
                      and out, timeout=120, poll=2, what="the cancelled sweep to be launchable again")
     assert "dry run: nothing submitted" in dry.stdout
+
+
+@pytest.mark.parametrize("backend", ["sbatch", "submitit"])
+def test_passed_through_options_reach_slurm(tmp_path, workdir, tiny_corpus, backend):
+    """`exclude`, an extra #SBATCH option and an srun argument, as Slurm sees them."""
+    from slurm_helpers import job_fields
+
+    spec = tmp_path / "through.yaml"
+    spec.write_text(f"name: through\nbackend: {backend}\ntrain: {{data_file: {tiny_corpus}, {TINY_TRAIN}}}\n"
+                    "resources: {time: '00:05:00', exclude: node1, sbatch_options: {comment: 'it''s$(passed)'}, "
+                    "srun_args: [--label]}\n")
+    out = launch(str(spec), "--workdir", str(workdir))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert wait_all(workdir, "through") == {"base": "COMPLETED"}
+    from tinygpt.launch.manifest import task_job_ids
+
+    fields = job_fields(task_job_ids(manifest_of(workdir, "through"))[0])
+    assert fields["NodeList"] == "node2" and fields["Comment"] == "it's$(passed)", fields
+    logs = "\n".join(p.read_text() for p in (workdir / "logs" / "through").rglob("*") if p.suffix in (".out", ".err"))
+    assert "0: " in logs and any(line.startswith("0: ") and "done: step 20" in line for line in logs.splitlines())

@@ -160,7 +160,9 @@ def hostile_params(tmp_path: Path, **kw) -> ScriptParams:
     )
     resources = spec_mod.Resources(nodes=2, gpus_per_node=4, tasks_per_node=4, cpus_per_task=8, mem_mb=4096,
                                    time_min=90, partition="p'; echo foo", qos="a\"=0\"", account="acct with space",
-                                   constraint="`touch /tmp/pwned`")
+                                   constraint="`touch /tmp/pwned`", exclude="node[3-4]",
+                                   sbatch_extra={"reservation": "maint $(reboot)", "exclusive": None},
+                                   srun_args=("--cpu-bind=cores", "--label; rm -rf ~"))
     params = dict(job_name="sweep", array="0-3%2", offset=0, manifest="/w/jobs/sweep $(reboot)/manifest.json",
                   script_path="/w/jobs/sweep/sweep.sbatch", log_dir="/w/logs/it's here", workdir="/w/a\"b",
                   python="/opt/py thon/bin/python", pythonpath="/repo", resources=resources, profile=profile)
@@ -200,6 +202,10 @@ def test_every_sbatch_value_round_trips_through_the_shell(tmp_path):
     assert options["output"] == "/w/logs/it's here/%A_%a.out"
     assert options["gres"] == "gpu:a100:4"
     assert options["signal"] == "USR2@90" and "requeue" in options
+    assert options["reservation"] == "maint $(reboot)" and options["exclusive"] is None
+    assert options["exclude"] == "node[3-4]"
+    srun_line = next(line for line in text.splitlines() if line.startswith("srun "))
+    assert shlex.split(srun_line)[2:4] == ["--cpu-bind=cores", "--label; rm -rf ~"]
     # The setup section, run for real in a shell, exports values verbatim and executes nothing.
     setup = text.split("# Setup\n")[1].split("\n# Command")[0]
     setup = "\n".join(line for line in setup.splitlines() if not line.startswith(("module ", "source ")))
@@ -252,10 +258,54 @@ def test_both_backends_ask_slurm_for_the_same_options(tmp_path):
     ours = sbatch_lines(render(hostile_params(tmp_path)))
     theirs = sbatch_lines(submitit_backend.render(plan, pythonpath="/repo"))
     shared = sbatch_options(plan.sweep.resources, plan.sweep.profile, plan.workdir)
-    assert shared.keys() >= {"partition", "qos", "account", "constraint", "gres", "mem", "signal", "requeue"}
+    assert shared.keys() >= {"partition", "qos", "account", "constraint", "gres", "mem", "signal", "requeue",
+                             "exclude", "reservation", "exclusive"}
     for key, value in shared.items():
         assert ours[key] == theirs[key] == value, key
     assert ours["signal"] == "USR2@90" and theirs["array"] == "0-3%2" == ours["array"]
+    srun = next(line for line in submitit_backend.render(plan, pythonpath="/repo").splitlines()
+                if line.startswith("srun "))
+    assert "--cpu-bind=cores '--label; rm -rf ~'" in srun
+
+
+@pytest.mark.parametrize("text, message", [
+    ("resources: {sbatch_options: {array: 0-3}}", "resources.sbatch_options.array: `--array` is set by the launcher"),
+    ("resources: {sbatch_options: {output: x.log}}", "`--output` is set by the launcher"),
+    ("resources: {sbatch_options: {dependency: 'afterok:1'}}", "`--dependency` is set by the launcher"),
+    ("resources: {sbatch_options: {time: '01:00:00'}}", "`--time` has its own key; use resources.time"),
+    ("resources: {sbatch_options: {p: debug}}", "'p' is not a long sbatch option name"),
+    ("resources: {sbatch_options: {mail_type: [END]}}", "resources.sbatch_options.mail_type: expected one value"),
+    ("resources: {sbatch_options: {comment: \"a\\nb\"}}", "holds a line break"),
+    ("resources: {sbatch_options: [reservation]}", "resources.sbatch_options: expected a mapping"),
+    ("resources: {srun_args: {a: 1}}", "resources.srun_args: expected a list of arguments"),
+])
+def test_passed_through_options_are_checked(tmp_path, text, message):
+    with pytest.raises(LaunchError) as err:
+        spec_mod.load(write(tmp_path, f"name: s\n{text}\n"), tmp_path)
+    assert message in str(err.value)
+
+
+def test_passed_through_options_reach_both_backends(tmp_path):
+    from tinygpt.launch import submitit_backend
+
+    prof = tmp_path / "site.yaml"
+    prof.write_text("name: site\npartitions: {debug: {}}\nsbatch_options: {reservation: site-wide, mail-type: END}\n"
+                    "srun_args: [--cpu-bind=cores]\n")
+    spec = write(tmp_path, f"name: s\ncluster: {prof}\nresources: {{exclude: 'node2', constraint: fast, "
+                           f"sbatch_options: {{mail_type: FAIL, exclusive: true}}, srun_args: --label}}\n")
+    sweep = spec_mod.load(spec, tmp_path)
+    assert sweep.resources.sbatch_extra == {"reservation": "site-wide", "mail-type": "FAIL", "exclusive": None}
+    assert sweep.resources.srun_args == ("--cpu-bind=cores", "--label")
+    plan = build(sweep)
+    text = plan.scripts[0][0].read_text()
+    for line in ("#SBATCH --exclude=node2", "#SBATCH --constraint=fast", "#SBATCH --reservation=site-wide",
+                 "#SBATCH --mail-type=FAIL", "#SBATCH --exclusive\n"):
+        assert line in text
+    assert "srun --kill-on-bad-exit=1 --cpu-bind=cores --label " in text
+    params = submitit_backend.executor_parameters(plan)
+    assert params["srun_args"] == ["--cpu-bind=cores", "--label"]
+    assert params["additional_parameters"]["exclusive"] is True
+    assert params["additional_parameters"]["mail_type"] == "FAIL"
 
 
 def test_render_local_profile_golden():

@@ -15,6 +15,7 @@ and refuses, before submission, what the cluster could never give. Keys (all but
     python                      the interpreter on the nodes (default: the one running launch.py)
     container                   {runtime: apptainer, image: PATH, args: "--nv"}: run the trainer inside it
     signal, signal_lead_s       the signal Slurm sends before the time limit, and how long before
+    sbatch_options, srun_args   extra #SBATCH options ({reservation: x}) and srun arguments for every job
     precision, compile          trainer defaults on this hardware
     peak_flops                  peak FLOP/s of one GPU (or CPU node), for MFU
     loggers, wandb_mode         trainer defaults for tracking on this site, e.g. [wandb] and offline where
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import passthrough
 from .errors import LaunchError
 
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "hpc_lab" / "clusters"
@@ -75,6 +77,8 @@ class Profile:
     signal: str = "USR2"
     signal_lead_s: int = 120
     trainer_defaults: dict[str, Any] = field(default_factory=dict)  # trainer keys (TRAINER_KEYS) for every run
+    sbatch_options: dict[str, str | None] = field(default_factory=dict)  # extra #SBATCH options for every job
+    srun_args: tuple[str, ...] = ()  # extra srun arguments for every job
 
 
 NODE_KEYS = ("gpus", "gpu_type", "cpus", "mem")
@@ -83,7 +87,7 @@ CONTAINER_KEYS = ("runtime", "image", "args")
 TRAINER_KEYS = ("precision", "compile", "peak_flops", "loggers", "wandb_mode", "wandb_project", "wandb_entity")
 KEYS = ("name", "cluster_name", "account", "qos", "partitions", "default_partition", "node", "gpu_request",
         "cpus_per_gpu", "mem_per_gpu", "max_array_size", "modules", "env", "setup", "python", "container",
-        "signal", "signal_lead_s", *TRAINER_KEYS, "description")
+        "signal", "signal_lead_s", "sbatch_options", "srun_args", *TRAINER_KEYS, "description")
 
 
 def parse_time_min(value: Any) -> int | None:
@@ -221,6 +225,8 @@ def from_file(path: Path) -> Profile:
         signal=signal,
         signal_lead_s=_get(data, "signal_lead_s", int, problems, 120),
         trainer_defaults=_trainer_defaults(data, problems),
+        sbatch_options=passthrough.sbatch_options(data.get("sbatch_options"), "sbatch_options", problems),
+        srun_args=passthrough.srun_args(data.get("srun_args"), "srun_args", problems),
     )
     if problems:
         raise LaunchError(problems, str(path))

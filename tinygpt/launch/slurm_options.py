@@ -29,7 +29,7 @@ def sbatch_options(r: Resources, prof: Profile, workdir: Path) -> dict[str, str 
     }
     if r.mem_mb:
         opts["mem"] = f"{r.mem_mb}M"
-    for key in ("partition", "qos", "account", "constraint"):
+    for key in ("partition", "qos", "account", "constraint", "exclude"):
         if getattr(r, key):
             opts[key] = getattr(r, key)
     if r.gpus_per_node:
@@ -38,6 +38,7 @@ def sbatch_options(r: Resources, prof: Profile, workdir: Path) -> dict[str, str 
             opts["gres"] = f"{kind}:{r.gpus_per_node}"
         elif prof.gpu_request == "gpus-per-node":
             opts["gpus-per-node"] = str(r.gpus_per_node)
+    opts.update(r.sbatch_extra)  # checked in passthrough.py: never an option set above
     return opts
 
 

@@ -10,6 +10,8 @@
     runs:                         # explicit extra points (with an optional `name`)
       - {name: one-head, n_head: 1}
     resources: {nodes: 1, gpus_per_node: 0, cpus_per_task: 1, mem: 2G, time: "00:30:00"}
+                                  # also partition, qos, account, constraint, exclude (nodes), and
+                                  # sbatch_options / srun_args passed through (see passthrough.py)
     array_parallelism: 4          # at most this many array tasks at once
 
 With both `grid` and `runs`, the sweep has the grid's points followed by the explicit runs. Each run's
@@ -30,13 +32,14 @@ from typing import Any
 from tinygpt import config as train_config
 from tinygpt.config import ConfigError, suggest
 
+from . import passthrough
 from .errors import LaunchError
 from .profiles import Profile, format_time, parse_mem_mb, parse_time_min
 
 SPEC_KEYS = ("name", "description", "cluster", "backend", "train", "grid", "runs", "resources",
              "array_parallelism")
 RESOURCE_KEYS = ("nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "mem", "time", "partition", "qos",
-                 "account", "constraint")
+                 "account", "constraint", "exclude", "sbatch_options", "srun_args")
 BACKENDS = ("sbatch", "submitit")
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+-]{0,119}")
 LAUNCHER_KEYS = {"out_dir": "runs/<sweep>/<run>", "sweep": "the spec's name"}  # set by the launcher, never a spec
@@ -54,6 +57,9 @@ class Resources:
     qos: str | None
     account: str | None
     constraint: str | None
+    exclude: str | None = None  # nodes not to run on (sbatch --exclude)
+    sbatch_extra: dict[str, str | None] = field(default_factory=dict)  # passed through: {long option: value}
+    srun_args: tuple[str, ...] = ()  # passed through to srun
 
     @property
     def time(self) -> str:
@@ -198,8 +204,12 @@ def _resources(raw: Any, profile: Profile, problems: list[str]) -> Resources | N
     elif gpus and profile.mem_per_gpu_mb:
         mem_mb = gpus * profile.mem_per_gpu_mb
 
+    extra = {**profile.sbatch_options,
+             **passthrough.sbatch_options(raw.get("sbatch_options"), "resources.sbatch_options", problems)}
+    srun = profile.srun_args + passthrough.srun_args(raw.get("srun_args"), "resources.srun_args", problems)
     resources = Resources(nodes, gpus, tasks, cpus, mem_mb, time_min, str(partition) if partition else None,
-                          text("qos", profile.qos), text("account", profile.account), text("constraint", None))
+                          text("qos", profile.qos), text("account", profile.account), text("constraint", None),
+                          text("exclude", None), extra, srun)
     _check_limits(resources, profile, problems)
     return resources
 

@@ -73,6 +73,8 @@ def executor_parameters(plan: Plan, pythonpath: str = str(REPO_ROOT)) -> dict[st
                                   setup=setup, additional_parameters=additional)
     if sweep.array_parallelism:
         params["array_parallelism"] = sweep.array_parallelism
+    if r.srun_args:
+        params["srun_args"] = list(r.srun_args)
     return params
 
 

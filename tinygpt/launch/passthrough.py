@@ -1,0 +1,91 @@
+"""The Slurm options a spec or profile passes through as they are: extra `#SBATCH` lines and `srun` arguments.
+
+    sbatch_options: {reservation: maint-window, mail-type: END, exclusive: true}
+    srun_args: [--cpu-bind=cores]
+
+A site needs a line the launcher cannot know (a reservation, mail, exclusive nodes, a licence); these
+keys give it, checked here: long option names only, one value each (true for a flag), no line breaks,
+and never an option the launcher sets itself (the array, the logs, the signal, requeueing, the job
+name, dependencies) or one the spec's `resources` already has a key for. Values are quoted where the
+backends write them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+# Options the launcher writes itself, and why a spec must not.
+OWNED = {
+    "array": "the sweep's runs make the array",
+    "output": "logs go to logs/<sweep>/ (see `launch.py logs`)",
+    "error": "logs go to logs/<sweep>/ (see `launch.py logs`)",
+    "signal": "set by the profile's `signal` and `signal_lead_s`",
+    "requeue": "always on: preempted and timed-out runs resume",
+    "no-requeue": "always requeued: preempted and timed-out runs resume",
+    "job-name": "the spec's `name`",
+    "open-mode": "logs are appended across requeues",
+    "dependency": "set by `launch.py SPEC --chain`",
+    "chdir": "set by `--workdir`",
+    "hold": "use `launch.py SPEC --hold`",
+    "parsable": "used by the launcher to read job ids",
+    "wrap": "the launcher writes the batch script",
+}
+# Options with a key of their own under `resources`.
+FIRST_CLASS = {
+    "nodes": "nodes", "ntasks-per-node": "tasks_per_node", "cpus-per-task": "cpus_per_task", "time": "time",
+    "mem": "mem", "partition": "partition", "qos": "qos", "account": "account", "constraint": "constraint",
+    "exclude": "exclude", "gres": "gpus_per_node", "gpus-per-node": "gpus_per_node", "gpus": "gpus_per_node",
+}
+OPTION_NAME = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
+
+
+def _has_break(text: str) -> bool:
+    return any(ch in text for ch in "\n\r\x00")
+
+
+def sbatch_options(raw: Any, where: str, problems: list[str]) -> dict[str, str | None]:
+    """{long option: value, None for a flag} from a spec's or profile's `sbatch_options` mapping."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        problems.append(f"{where}: expected a mapping of long option names to values, e.g. "
+                        f"{{reservation: maint, mail-type: END, exclusive: true}}")
+        return {}
+    options: dict[str, str | None] = {}
+    for key, value in raw.items():
+        name = str(key).strip().removeprefix("--").replace("_", "-")
+        field = f"{where}.{key}"
+        if not OPTION_NAME.fullmatch(name) or len(name) < 2:
+            problems.append(f"{field}: {key!r} is not a long sbatch option name (e.g. reservation, mail-type)")
+        elif name in OWNED:
+            problems.append(f"{field}: `--{name}` is set by the launcher ({OWNED[name]}); remove it")
+        elif name in FIRST_CLASS:
+            problems.append(f"{field}: `--{name}` has its own key; use resources.{FIRST_CLASS[name]} instead")
+        elif value is True or value is None:
+            options[name] = None
+        elif isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            problems.append(f"{field}: expected one value (text or a number, or true for a flag), got {value!r}")
+        elif _has_break(str(value)) or not str(value).strip():
+            problems.append(f"{field}: {str(value)[:60]!r} is empty or holds a line break; give one value")
+        else:
+            options[name] = str(value)
+    return options
+
+
+def srun_args(raw: Any, where: str, problems: list[str]) -> tuple[str, ...]:
+    """The extra `srun` arguments from a spec's or profile's `srun_args` list (each item one argument)."""
+    if raw is None:
+        return ()
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list) or not all(isinstance(a, (str, int, float)) and not isinstance(a, bool)
+                                            for a in raw):
+        problems.append(f"{where}: expected a list of arguments, e.g. [--cpu-bind=cores]")
+        return ()
+    args = tuple(str(a) for a in raw)
+    for arg in args:
+        if _has_break(arg) or not arg.strip():
+            problems.append(f"{where}: {arg[:60]!r} is empty or holds a line break; give one argument per item")
+            return ()
+    return args
