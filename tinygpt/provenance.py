@@ -29,6 +29,14 @@ def _run(cmd: list[str]) -> str | None:
 
 
 def git_state() -> dict:
+    """The code's commit and whether it had uncommitted changes; for code run from a launcher's snapshot
+    (tinygpt/launch/snapshot.py), what the snapshot recorded when it was taken, and its digest."""
+    try:
+        snap = json.loads((REPO / "SNAPSHOT.json").read_text())
+        return {"commit": snap.get("commit"), "dirty": snap.get("dirty"), "snapshot": snap.get("digest"),
+                "snapshot_path": str(REPO)}
+    except (OSError, ValueError):
+        pass
     if shutil.which("git") is None:
         return {"commit": None, "dirty": None}
     commit = _run(["git", "-C", str(REPO), "rev-parse", "HEAD"])

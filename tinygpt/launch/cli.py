@@ -35,6 +35,8 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
         p.add_argument("--hold", action="store_true",
                        help="submit held (sbatch --hold); start them with `scontrol release JOBID`")
         p.add_argument("--nproc", type=int, default=1, help="with --local: gloo ranks per run (default 1)")
+        p.add_argument("--no-snapshot", action="store_true",
+                       help="jobs import the live checkout when they start, not a snapshot of the code as it is now")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="set a trainer key for every run, e.g. --set max_steps=300 (repeatable)")
     else:
@@ -103,7 +105,7 @@ def _launch(args) -> int:
     _refuse_if_live(sweep, args.spec)
     if not (args.dry_run or args.local):
         plan_mod.prepare_data(sweep)  # (the data is read by every task: a corpus that fails stops us here)
-    plan = plan_mod.build(sweep)
+    plan = plan_mod.build(sweep, None if args.local else _snapshot(sweep, args.no_snapshot))
     _print_plan(plan, args)
     if args.dry_run:
         print("dry run: nothing submitted")
@@ -132,6 +134,29 @@ def _launch(args) -> int:
     print(f"submitted {len(sweep.runs)} run(s) as job array {', '.join(ids)}; follow with "
           f"`python launch.py status {args.spec}`")
     return 0
+
+
+def _snapshot(sweep, live: bool):
+    """The code snapshot the sweep's jobs will import (None with --no-snapshot), said in one line."""
+    import time
+
+    from . import plan as plan_mod
+    from . import snapshot
+
+    if live:
+        print(f"code: the live checkout {plan_mod.REPO_ROOT} (--no-snapshot): each job runs what it holds when "
+              f"the job starts")
+        return None
+    start = time.perf_counter()
+    snap = snapshot.take(plan_mod.REPO_ROOT, sweep.workdir / "jobs" / sweep.name / "code")
+    version = f" of {snap.commit[:10]}" if snap.commit else " (not a git checkout: the package files)"
+    print(f"code: snapshot {snap.digest}{version}{' with uncommitted changes' if snap.dirty else ''}, "
+          f"{snap.files} files, {snap.bytes / 1e6:.2f} MB, {'reused' if snap.reused else 'taken'} in "
+          f"{time.perf_counter() - start:.2f} s")
+    if snap.untracked:
+        print(f"warning: not in the snapshot, as git does not track them: {', '.join(snap.untracked)}; `git add` "
+              f"them if the jobs need them", file=sys.stderr)
+    return snap
 
 
 def _refuse_if_live(sweep, spec: str) -> None:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 from . import manifest as manifest_mod
-from .plan import REPO_ROOT, Plan
+from .plan import Plan
 
 
 def command(config_path: str, nproc: int) -> list[str]:
@@ -25,7 +25,7 @@ def run_all(plan: Plan, nproc: int = 1, say=print) -> int:
     """Run every run in order; return the number that failed."""
     manifest = manifest_mod.load(plan.manifest_path)
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = str(plan.code) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     if nproc > 1:
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     failed = 0

@@ -3,6 +3,7 @@
     <workdir>/jobs/<sweep>/manifest.json         the runs and, after submission, their job ids
     <workdir>/jobs/<sweep>/configs/<run>.yaml    each run's resolved trainer config
     <workdir>/jobs/<sweep>/<sweep>.sbatch        the job array (…-partN.sbatch when split)
+    <workdir>/jobs/<sweep>/code/<digest>/        the code the jobs run (snapshot.py)
     <workdir>/logs/<sweep>/                      Slurm output, one file per array task
     <workdir>/runs/<sweep>/<run>/                what the trainer writes
 """
@@ -17,6 +18,7 @@ from tinygpt import config as train_config
 
 from . import manifest as manifest_mod
 from .sbatch import ScriptParams, render
+from .snapshot import Snapshot
 from .spec import Sweep
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -30,14 +32,16 @@ class Plan:
     logs_dir: Path
     manifest_path: Path
     scripts: list[tuple[Path, str, int, list[int]]]  # (path, array spec, offset, run indices)
+    code: Path = REPO_ROOT  # what the jobs import: the sweep's code snapshot, or the live checkout
 
     @property
     def python(self) -> str:
         return self.sweep.profile.python or sys.executable
 
 
-def build(sweep: Sweep) -> Plan:
-    """Write every run's config, the batch scripts and the manifest. Submits nothing."""
+def build(sweep: Sweep, snapshot: Snapshot | None = None) -> Plan:
+    """Write every run's config, the batch scripts and the manifest. Submits nothing. The jobs run the code
+    of `snapshot` (see snapshot.py), or the live checkout without one."""
     workdir = sweep.workdir
     jobs_dir = workdir / "jobs" / sweep.name
     logs_dir = workdir / "logs" / sweep.name
@@ -66,11 +70,13 @@ def build(sweep: Sweep) -> Plan:
         "resources": {"nodes": r.nodes, "gpus_per_node": r.gpus_per_node, "tasks_per_node": r.tasks_per_node,
                       "cpus_per_task": r.cpus_per_task, "mem_mb": r.mem_mb, "time": r.time,
                       "partition": r.partition},
+        "code": snapshot.record() if snapshot else {"snapshot": None, "path": str(REPO_ROOT)},
         "runs": runs,
         "submissions": previous,
     }
     manifest_mod.save(manifest_path, manifest)
 
+    code = snapshot.path if snapshot else REPO_ROOT
     scripts = []
     if sweep.backend == "sbatch":
         size = max(1, sweep.profile.max_array_size - 1)  # indices must stay below MaxArraySize
@@ -84,13 +90,13 @@ def build(sweep: Sweep) -> Plan:
             params = ScriptParams(
                 job_name=sweep.name, array=array, offset=indices[0], manifest=str(manifest_path),
                 script_path=str(path), log_dir=str(logs_dir), workdir=str(workdir),
-                python=sweep.profile.python or sys.executable, pythonpath=str(REPO_ROOT),
+                python=sweep.profile.python or sys.executable, pythonpath=str(code),
                 resources=r, profile=sweep.profile,
             )
             manifest_mod.write_atomic(path, render(params))
             path.chmod(0o755)
             scripts.append((path, array, indices[0], indices))
-    return Plan(sweep, workdir, jobs_dir, logs_dir, manifest_path, scripts)
+    return Plan(sweep, workdir, jobs_dir, logs_dir, manifest_path, scripts, code)
 
 
 def prepare_data(sweep: Sweep) -> list[str]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from . import manifest as manifest_mod
-from .plan import REPO_ROOT, Plan
+from .plan import Plan
 from .slurm_options import container_prefix, sbatch_options, setup_lines
 
 
@@ -61,8 +61,9 @@ def python_command(plan: Plan) -> str:
     return container_prefix(prof) + shlex.quote(prof.python or sys.executable)
 
 
-def executor_parameters(plan: Plan, pythonpath: str = str(REPO_ROOT)) -> dict[str, Any]:
-    """`submitit.SlurmExecutor` parameters for the sweep (pure)."""
+def executor_parameters(plan: Plan, pythonpath: str | None = None) -> dict[str, Any]:
+    """`submitit.SlurmExecutor` parameters for the sweep (pure); the jobs import the plan's code."""
+    pythonpath = pythonpath or str(plan.code)
     sweep, r, prof = plan.sweep, plan.sweep.resources, plan.sweep.profile
     # submitit writes `additional_parameters` as `#SBATCH --key=value` (quoted), over its own defaults of
     # the same names (time, signal, ...); a flag is True.
@@ -78,7 +79,7 @@ def executor_parameters(plan: Plan, pythonpath: str = str(REPO_ROOT)) -> dict[st
     return params
 
 
-def render(plan: Plan, pythonpath: str = str(REPO_ROOT)) -> str:
+def render(plan: Plan, pythonpath: str | None = None) -> str:
     """The batch script submitit writes for this sweep's array, by submitit's own renderer (for review and
     the golden-file tests; `submit` lets submitit write it itself)."""
     from submitit.slurm.slurm import _make_sbatch_string

@@ -1,0 +1,111 @@
+"""Code snapshots: queued jobs run the code they were submitted with, not what the checkout holds later."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, read_metrics
+from slurm_helpers import job_env, wait
+from tinygpt.launch import snapshot
+
+TINY_TRAIN = ("n_layer: 1, n_head: 2, n_embd: 32, block_size: 16, batch_size: 4, max_steps: 10, eval_interval: 5, "
+              "sample_tokens: 0, eval_windows: 8, threads: 1")
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
+
+
+@pytest.fixture
+def checkout(tmp_path) -> Path:
+    """A clone of this repository's HEAD, to edit freely."""
+    repo = tmp_path / "checkout"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(repo)], check=True)
+    git(repo, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "--allow-empty", "-m", "test")
+    return repo
+
+
+def test_a_snapshot_holds_the_tracked_files_as_they_are_and_is_reused(checkout, tmp_path):
+    dest = tmp_path / "code"
+    clean = snapshot.take(checkout, dest)
+    assert clean.dirty is False and clean.commit == git(checkout, "rev-parse", "HEAD").strip() and not clean.reused
+    assert sorted(str(p.relative_to(clean.path)) for p in clean.path.rglob("*") if p.is_file()) == \
+        sorted([*git(checkout, "ls-files").split(), snapshot.RECORD])
+    assert snapshot.take(checkout, dest) == snapshot.Snapshot(**{**clean.__dict__, "reused": True})
+
+    trainer = checkout / "tinygpt" / "trainer.py"
+    trainer.write_text(trainer.read_text() + "\n# an uncommitted change\n")
+    (checkout / "scratch.py").write_text("print('untracked')\n")
+    dirty = snapshot.take(checkout, dest)
+    assert dirty.dirty is True and dirty.digest != clean.digest and dirty.untracked == ("scratch.py",)
+    assert (dirty.path / "tinygpt" / "trainer.py").read_text().endswith("# an uncommitted change\n")
+    assert not (dirty.path / "scratch.py").exists()
+    assert (dirty.path / "launch.py").stat().st_mode & 0o111  # the executable bit kept
+    record = json.loads((dirty.path / snapshot.RECORD).read_text())
+    assert record["digest"] == dirty.digest and record["dirty"] is True and record["commit"] == clean.commit
+    assert (clean.path / "tinygpt" / "trainer.py").read_text() == git(checkout, "show", "HEAD:tinygpt/trainer.py")
+
+
+def test_a_checkout_without_git_snapshots_the_package(tmp_path):
+    plain = tmp_path / "plain"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(plain)], check=True)
+    subprocess.run(["rm", "-rf", str(plain / ".git")], check=True)
+    snap = snapshot.take(plain, tmp_path / "code")
+    assert snap.commit is None and snap.dirty is None
+    copied = {str(p.relative_to(snap.path)) for p in snap.path.rglob("*") if p.is_file()}
+    assert {"launch.py", "pyproject.toml", "tinygpt/trainer.py", "tinygpt/launch/cli.py"} <= copied
+    assert not any(name.startswith(("tests/", "docs/")) for name in copied)
+
+
+def dry_run(checkout: Path, spec: Path, workdir: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(checkout / "launch.py"), str(spec), "--workdir", str(workdir),
+                           *extra], capture_output=True, text=True, env=job_env(COLUMNS="200"), timeout=120)
+
+
+def test_the_scripts_and_manifest_point_at_the_snapshot(checkout, tmp_path):
+    spec = tmp_path / "snap.yaml"
+    spec.write_text("name: snap\ntrain: {max_steps: 5}\n")
+    out = dry_run(checkout, spec, tmp_path / "w", "--dry-run")
+    assert out.returncode == 0, out.stderr
+    manifest = json.loads((tmp_path / "w" / "jobs" / "snap" / "manifest.json").read_text())
+    code = manifest["code"]
+    assert Path(code["path"]).parent == tmp_path / "w" / "jobs" / "snap" / "code" and code["dirty"] is False
+    assert f"code: snapshot {code['snapshot']} of {code['commit'][:10]}, " in out.stdout
+    script = (tmp_path / "w" / "jobs" / "snap" / "snap.sbatch").read_text()
+    assert f"export PYTHONPATH={code['path']}" in script and str(checkout) not in script
+    live = dry_run(checkout, spec, tmp_path / "w2", "--dry-run", "--no-snapshot")
+    assert "code: the live checkout" in live.stdout
+    script = (tmp_path / "w2" / "jobs" / "snap" / "snap.sbatch").read_text()
+    assert f"export PYTHONPATH={checkout}" + "${PYTHONPATH" in script
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("backend", ["sbatch", "submitit"])
+def test_a_queued_job_runs_the_code_it_was_submitted_with(checkout, tmp_path, tiny_corpus, backend):
+    """Submit held, break the trainer in the checkout, release: the job trains with the submitted code."""
+    work = tmp_path / "w"
+    spec = tmp_path / "held.yaml"
+    spec.write_text(f"name: held\nbackend: {backend}\ntrain: {{data_file: {tiny_corpus}, {TINY_TRAIN}}}\n"
+                    "resources: {time: '00:05:00'}\n")
+    hold = ["--hold"] if backend == "sbatch" else []
+    out = dry_run(checkout, spec, work, *hold)
+    assert out.returncode == 0, out.stdout + out.stderr
+    manifest = json.loads((work / "jobs" / "held" / "manifest.json").read_text())
+    job = manifest["submissions"][0]["job_id"]
+    trainer = checkout / "tinygpt" / "trainer.py"
+    trainer.write_text('raise SystemExit("the edited checkout ran")\n' + trainer.read_text())
+    if hold:
+        subprocess.run(["scontrol", "release", job], check=True)
+    from tinygpt.launch.manifest import task_job_ids
+
+    assert wait(task_job_ids(manifest)[0]) == "COMPLETED"
+    run_dir = Path(manifest["runs"][0]["out_dir"])
+    assert read_metrics(run_dir)[-1]["event"] == "finished"
+    start = json.loads((run_dir / "provenance.json").read_text())["starts"][0]
+    assert start["git"]["snapshot"] == manifest["code"]["snapshot"] and start["git"]["dirty"] is False
+    assert start["git"]["commit"] == git(checkout, "rev-parse", "HEAD").strip()
+    logs = "".join(p.read_text() for p in (work / "logs" / "held").rglob("*") if p.is_file())
+    assert "the edited checkout ran" not in logs
