@@ -32,7 +32,7 @@ def test_a_snapshot_holds_the_tracked_files_as_they_are_and_is_reused(checkout, 
     dest = tmp_path / "code"
     clean = snapshot.take(checkout, dest)
     assert clean.dirty is False and clean.commit == git(checkout, "rev-parse", "HEAD").strip() and not clean.reused
-    assert sorted(str(p.relative_to(clean.path)) for p in clean.path.rglob("*") if p.is_file()) == \
+    assert sorted(str(p.relative_to(clean.path)) for p in clean.path.rglob("*") if p.is_file() or p.is_symlink()) == \
         sorted([*git(checkout, "ls-files").split(), snapshot.RECORD])
     assert snapshot.take(checkout, dest) == snapshot.Snapshot(**{**clean.__dict__, "reused": True})
 
@@ -107,5 +107,5 @@ def test_a_queued_job_runs_the_code_it_was_submitted_with(checkout, tmp_path, ti
     start = json.loads((run_dir / "provenance.json").read_text())["starts"][0]
     assert start["git"]["snapshot"] == manifest["code"]["snapshot"] and start["git"]["dirty"] is False
     assert start["git"]["commit"] == git(checkout, "rev-parse", "HEAD").strip()
-    logs = "".join(p.read_text() for p in (work / "logs" / "held").rglob("*") if p.is_file())
+    logs = "".join(p.read_text() for p in (work / "logs" / "held").rglob("*") if p.suffix in (".out", ".err"))
     assert "the edited checkout ran" not in logs

@@ -61,15 +61,17 @@ def source_files(root: Path) -> tuple[list[str], str | None, bool | None]:
     return [f for f in listed.split("\0") if f], commit, None if status is None else bool(status.strip())
 
 
-def _contents(root: Path, files: list[str]) -> list[tuple[str, bytes, bool]]:
-    """(path, bytes, executable) of each regular file; tracked files deleted from the tree are left out."""
+def _contents(root: Path, files: list[str]) -> list[tuple[str, bytes, str]]:
+    """(path, bytes, kind) of each file: kind "file", "exec" or "link" (bytes: where the link points); tracked
+    files deleted from the tree are left out."""
     out = []
     for rel in files:
         path = root / rel
-        if not path.is_file():  # deleted in the working tree, or a submodule's folder
-            continue
         try:
-            out.append((rel, path.read_bytes(), os.access(path, os.X_OK)))
+            if path.is_symlink():
+                out.append((rel, os.readlink(path).encode("utf-8", "surrogateescape"), "link"))
+            elif path.is_file():  # (not: deleted in the working tree, or a submodule's folder)
+                out.append((rel, path.read_bytes(), "exec" if os.access(path, os.X_OK) else "file"))
         except OSError as err:
             raise LaunchError(f"code snapshot: cannot read {path} ({err.strerror}); fix it or launch with "
                               f"--no-snapshot") from None
@@ -81,8 +83,8 @@ def take(root: Path, dest_dir: Path) -> Snapshot:
     files, commit, dirty = source_files(root)
     contents = _contents(root, files)
     digest = hashlib.sha256()
-    for rel, data, executable in contents:
-        digest.update(f"{rel}\0{len(data)}\0{int(executable)}\0".encode("utf-8", "surrogateescape") + data)
+    for rel, data, kind in contents:
+        digest.update(f"{rel}\0{len(data)}\0{kind}\0".encode("utf-8", "surrogateescape") + data)
     name = digest.hexdigest()[:16]
     target = dest_dir / name
     size = sum(len(data) for _, data, _ in contents)
@@ -93,11 +95,14 @@ def take(root: Path, dest_dir: Path) -> Snapshot:
         return snap
     tmp = dest_dir / f".{name}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    for rel, data, executable in contents:
+    for rel, data, kind in contents:
         path = tmp / rel
         path.parent.mkdir(parents=True, exist_ok=True)
+        if kind == "link":
+            path.symlink_to(data.decode("utf-8", "surrogateescape"))
+            continue
         path.write_bytes(data)
-        if executable:
+        if kind == "exec":
             path.chmod(0o755)
     record = {"digest": name, "commit": commit, "dirty": dirty, "source": str(root), "files": len(contents),
               "bytes": size, "taken_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
