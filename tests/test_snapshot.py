@@ -43,7 +43,8 @@ def test_a_snapshot_holds_the_tracked_files_as_they_are_and_is_reused(checkout, 
     assert dirty.dirty is True and dirty.digest != clean.digest and dirty.untracked == ("scratch.py",)
     assert (dirty.path / "tinygpt" / "trainer.py").read_text().endswith("# an uncommitted change\n")
     assert not (dirty.path / "scratch.py").exists()
-    assert (dirty.path / "launch.py").stat().st_mode & 0o111  # the executable bit kept
+    assert (dirty.path / "hpc_lab" / "04_tinygpt" / "train.sbatch").stat().st_mode & 0o111  # executable bit kept
+    assert (dirty.path / "hpc_lab" / "04_tinygpt" / "logs").readlink() == Path("../../logs")  # a link stays one
     record = json.loads((dirty.path / snapshot.RECORD).read_text())
     assert record["digest"] == dirty.digest and record["dirty"] is True and record["commit"] == clean.commit
     assert (clean.path / "tinygpt" / "trainer.py").read_text() == git(checkout, "show", "HEAD:tinygpt/trainer.py")
