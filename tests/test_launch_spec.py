@@ -413,6 +413,26 @@ def status_rows(n: int = 3):
                 f"/home/alice/tinygpt-hpc/runs/width-depth/{name}") for i, name in enumerate(names)]
 
 
+def test_status_shows_earlier_lives_of_resubmitted_runs():
+    from rich.console import Console
+
+    from tinygpt.launch.status import fitted, submission_history
+
+    manifest = {"submissions": [
+        {"job_id": "40", "indices": [0, 1, 2]},
+        {"job_id": "41", "indices": [1, 2], "previous": {"1": {"job_id": "40_1", "state": "TIMEOUT", "nodes": "node1"},
+                                                         "2": {"job_id": "40_2", "state": "FAILED", "nodes": ""}}},
+        {"job_id": "42", "indices": [2], "previous": {"2": {"job_id": "41_2", "state": "NODE_FAIL", "nodes": "node2"}}},
+    ]}
+    history = submission_history(manifest)
+    assert history == {1: ("40_1 TIMEOUT on node1",), 2: ("40_2 FAILED", "41_2 NODE_FAIL on node2")}
+    rows = [dataclasses.replace(r, history=history.get(r.index, ())) for r in status_rows()]
+    console = Console(width=250, record=True)
+    console.print(fitted(rows, "sweep", 250))
+    text = console.export_text()
+    assert "before" in text and "40_2 FAILED > 41_2 NODE_FAIL on node2" in text, text
+
+
 @pytest.mark.parametrize("width, hidden", [
     (250, []),
     (160, ["run dir"]),
@@ -431,7 +451,7 @@ def test_status_table_hides_the_least_needed_columns_to_fit_the_terminal(width, 
     assert max(len(line.rstrip()) for line in lines) <= width, text
     header = next(line for line in lines if line.startswith("┃"))
     shown = [cell.strip() for cell in header.strip("┃").split("┃")]
-    assert shown == [col for col, _ in COLUMNS if col not in hidden], text
+    assert shown == [col for col, _ in COLUMNS if col not in hidden and col != "before"], text  # (no resubmission)
     for name in ("n_layer=4,n_embd=128,lr=0.001", "n_layer=6,n_embd=384,lr=0.0003"):
         assert any(name in line for line in lines), f"the run name {name} is cut or wrapped:\n{text}"
     if hidden:

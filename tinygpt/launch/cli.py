@@ -5,6 +5,8 @@
     python launch.py SPEC.yaml --local          run every run here on CPU, one after another
     python launch.py status SPEC.yaml [--watch] a table of the sweep's runs
     python launch.py cancel SPEC.yaml           scancel the sweep's jobs
+    python launch.py resubmit SPEC.yaml         the runs that FAILED, TIMEOUT, NODE_FAIL or OUT_OF_MEMORY, again
+                     [--time T] [--mem M] [--exclude NODES] [--exclude-failed-nodes] [--states S,...] [--dry-run]
     python launch.py report SPEC.yaml           loss curves, final losses, samples, attention maps
     python launch.py sync SPEC.yaml             upload the sweep's offline W&B runs (wandb sync), from a login node
 
@@ -19,7 +21,7 @@ from pathlib import Path
 
 from .errors import LaunchError
 
-COMMANDS = ("status", "cancel", "report", "sync")
+COMMANDS = ("status", "cancel", "report", "sync", "resubmit")
 
 
 def _parser(command: str | None) -> argparse.ArgumentParser:
@@ -49,6 +51,16 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
             p.add_argument("--prompt", default=None, help="prompt for the attention maps and samples")
         if command == "sync":
             p.add_argument("--dry-run", action="store_true", help="show what W&B would upload, upload nothing")
+        if command == "resubmit":
+            p.add_argument("--states", default="FAILED,TIMEOUT,NODE_FAIL,OUT_OF_MEMORY",
+                           help="resubmit the runs whose latest job ended in one of these (default: %(default)s)")
+            p.add_argument("--time", help="a new time limit, e.g. 04:00:00")
+            p.add_argument("--mem", help="a new memory request, e.g. 16G")
+            p.add_argument("--exclude", action="append", default=[], metavar="NODES",
+                           help="nodes not to run on, e.g. node3 or node[3-4] (repeatable)")
+            p.add_argument("--exclude-failed-nodes", action="store_true",
+                           help="also exclude the nodes on which a run of this sweep ended in NODE_FAIL")
+            p.add_argument("--dry-run", action="store_true", help="say what would be resubmitted, submit nothing")
     p.add_argument("--workdir", default=".", help="where jobs/, logs/ and runs/ go (default: here)")
     return p
 
@@ -77,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
             return _report(args)
         if command == "sync":
             return _sync(args)
+        if command == "resubmit":
+            return _resubmit(args)
         return _launch(args)
     except LaunchError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -237,6 +251,23 @@ def _sync(args) -> int:
     done = subprocess.run([wandb, "sync", *(["--dry-run"] if args.dry_run else []), *offline])
     if done.returncode != 0:
         raise LaunchError(f"sync: wandb sync exited with status {done.returncode}; its output is above")
+    return 0
+
+
+def _resubmit(args) -> int:
+    from . import manifest as manifest_mod
+    from . import resubmit, status
+
+    states = resubmit.parse_states(args.states)
+    changes = resubmit.parse_changes(args.time, args.mem, args.exclude)
+    path = _manifest_path(args.spec, args.workdir)
+    if args.exclude_failed_nodes:
+        bad = resubmit.failed_nodes(status.collect(path), manifest_mod.load(path))
+        print(f"nodes where a run ended in NODE_FAIL: {', '.join(bad) or 'none'}")
+        changes = resubmit.parse_changes(args.time, args.mem, [*args.exclude, *bad])
+    ids = resubmit.resubmit(path, states, changes, args.dry_run)
+    if ids:
+        print(f"submitted as job array {', '.join(ids)}; follow with `python launch.py status {args.spec}`")
     return 0
 
 

@@ -24,6 +24,7 @@ class JobState:
     restarts: int | None
     source: str  # "sacct" or "squeue"
     reason: str = ""
+    nodes: str = ""  # where its latest life ran (Slurm's node list), "" when not known
 
 
 def available() -> bool:
@@ -89,18 +90,19 @@ def sacct_states(job_ids: list[str], since: float | None = None) -> dict[str, Jo
         return {}
     window = ["-S", time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since - 120))] if since else []
     # -D lists every life of a requeued job (the earlier ones as REQUEUED): restarts = rows - 1.
-    out = _run(["sacct", "-X", "-n", "-P", "-D", *window, "-j", ",".join(job_ids), "-o", "JobID,State"])
+    out = _run(["sacct", "-X", "-n", "-P", "-D", *window, "-j", ",".join(job_ids), "-o", "JobID,State,NodeList"])
     if out is None or out.returncode != 0:
         return None
-    lives: dict[str, list[str]] = {}
+    lives: dict[str, list[tuple[str, str]]] = {}
     for line in out.stdout.splitlines():
         parts = line.split("|")
-        if len(parts) >= 2 and parts[1]:
-            lives.setdefault(parts[0], []).append(parts[1].split()[0])
+        if len(parts) >= 3 and parts[1]:
+            nodes = "" if parts[2].startswith("None") else parts[2]
+            lives.setdefault(parts[0], []).append((parts[1].split()[0], nodes))
     states: dict[str, JobState] = {}
     for job_id, history in lives.items():
         for one in expand_array_id(job_id):
-            states[one] = JobState(one, history[-1], len(history) - 1, "sacct")
+            states[one] = JobState(one, history[-1][0], len(history) - 1, "sacct", nodes=history[-1][1])
     return states
 
 
@@ -121,7 +123,7 @@ def squeue_states(job_ids: list[str]) -> dict[str, JobState] | None:
     """{job id: state} of jobs still known to the controller; None when squeue is unavailable."""
     if not job_ids:
         return {}
-    out = _run(["squeue", "-h", "-r", "-j", ",".join(job_ids), "-o", "%i|%T|%r"])
+    out = _run(["squeue", "-h", "-r", "-j", ",".join(job_ids), "-o", "%i|%T|%r|%N"])
     if out is None:
         return None
     if out.returncode != 0:
@@ -132,7 +134,8 @@ def squeue_states(job_ids: list[str]) -> dict[str, JobState] | None:
         parts = line.split("|")
         if len(parts) >= 2:
             for one in expand_array_id(parts[0]):
-                states[one] = JobState(one, parts[1], None, "squeue", parts[2] if len(parts) > 2 else "")
+                states[one] = JobState(one, parts[1], None, "squeue", parts[2] if len(parts) > 2 else "",
+                                       parts[3] if len(parts) > 3 else "")
     return states
 
 

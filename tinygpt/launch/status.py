@@ -35,6 +35,8 @@ class Row:
     tokens_per_s: float | None
     eta_s: float | None
     run_dir: str
+    nodes: str = ""  # where its latest life ran
+    history: tuple[str, ...] = ()  # its earlier submissions: "JOB STATE on NODES", oldest first
 
 
 def read_progress(run_dir: Path) -> dict:
@@ -92,6 +94,7 @@ def collect(manifest_path: Path) -> list[Row]:
                                              or slurm_states[j].restarts is None])
     else:
         restarts = {}
+    history = submission_history(manifest)
     rows = []
     for run in manifest["runs"]:
         run_dir = Path(run["out_dir"])
@@ -110,16 +113,26 @@ def collect(manifest_path: Path) -> list[Row]:
             eta = progress["elapsed_s"] / step * (max_steps - step)
         rows.append(Row(run["index"], run["name"], job_id or "-", state, source, restart_count, step, max_steps,
                         progress.get("train_loss"), progress.get("val_loss"), progress.get("tokens_per_s"), eta,
-                        str(run_dir)))
+                        str(run_dir), js.nodes if js else "", history.get(run["index"], ())))
     return rows
+
+
+def submission_history(manifest: dict) -> dict[int, tuple[str, ...]]:
+    """Run index -> its earlier lives as recorded by `launch.py resubmit` ("JOB STATE on NODES")."""
+    history: dict[int, tuple[str, ...]] = {}
+    for sub in manifest.get("submissions", []):
+        for index, before in sorted((sub.get("previous") or {}).items(), key=lambda kv: int(kv[0])):
+            where = f" on {before['nodes']}" if before.get("nodes") else ""
+            history[int(index)] = history.get(int(index), ()) + (f"{before['job_id']} {before['state']}{where}",)
+    return history
 
 
 # Columns, and the order in which a narrow terminal hides them (first: the first to go). "#", "run", "state",
 # "step" and "val" always stay.
 COLUMNS = (("#", "right"), ("run", "left"), ("job", "left"), ("state", "left"), ("from", "left"),
            ("restarts", "right"), ("step", "right"), ("train", "right"), ("val", "right"), ("tok/s", "right"),
-           ("ETA", "right"), ("run dir", "left"))
-HIDE_ORDER = ("run dir", "from", "restarts", "tok/s", "train", "job", "ETA")
+           ("ETA", "right"), ("before", "left"), ("run dir", "left"))
+HIDE_ORDER = ("run dir", "before", "from", "restarts", "tok/s", "train", "job", "ETA")
 RUN_NAME_MIN = 24  # a run name narrower than this is never wrapped
 
 
@@ -137,6 +150,7 @@ def cells(r: Row) -> dict[str, str]:
         "val": "-" if r.val_loss is None else f"{r.val_loss:.4f}",
         "tok/s": "-" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}",
         "ETA": "-" if r.eta_s is None else format_duration(r.eta_s),
+        "before": " > ".join(r.history) or "-",
         "run dir": r.run_dir,
     }
 
@@ -151,6 +165,8 @@ def table(rows: list[Row], title: str, hidden: tuple[str, ...] = ()):
             continue
         if col == "run":
             t.add_column(col, justify=justify, min_width=name_width, overflow="fold")
+        elif col == "before":
+            t.add_column(col, overflow="fold", min_width=12)
         elif col == "run dir":
             t.add_column(col, overflow="fold", min_width=min(30, max([len(r.run_dir) for r in rows] + [7])))
         else:
@@ -168,17 +184,21 @@ def fitted(rows: list[Row], title: str, width: int):
     from rich.text import Text
 
     measure_console = Console(width=10_000)
-    hidden: tuple[str, ...] = ()
-    t = table(rows, title)
+    hidden: tuple[str, ...] = () if any(r.history for r in rows) else ("before",)  # (nothing was resubmitted)
+    t = table(rows, title, hidden)
     for col in HIDE_ORDER:
+        if col in hidden:
+            continue
         # The narrowest the table can be without squeezing a column below its min_width: folding the run
         # dir is fine, squeezing "state" or "step" into two lines is not.
         if Measurement.get(measure_console, measure_console.options, t).minimum <= width:
             break
         hidden += (col,)
         t = table(rows, title, hidden)
-    if not hidden:
+    hidden_here = tuple(col for col in hidden if col != "before" or any(r.history for r in rows))
+    if not hidden_here:
         return t
+    hidden = hidden_here
     note = f"hidden to fit {width} columns: {', '.join(hidden)} (a wider terminal, or COLUMNS=200, shows them)"
     parents = {str(Path(r.run_dir).parent) for r in rows}
     if "run dir" in hidden and len(parents) == 1 and all(Path(r.run_dir).name == r.name for r in rows):

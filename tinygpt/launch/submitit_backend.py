@@ -90,15 +90,38 @@ def render(plan: Plan, pythonpath: str | None = None) -> str:
 
 
 def submit(plan: Plan) -> list[str]:
+    manifest = manifest_mod.load(plan.manifest_path)
+    return [_submit(plan.manifest_path, manifest, [run["index"] for run in manifest["runs"]], str(folder(plan)),
+                    python_command(plan), executor_parameters(plan))]
+
+
+def _submit(manifest_path: Path, manifest: dict, indices: list[int], job_folder: str, python: str,
+            params: dict[str, Any], **record: Any) -> str:
+    """One submitit array of the runs `indices`; recorded in the manifest with the executor's parameters (so
+    that `launch.py resubmit` asks for the same, changed only where told)."""
     import submitit
 
-    executor = submitit.SlurmExecutor(folder=str(folder(plan)), python=python_command(plan))
-    executor.update_parameters(**executor_parameters(plan))
-    manifest = manifest_mod.load(plan.manifest_path)
-    configs = [run["config"] for run in manifest["runs"]]
-    jobs = executor.map_array(TrainTask(), configs)
-    ids = {str(run["index"]): job.job_id for run, job in zip(manifest["runs"], jobs)}
+    executor = submitit.SlurmExecutor(folder=job_folder, python=python)
+    executor.update_parameters(**params)
+    jobs = executor.map_array(TrainTask(), [manifest["runs"][i]["config"] for i in indices])
+    ids = {str(index): job.job_id for index, job in zip(indices, jobs)}
     array_id = jobs[0].job_id.split("_")[0]
-    manifest_mod.record_submission(plan.manifest_path, "submitit", array_id, [int(i) for i in ids],
-                                   per_run_ids=ids, folder=str(folder(plan)))
-    return [array_id]
+    manifest_mod.record_submission(manifest_path, "submitit", array_id, indices, per_run_ids=ids, folder=job_folder,
+                                   python=python, executor=params, **record)
+    return array_id
+
+
+def resubmit(manifest_path: Path, indices: list[int], options: dict[str, str], previous: dict,
+             dry_run: bool) -> list[str]:
+    """The runs `indices` as a new submitit array, with the parameters of the sweep's submission and the
+    changed sbatch options (`launch.py resubmit`)."""
+    manifest = manifest_mod.load(manifest_path)
+    first = next(s for s in manifest["submissions"] if s.get("backend") == "submitit")
+    params = {**first["executor"], "additional_parameters": {
+        **first["executor"]["additional_parameters"], **{k.replace("-", "_"): v for k, v in options.items()}}}
+    if dry_run:
+        print(f"dry run: would submit run(s) {', '.join(map(str, indices))} as a submitit array with "
+              f"{', '.join(f'--{k}={v}' for k, v in options.items()) or 'the same options'}")
+        return []
+    return [_submit(manifest_path, manifest, indices, first["folder"], first["python"], params, changes=options,
+                    previous=previous)]

@@ -1,0 +1,98 @@
+"""`launch.py resubmit`: only the runs that ended badly go back to the queue, and they resume.
+
+Two tasks of an array are made to fail the way a crash or the kernel's OOM killer ends a trainer: SIGKILL
+to the task's job step once it has saved a checkpoint (no handler runs; the batch script sees srun fail
+and the task ends FAILED).
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, read_metrics
+from slurm_helpers import job_env, signal_when_training, wait
+from tinygpt.launch import resubmit
+from tinygpt.launch.errors import LaunchError
+from tinygpt.launch.manifest import task_job_ids
+
+TINY = ("n_layer: 1, n_head: 2, n_embd: 32, block_size: 16, batch_size: 4, eval_interval: 50, ckpt_interval: 10, "
+        "sample_tokens: 0, eval_windows: 8, threads: 1, log_interval: 5")
+
+
+def launch(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args], capture_output=True, text=True,
+                          env=job_env(COLUMNS="250"), cwd=ROOT, timeout=180)
+
+
+def sacct_view(job_ids: list[str]) -> str:
+    out = subprocess.run(["sacct", "-X", "-P", "-j", ",".join(job_ids), "-o", "JobID,State,ExitCode,NodeList"],
+                         capture_output=True, text=True, timeout=30)
+    return out.stdout
+
+
+def manifest_of(work: Path, name: str) -> dict:
+    return json.loads((work / "jobs" / name / "manifest.json").read_text())
+
+
+@pytest.mark.parametrize("time, mem, exclude, message", [
+    ("soon", None, [], "--time: 'soon' is not a finite Slurm time"),
+    ("INFINITE", None, [], "--time: 'INFINITE' is not a finite Slurm time"),
+    (None, "lots", [], "--mem: 'lots' is not a memory size"),
+    (None, None, ["node1; rm -rf ~"], "--exclude: 'node1; rm -rf ~' is not a Slurm node list"),
+])
+def test_bad_resubmit_options_are_named(time, mem, exclude, message):
+    with pytest.raises(LaunchError, match=message.replace("[", r"\[")):
+        resubmit.parse_changes(time, mem, exclude)
+
+
+def test_states_and_changes_are_parsed():
+    assert resubmit.parse_states("failed, TIMEOUT") == ("FAILED", "TIMEOUT")
+    with pytest.raises(LaunchError, match="--states: RUNNING not among"):
+        resubmit.parse_states("FAILED,RUNNING")
+    changes = resubmit.parse_changes("90", "8G", ["node1", "node[3-4]", "node1"])
+    assert changes.sbatch_args() == ["--time=01:30:00", "--mem=8192M", "--exclude=node1,node[3-4]"]
+
+
+@pytest.mark.slurm
+def test_resubmit_runs_exactly_the_failed_tasks_again_and_they_resume(tmp_path, tiny_corpus):
+    work = tmp_path / "w"
+    spec = tmp_path / "six.yaml"
+    spec.write_text(f"name: six\ntrain: {{data_file: {tiny_corpus}, {TINY}, max_steps: 30}}\n"
+                    "runs:\n" + "".join(f"  - {{name: r{i}, seed: {i}}}\n" for i in range(6))
+                    .replace("seed: 1}", "seed: 1, max_steps: 1500}").replace("seed: 4}", "seed: 4, max_steps: 1500}")
+                    + "resources: {time: '00:10:00'}\n")
+    assert launch(str(spec), "--workdir", str(work)).returncode == 0
+    ids = task_job_ids(manifest_of(work, "six"))
+    for victim in (1, 4):  # SIGKILL once the run has saved a checkpoint (step 10)
+        signal_when_training(ids[victim], work / "runs" / "six" / f"r{victim}" / "metrics.jsonl", "KILL",
+                             min_lines=3)
+    before = {i: wait(job) for i, job in ids.items()}
+    print("sacct before resubmit:\n" + sacct_view(sorted(set(ids.values()))))
+    assert [i for i, state in before.items() if state != "COMPLETED"] == [1, 4], before
+    assert {before[1], before[4]} == {"FAILED"}
+
+    dry = launch("resubmit", str(spec), "--workdir", str(work), "--dry-run", "--time", "00:20:00")
+    assert dry.returncode == 0 and "resubmitting 2 of 6 run(s): r1 (" in dry.stdout, dry.stdout + dry.stderr
+    assert "--array=1,4 --time=00:20:00" in dry.stdout and len(manifest_of(work, "six")["submissions"]) == 1
+    out = launch("resubmit", str(spec), "--workdir", str(work), "--time", "00:20:00")
+    assert out.returncode == 0, out.stdout + out.stderr
+    manifest = manifest_of(work, "six")
+    new = manifest["submissions"][-1]
+    assert new["indices"] == [1, 4] and new["array"] == "1,4" and new["changes"] == {"time": "00:20:00"}
+    assert {k: v["state"] for k, v in new["previous"].items()} == {"1": "FAILED", "4": "FAILED"}
+    after = task_job_ids(manifest)
+    assert [after[i] == ids[i] for i in range(6)] == [True, False, True, True, False, True]
+    assert wait(after[1], timeout=300) == wait(after[4], timeout=300) == "COMPLETED"
+    print("sacct after resubmit:\n" + sacct_view(sorted({*ids.values(), *after.values()})))
+    for victim in (1, 4):
+        records = read_metrics(work / "runs" / "six" / f"r{victim}")
+        starts = [r for r in records if r.get("event") == "start"]
+        assert len(starts) == 2 and starts[1]["step"] >= 10  # the second life resumed from a checkpoint
+        assert records[-1]["event"] == "finished" and records[-1]["step"] == 1500
+    status = launch("status", str(spec), "--workdir", str(work))
+    assert status.stdout.count("COMPLETED") == 6 and f"{ids[1]} FAILED on node" in status.stdout, status.stdout
+    again = launch("resubmit", str(spec), "--workdir", str(work))
+    assert again.returncode == 0 and "nothing to resubmit" in again.stdout

@@ -1,0 +1,143 @@
+"""`launch.py resubmit SPEC`: the runs of a sweep that ended badly, again, as one new array; nothing else.
+
+The three tasks of a 64-task array that hit their time limit or a bad node go back to the queue with more
+time, more memory or without that node; the 61 that finished are never touched. Each resubmitted run
+resumes from its own checkpoints (its config and run directory are the ones it had), runs the code it
+was first submitted with (the sbatch script names the sweep's code snapshot), and its earlier job, state
+and nodes are kept in the manifest (`status` shows them).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import manifest as manifest_mod
+from . import slurm_cli, status
+from .errors import LaunchError
+from .profiles import format_time, parse_mem_mb, parse_time_min
+
+DEFAULT_STATES = ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+STATES = (*DEFAULT_STATES, "CANCELLED", "PREEMPTED", "BOOT_FAIL", "DEADLINE")
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What the new jobs ask for differently: sbatch long options, e.g. {"time": "04:00:00"}."""
+
+    options: dict[str, str]
+
+    def sbatch_args(self) -> list[str]:
+        return [f"--{key}={value}" for key, value in self.options.items()]
+
+
+def parse_states(text: str) -> tuple[str, ...]:
+    states = tuple(s.strip().upper() for s in text.split(",") if s.strip())
+    unknown = [s for s in states if s not in STATES]
+    if unknown or not states:
+        raise LaunchError(f"--states: {', '.join(unknown) or repr(text)} not among {', '.join(STATES)}; give a "
+                          f"comma-separated list, e.g. --states FAILED,TIMEOUT")
+    return states
+
+
+def parse_changes(time: str | None, mem: str | None, exclude: list[str]) -> Changes:
+    options: dict[str, str] = {}
+    if time is not None:
+        try:
+            minutes = parse_time_min(time)
+        except ValueError:
+            minutes = -1
+        if minutes is None or minutes < 1:
+            raise LaunchError(f"--time: {time!r} is not a finite Slurm time of at least a minute; use HH:MM:SS, "
+                              f"D-HH:MM:SS or minutes")
+        options["time"] = format_time(minutes)
+    if mem is not None:
+        try:
+            options["mem"] = f"{parse_mem_mb(mem)}M"
+        except ValueError:
+            raise LaunchError(f"--mem: {mem!r} is not a memory size; use e.g. 8G or 500M") from None
+    nodes = [n for n in exclude if n]
+    for node in nodes:
+        if any(ch.isspace() or ch in "\x00'\"$;|&" for ch in node):
+            raise LaunchError(f"--exclude: {node!r} is not a Slurm node list; use e.g. node3 or node[3-4]")
+    if nodes:
+        options["exclude"] = ",".join(dict.fromkeys(nodes))
+    return Changes(options)
+
+
+def select(rows: list[status.Row], states: tuple[str, ...]) -> list[status.Row]:
+    """The runs whose latest job ended in one of `states`; a run whose directory says it finished never."""
+    chosen = []
+    for row in rows:
+        if row.state.split()[0] in states and status.read_progress(Path(row.run_dir)).get("event") != "finished":
+            chosen.append(row)
+    return chosen
+
+
+def failed_nodes(rows: list[status.Row], manifest: dict) -> list[str]:
+    """The nodes on which a run of the sweep ended in NODE_FAIL, now or in an earlier submission."""
+    nodes = [r.nodes for r in rows if r.state.startswith("NODE_FAIL") and r.nodes]
+    for sub in manifest.get("submissions", []):
+        nodes += [b["nodes"] for b in (sub.get("previous") or {}).values()
+                  if b.get("state") == "NODE_FAIL" and b.get("nodes")]
+    return list(dict.fromkeys(nodes))
+
+
+def resubmit(manifest_path: Path, states: tuple[str, ...], changes: Changes, dry_run: bool) -> list[str]:
+    """Submit the chosen runs again; return the new job ids (none for a dry run or when nothing matched)."""
+    manifest = manifest_mod.load(manifest_path)
+    if manifest["backend"] not in ("sbatch", "submitit") or not any(
+            s.get("backend") != "local" for s in manifest.get("submissions", [])):
+        raise LaunchError("resubmit: no job of this sweep was submitted to Slurm; launch it first (runs of "
+                          "--local are run again with --local)")
+    rows = collect_rows(manifest_path)
+    chosen = select(rows, states)
+    if not chosen:
+        print(f"nothing to resubmit: no run's latest job ended in {', '.join(states)}")
+        return []
+    previous = {str(r.index): {"job_id": r.job_id, "state": r.state.split()[0], "nodes": r.nodes} for r in chosen}
+    print(f"resubmitting {len(chosen)} of {len(rows)} run(s): "
+          + ", ".join(f"{r.name} ({r.job_id} {r.state.split()[0]}{' on ' + r.nodes if r.nodes else ''})"
+                      for r in chosen)
+          + (f"; with {' '.join(changes.sbatch_args())}" if changes.options else ""))
+    if manifest["backend"] == "submitit":
+        from . import submitit_backend
+
+        return submitit_backend.resubmit(manifest_path, [r.index for r in chosen], changes.options, previous,
+                                         dry_run)
+    return _resubmit_sbatch(manifest_path, manifest, [r.index for r in chosen], changes, previous, dry_run)
+
+
+def collect_rows(manifest_path: Path) -> list[status.Row]:
+    rows = status.collect(manifest_path)
+    if rows and all(r.source == "run dir" for r in rows if r.job_id != "-"):
+        raise LaunchError("resubmit: Slurm does not say how the sweep's jobs ended (no sacct or squeue answer); "
+                          "run it where Slurm's commands work")
+    return rows
+
+
+def _resubmit_sbatch(manifest_path: Path, manifest: dict, indices: list[int], changes: Changes,
+                     previous: dict, dry_run: bool) -> list[str]:
+    """One `sbatch --array=<their task ids>` per batch script the runs came from (one, unless the sweep was
+    split at MaxArraySize), with the changed options on the command line over the script's own."""
+    latest: dict[int, tuple[str, int]] = {}  # run index -> (the script of its newest job, that array's offset)
+    for sub in manifest["submissions"]:
+        for index in sub.get("indices", []) if sub.get("script") else []:
+            latest[index] = (sub["script"], sub.get("offset", 0))
+    by_script: dict[tuple[str, int], list[int]] = {}
+    for index in indices:
+        by_script.setdefault(latest[index], []).append(index)
+    ids = []
+    for (script, offset), group in by_script.items():
+        array = ",".join(str(i - offset) for i in sorted(group))
+        extra = [f"--array={array}", *changes.sbatch_args()]
+        if dry_run:
+            print(f"dry run: would run sbatch {shlex.join(extra)} {shlex.quote(script)}")
+            continue
+        job_id = slurm_cli.sbatch(script, extra)
+        manifest_mod.record_submission(manifest_path, "sbatch", job_id, sorted(group), array=array, offset=offset,
+                                       script=script, changes=changes.options,
+                                       previous={k: v for k, v in previous.items() if int(k) in group})
+        ids.append(job_id)
+    return ids
