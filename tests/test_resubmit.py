@@ -1,11 +1,13 @@
 """`launch.py resubmit`: only the runs that ended badly go back to the queue, and they resume.
 
 Two tasks of an array are made to fail the way a crash or the kernel's OOM killer ends a trainer: SIGKILL
-to the task's job step once it has saved a checkpoint (no handler runs; the batch script sees srun fail
-and the task ends FAILED).
+to the trainer process once it has saved a checkpoint (no handler runs; srun reports the task killed, the
+batch script exits with its status and the task ends FAILED).
 """
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, read_metrics
-from slurm_helpers import job_env, signal_when_training, wait
+from slurm_helpers import job_env, wait, wait_until
 from tinygpt.launch import resubmit
 from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.manifest import task_job_ids
@@ -31,6 +33,17 @@ def sacct_view(job_ids: list[str]) -> str:
     out = subprocess.run(["sacct", "-X", "-P", "-j", ",".join(job_ids), "-o", "JobID,State,ExitCode,NodeList"],
                          capture_output=True, text=True, timeout=30)
     return out.stdout
+
+
+def kill_trainer_when_training(work: Path, sweep: str, index: int) -> None:
+    """SIGKILL the trainer process of run `index` (the pid its run-directory lock records; the nodes of the local
+    cluster share this machine's processes) once it has logged 3 training lines (past its checkpoint at step 10)."""
+    run = manifest_of(work, sweep)["runs"][index]
+    metrics = Path(run["out_dir"]) / "metrics.jsonl"
+    wait_until(lambda: metrics.exists() and metrics.read_text().count('"lr"') >= 3, timeout=120, poll=0.05,
+               what=f"run {index} training")
+    holder = json.loads((Path(run["out_dir"]) / ".lock").read_text())  # the trainer's own record (rundir_lock)
+    os.kill(int(holder["pid"]), signal.SIGKILL)
 
 
 def manifest_of(work: Path, name: str) -> dict:
@@ -67,8 +80,7 @@ def test_resubmit_runs_exactly_the_failed_tasks_again_and_they_resume(tmp_path, 
     assert launch(str(spec), "--workdir", str(work)).returncode == 0
     ids = task_job_ids(manifest_of(work, "six"))
     for victim in (1, 4):  # SIGKILL once the run has saved a checkpoint (step 10)
-        signal_when_training(ids[victim], work / "runs" / "six" / f"r{victim}" / "metrics.jsonl", "KILL",
-                             min_lines=3)
+        kill_trainer_when_training(work, "six", victim)
     before = {i: wait(job) for i, job in ids.items()}
     print("sacct before resubmit:\n" + sacct_view(sorted(set(ids.values()))))
     assert [i for i, state in before.items() if state != "COMPLETED"] == [1, 4], before
@@ -96,3 +108,23 @@ def test_resubmit_runs_exactly_the_failed_tasks_again_and_they_resume(tmp_path, 
     assert status.stdout.count("COMPLETED") == 6 and f"{ids[1]} FAILED on node" in status.stdout, status.stdout
     again = launch("resubmit", str(spec), "--workdir", str(work))
     assert again.returncode == 0 and "nothing to resubmit" in again.stdout
+
+
+@pytest.mark.slurm
+def test_resubmit_with_the_submitit_backend(tmp_path, tiny_corpus):
+    work = tmp_path / "w"
+    spec = tmp_path / "pair.yaml"
+    spec.write_text(f"name: pair\nbackend: submitit\ntrain: {{data_file: {tiny_corpus}, {TINY}, max_steps: 30}}\n"
+                    "runs:\n  - {name: quick}\n  - {name: doomed, max_steps: 1500}\nresources: {time: '00:10:00'}\n")
+    assert launch(str(spec), "--workdir", str(work)).returncode == 0
+    ids = task_job_ids(manifest_of(work, "pair"))
+    kill_trainer_when_training(work, "pair", 1)
+    assert (wait(ids[0]), wait(ids[1])) == ("COMPLETED", "FAILED")
+    out = launch("resubmit", str(spec), "--workdir", str(work), "--mem", "1G")
+    assert out.returncode == 0 and "resubmitting 1 of 2 run(s): doomed (" in out.stdout, out.stdout + out.stderr
+    new = manifest_of(work, "pair")["submissions"][-1]
+    assert new["indices"] == [1] and new["executor"]["additional_parameters"]["mem"] == "1024M"
+    assert wait(task_job_ids(manifest_of(work, "pair"))[1], timeout=300) == "COMPLETED"
+    records = read_metrics(work / "runs" / "pair" / "doomed")
+    assert [r["step"] >= 10 for r in records if r.get("event") == "start"] == [False, True]
+    assert records[-1]["event"] == "finished"
