@@ -244,3 +244,6 @@ def test_passed_through_options_reach_slurm(tmp_path, workdir, tiny_corpus, back
     assert fields["NodeList"] == "node2" and fields["Comment"] == "it's$(passed)", fields
     logs = "\n".join(p.read_text() for p in (workdir / "logs" / "through").rglob("*") if p.suffix in (".out", ".err"))
     assert "0: " in logs and any(line.startswith("0: ") and "done: step 20" in line for line in logs.splitlines())
+    shown = launch("logs", str(spec), "base", "--workdir", str(workdir))  # found where each backend writes it
+    assert shown.returncode == 0 and "==> run base (#0), job " in shown.stdout and " on node2, latest life" in \
+        shown.stdout and "done: step 20" in shown.stdout, shown.stdout + shown.stderr

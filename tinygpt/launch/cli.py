@@ -8,6 +8,7 @@
     python launch.py resubmit SPEC.yaml         the runs that FAILED, TIMEOUT, NODE_FAIL or OUT_OF_MEMORY, again
                      [--time T] [--mem M] [--exclude NODES] [--exclude-failed-nodes] [--states S,...] [--dry-run]
     python launch.py report SPEC.yaml           loss curves, final losses, samples, attention maps
+    python launch.py logs SPEC.yaml [RUN]       a run's Slurm log, its latest life [--tail N] [--follow] [--all]
     python launch.py sync SPEC.yaml             upload the sweep's offline W&B runs (wandb sync), from a login node
 
 Errors in the spec are all reported at once, and nothing is submitted; the exit status is 1.
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from .errors import LaunchError
 
-COMMANDS = ("status", "cancel", "report", "sync", "resubmit")
+COMMANDS = ("status", "cancel", "report", "sync", "resubmit", "logs")
 
 
 def _parser(command: str | None) -> argparse.ArgumentParser:
@@ -51,6 +52,11 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
             p.add_argument("--prompt", default=None, help="prompt for the attention maps and samples")
         if command == "sync":
             p.add_argument("--dry-run", action="store_true", help="show what W&B would upload, upload nothing")
+        if command == "logs":
+            p.add_argument("run", nargs="?", help="a run's name or number (default: every run)")
+            p.add_argument("--tail", type=int, metavar="N", help="only the last N lines of each log")
+            p.add_argument("--follow", action="store_true", help="keep printing the run's log as it grows")
+            p.add_argument("--all", action="store_true", help="every job of the run, every life, not only the latest")
         if command == "resubmit":
             p.add_argument("--states", default="FAILED,TIMEOUT,NODE_FAIL,OUT_OF_MEMORY",
                            help="resubmit the runs whose latest job ended in one of these (default: %(default)s)")
@@ -91,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
             return _sync(args)
         if command == "resubmit":
             return _resubmit(args)
+        if command == "logs":
+            return _logs(args)
         return _launch(args)
     except LaunchError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -251,6 +259,30 @@ def _sync(args) -> int:
     done = subprocess.run([wandb, "sync", *(["--dry-run"] if args.dry_run else []), *offline])
     if done.returncode != 0:
         raise LaunchError(f"sync: wandb sync exited with status {done.returncode}; its output is above")
+    return 0
+
+
+def _logs(args) -> int:
+    from . import logs, status
+    from . import manifest as manifest_mod
+
+    if args.tail is not None and args.tail < 1:
+        raise LaunchError(f"--tail: must be >= 1, got {args.tail}")
+    path = _manifest_path(args.spec, args.workdir)
+    manifest = manifest_mod.load(path)
+    if args.follow:
+        if args.run is None and len(manifest["runs"]) != 1:
+            raise LaunchError("--follow: name the run to follow, e.g. `launch.py logs SPEC RUN --follow`")
+        index = logs.find_run(manifest, args.run)[0]["index"]
+
+        def ended() -> bool:
+            row = status.collect(path)[index]
+            return row.state.split()[0] in status.TERMINAL
+
+        logs.follow(manifest, args.run or str(index), ended)
+        return 0
+    nodes = {r.index: r.nodes for r in status.collect(path)}
+    logs.show(manifest, args.run, args.tail, args.all, nodes)
     return 0
 
 

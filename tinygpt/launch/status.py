@@ -218,6 +218,7 @@ def show(manifest_path: Path, watch: bool = False, interval: float = 5.0, consol
     rows = collect(manifest_path)
     if not watch:
         console.print(fitted(rows, title, console.width))
+        _print_failures(manifest_path, rows, console)
         return rows
     from rich.live import Live
 
@@ -226,4 +227,25 @@ def show(manifest_path: Path, watch: bool = False, interval: float = 5.0, consol
             time.sleep(interval)
             rows = collect(manifest_path)
             live.update(fitted(rows, title, console.width))
+    _print_failures(manifest_path, rows, console)
     return rows
+
+
+FAILED = ("FAILED", "OUT_OF_MEMORY", "NODE_FAIL", "TIMEOUT", "BOOT_FAIL", "DEADLINE")
+
+
+def _print_failures(manifest_path: Path, rows: list[Row], console) -> None:
+    """Under the table: the last error line of each run whose job failed, from its log."""
+    from rich.markup import escape
+
+    from . import logs
+
+    failed = [r for r in rows if r.state.split()[0] in FAILED]
+    if not failed:
+        return
+    manifest = manifest_mod.load(manifest_path)
+    console.print("[red]failed[/] (`launch.py logs SPEC RUN` shows the whole log; `launch.py resubmit SPEC` runs "
+                  "them again):")
+    for r in failed:
+        line = logs.last_error(manifest, r.index) or "(no log)"
+        console.print(f"  {escape(r.name)} ({r.job_id} {r.state.split()[0]}): {escape(line)}", soft_wrap=True)
