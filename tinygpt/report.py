@@ -172,7 +172,8 @@ def _table(runs: list[RunSummary], varying: list[str]) -> list[str]:
 
 
 def write_report(runs: list[RunSummary], out_dir: Path, title: str, varying: list[str],
-                 prompt: str | None = None) -> Path:
+                 prompt: str | None = None, appendix: str | None = None) -> Path:
+    """report.md and its figures in out_dir; `appendix` (Markdown, e.g. the launcher's efficiency table) ends it."""
     out_dir.mkdir(parents=True, exist_ok=True)
     done = [r for r in runs if r.val_curve]
     if not done:
@@ -190,16 +191,19 @@ def write_report(runs: list[RunSummary], out_dir: Path, title: str, varying: lis
              "![attention maps](attention.png)", "", "## Samples", ""]
     for r in runs:
         lines += [f"### {r.name}", "", "```", (r.sample or "(no sample: run not finished)").strip("\n"), "```", ""]
+    if appendix:
+        lines.append(appendix)
     path = out_dir / "report.md"
     path.write_text("\n".join(lines))
     return path
 
 
 def report_command(runs: list[tuple[Path, str | None]], out_dir: Path, title: str, varying: list[str],
-                   prompt: str | None = None) -> int:
+                   prompt: str | None = None, appendix: str | None = None) -> int:
     """Write the report of `runs` ((run directory, name) pairs) into out_dir; print where; exit status."""
     try:
-        path = write_report([load_run(run_dir, name) for run_dir, name in runs], out_dir, title, varying, prompt)
+        path = write_report([load_run(run_dir, name) for run_dir, name in runs], out_dir, title, varying, prompt,
+                            appendix)
     except ReportError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

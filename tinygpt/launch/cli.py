@@ -48,6 +48,8 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
         if command == "status":
             p.add_argument("--watch", action="store_true", help="refresh until every run has ended")
             p.add_argument("--interval", type=float, default=5.0, help="seconds between refreshes")
+            p.add_argument("--efficiency", action="store_true",
+                           help="how each run used its allocation: CPU and memory efficiency, GPU use (sacct)")
         if command == "report":
             p.add_argument("--prompt", default=None, help="prompt for the attention maps and samples")
         if command == "sync":
@@ -87,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         if command == "status":
             from . import status
 
+            if args.efficiency:
+                return _efficiency(args)
             status.show(_manifest_path(args.spec, args.workdir), watch=args.watch, interval=args.interval)
             return 0
         if command == "cancel":
@@ -224,6 +228,28 @@ def _print_plan(plan, args) -> None:
     console.print(f"manifest: {plan.manifest_path}")
 
 
+def _efficiency(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from . import efficiency
+    from . import manifest as manifest_mod
+
+    manifest = manifest_mod.load(_manifest_path(args.spec, args.workdir))
+    rows = efficiency.table_rows(manifest)
+    if not rows:
+        print(f"no job of sweep {manifest['name']} went to Slurm: nothing to account for")
+        return 0
+    t = Table(title=f"sweep {manifest['name']}: use of the allocation (sacct; the latest job of each run)",
+              title_justify="left")
+    for col in efficiency.COLUMNS:
+        t.add_column(col, justify="left" if col in ("run", "job", "state", "flag") else "right")
+    for row in rows:
+        t.add_row(*(f"[red]{row[c]}[/]" if c == "flag" else row[c] for c in efficiency.COLUMNS))
+    Console().print(t)
+    return 0
+
+
 def _report(args) -> int:
     """`launch.py report SPEC`: runs/<sweep>/report.md over every run of the sweep's manifest."""
     from tinygpt import report
@@ -234,7 +260,21 @@ def _report(args) -> int:
     runs = [(Path(r["out_dir"]), r["name"]) for r in manifest["runs"]]
     varying = sorted({k for r in manifest["runs"] for k in r["overrides"]})
     out_dir = Path(manifest["workdir"]) / "runs" / manifest["name"]
-    return report.report_command(runs, out_dir, f"sweep {manifest['name']}", varying, args.prompt)
+    return report.report_command(runs, out_dir, f"sweep {manifest['name']}", varying, args.prompt,
+                                 _efficiency_section(manifest))
+
+
+def _efficiency_section(manifest: dict) -> str | None:
+    """The report's efficiency table, when the sweep ran on Slurm and accounting answers."""
+    from . import efficiency
+
+    if not any(s.get("backend") != "local" for s in manifest.get("submissions", [])):
+        return None
+    try:
+        return efficiency.markdown(efficiency.table_rows(manifest))
+    except LaunchError as err:
+        print(f"note: the report has no efficiency table: {err}", file=sys.stderr)
+        return None
 
 
 def _sync(args) -> int:

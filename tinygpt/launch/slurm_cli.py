@@ -106,6 +106,14 @@ def sacct_states(job_ids: list[str], since: float | None = None) -> dict[str, Jo
     return states
 
 
+def sacct_fields(job_ids: list[str], fields: tuple[str, ...], since: float | None = None) -> str | None:
+    """sacct's `-P -n` lines of the jobs and their steps (array ids expand to every task's latest life);
+    None when accounting is off."""
+    window = ["-S", time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since - 120))] if since else []
+    out = _run(["sacct", "-n", "-P", *window, "-j", ",".join(job_ids), "-o", ",".join(fields)])
+    return out.stdout if out is not None and out.returncode == 0 else None
+
+
 def expand_array_id(job_id: str) -> list[str]:
     """`123_[0-3,7%2]` (a pending array, as sacct and squeue print it) -> 123_0 ... 123_3, 123_7."""
     m = re.fullmatch(r"(\d+)_\[([^\]]+)\]", job_id)
