@@ -17,6 +17,7 @@ Errors in the spec are all reported at once, and nothing is submitted; the exit 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -243,10 +244,14 @@ def _efficiency(args) -> int:
     t = Table(title=f"sweep {manifest['name']}: use of the allocation (sacct; the latest job of each run)",
               title_justify="left")
     for col in efficiency.COLUMNS:
-        t.add_column(col, justify="left" if col in ("run", "job", "state", "flag") else "right")
+        t.add_column(col, justify="left" if col in ("run", "job", "state", "flag") else "right",
+                     no_wrap=col not in ("run", "flag"))
     for row in rows:
         t.add_row(*(f"[red]{row[c]}[/]" if c == "flag" else row[c] for c in efficiency.COLUMNS))
-    Console().print(t)
+    console = Console()
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(width=1_000)  # piped: no screen to fit
+    console.print(t)
     return 0
 
 
