@@ -97,11 +97,11 @@ node_mem=$(( free_mb * 6 / 10 / NODES ))
 [ "$node_mem" -ge 256 ] || die memory "" "only ${free_mb} MB of memory; Slurm nodes need at least 256 MB each"
 
 if [ "$NODES" = 1 ]; then
-  ctld_host="$HOST"
+  ctld_host="$HOST" dbd_addr=localhost
   node_lines="NodeName=$HOST CPUs=$CPUS RealMemory=$node_mem State=UNKNOWN"
   slurmd_pid="$RUN/slurmd.pid"
 else
-  ctld_host="$HOST($SUBNET.1)"
+  ctld_host="$HOST($SUBNET.1)" dbd_addr="$SUBNET.1"  # reachable from the nodes too (sacct in a job)
   node_lines=""
   for n in $(seq 1 "$NODES"); do
     node_lines+="NodeName=node$n NodeAddr=$SUBNET.$((10 + n)) CPUs=$CPUS RealMemory=$node_mem State=UNKNOWN"$'\n'
@@ -110,7 +110,7 @@ else
 fi
 if [ "$ACCOUNTING" = 1 ]; then
   accounting="AccountingStorageType=accounting_storage/slurmdbd
-AccountingStorageHost=localhost
+AccountingStorageHost=$dbd_addr
 JobAcctGatherType=jobacct_gather/linux"
 else
   accounting="AccountingStorageType=accounting_storage/none

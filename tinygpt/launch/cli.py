@@ -3,6 +3,7 @@
     python launch.py SPEC.yaml                  validate, write scripts and manifest, submit
     python launch.py SPEC.yaml --dry-run        the same without submitting: a table of runs and resources
     python launch.py SPEC.yaml --local          run every run here on CPU, one after another
+    python launch.py SPEC.yaml --chain          data job -> training array (afterok) -> report job (afterany)
     python launch.py status SPEC.yaml [--watch] a table of the sweep's runs
     python launch.py cancel SPEC.yaml           scancel the sweep's jobs
     python launch.py resubmit SPEC.yaml         the runs that FAILED, TIMEOUT, NODE_FAIL or OUT_OF_MEMORY, again
@@ -39,6 +40,8 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
         p.add_argument("--hold", action="store_true",
                        help="submit held (sbatch --hold); start them with `scontrol release JOBID`")
         p.add_argument("--nproc", type=int, default=1, help="with --local: gloo ranks per run (default 1)")
+        p.add_argument("--chain", action="store_true",
+                       help="three jobs: data preparation, the training array after it, the sweep report after that")
         p.add_argument("--no-snapshot", action="store_true",
                        help="jobs import the live checkout when they start, not a snapshot of the code as it is now")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -127,40 +130,67 @@ def _launch(args) -> int:
             raise LaunchError(f"--set {item!r}: write KEY=VALUE, e.g. --set max_steps=300")
         overrides[key.strip()] = value
     sweep = spec_mod.load(args.spec, args.workdir, cluster=args.cluster, backend=args.backend, overrides=overrides)
-    if args.hold and (args.local or sweep.backend != "sbatch"):
-        raise LaunchError("--hold: only for submissions with the sbatch backend")
+    if args.hold and (args.local or (sweep.backend != "sbatch" and not args.chain)):
+        raise LaunchError("--hold: only for submissions with the sbatch backend (or the data step of --chain)")
     _refuse_if_live(sweep, args.spec)
-    if not (args.dry_run or args.local):
+    if not (args.dry_run or args.local or args.chain):
         plan_mod.prepare_data(sweep)  # (the data is read by every task: a corpus that fails stops us here)
     plan = plan_mod.build(sweep, None if args.local else _snapshot(sweep, args.no_snapshot))
-    _print_plan(plan, args)
+    steps = {}
+    if args.chain and not args.local:
+        from . import chain
+
+        steps = chain.write_scripts(plan)
+    _print_plan(plan, args, steps)
     if args.dry_run:
         print("dry run: nothing submitted")
         return 0
     if args.local:
-        from . import local
-
-        failed = local.run_all(plan, nproc=args.nproc)
-        print(f"{len(sweep.runs) - failed}/{len(sweep.runs)} run(s) finished; see `python launch.py status "
-              f"{args.spec}`")
-        return 1 if failed else 0
-    if sweep.backend == "submitit":
-        from . import submitit_backend
-
-        ids = submitit_backend.submit(plan)
-    else:
-        from . import manifest as manifest_mod
-        from . import slurm_cli
-
-        ids = []
-        for path, array, offset, indices in plan.scripts:
-            job_id = slurm_cli.sbatch(str(path), ["--hold"] if args.hold else None)
-            manifest_mod.record_submission(plan.manifest_path, "sbatch", job_id, indices, array=array,
-                                           offset=offset, script=str(path))
-            ids.append(job_id)
+        return _run_local(plan, args)
+    if steps:
+        ids = chain.submit(plan, steps, lambda dependency: _submit(plan, False, dependency), args.hold)
+        print(f"submitted the chain: data job {ids[0]}, training array {', '.join(ids[1:-1])}, report job {ids[-1]}; "
+              f"follow with `python launch.py status {args.spec}`")
+        return 0
+    ids = _submit(plan, args.hold, None)
     print(f"submitted {len(sweep.runs)} run(s) as job array {', '.join(ids)}; follow with "
           f"`python launch.py status {args.spec}`")
     return 0
+
+
+def _submit(plan, hold: bool, dependency: str | None) -> list[str]:
+    """Submit the training array(s) of a built plan, after `dependency` (e.g. afterok:123) when given."""
+    from . import manifest as manifest_mod
+    from . import slurm_cli
+
+    if plan.sweep.backend == "submitit":
+        from . import submitit_backend
+
+        return submitit_backend.submit(plan, dependency)
+    ids = []
+    for path, array, offset, indices in plan.scripts:
+        extra = (["--hold"] if hold else []) + ([f"--dependency={dependency}"] if dependency else [])
+        job_id = slurm_cli.sbatch(str(path), extra)
+        manifest_mod.record_submission(plan.manifest_path, "sbatch", job_id, indices, array=array, offset=offset,
+                                       script=str(path))
+        ids.append(job_id)
+    return ids
+
+
+def _run_local(plan, args) -> int:
+    """--local: every run here, one after another; with --chain the data first and the report after."""
+    from . import local
+    from . import plan as plan_mod
+
+    runs = plan.sweep.runs
+    if args.chain:
+        print(f"=== chain, data: prepared {', '.join(plan_mod.prepare_data(plan.sweep))}")
+    failed = local.run_all(plan, nproc=args.nproc)
+    print(f"{len(runs) - failed}/{len(runs)} run(s) finished; see `python launch.py status {args.spec}`")
+    if args.chain:
+        print("=== chain, report:")
+        failed += report_from_manifest(plan.manifest_path, None) != 0
+    return 1 if failed else 0
 
 
 def _snapshot(sweep, live: bool):
@@ -194,16 +224,23 @@ def _refuse_if_live(sweep, spec: str) -> None:
     manifest_path = sweep.workdir / "jobs" / sweep.name / "manifest.json"
     if not manifest_path.exists():
         return
-    live = [r for r in status.collect(manifest_path)
+    from . import manifest as manifest_mod
+    from . import slurm_cli
+
+    live = [f"{r.name} (job {r.job_id}, {r.state})" for r in status.collect(manifest_path)
             if r.source != "run dir" and r.state.split()[0] not in status.TERMINAL]
+    steps = {s["job_id"]: s["role"] for s in manifest_mod.load(manifest_path).get("submissions", []) if s.get("role")}
+    queued = slurm_cli.squeue_states(list(steps)) or {} if steps else {}
+    live += [f"the chain's {steps[j]} step (job {j}, {js.state})" for j, js in queued.items()
+             if js.state not in status.TERMINAL]
     if live:
-        jobs = ", ".join(f"{r.name} (job {r.job_id}, {r.state})" for r in live)
+        jobs = ", ".join(live)
         raise LaunchError(f"sweep `{sweep.name}` has jobs that are still live: {jobs}. They read this sweep's "
                           f"files when they start, so nothing was written; wait for them to end, cancel them "
                           f"(python launch.py cancel {spec}), or launch the spec under another `name`")
 
 
-def _print_plan(plan, args) -> None:
+def _print_plan(plan, args, steps: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -226,6 +263,8 @@ def _print_plan(plan, args) -> None:
                   + (f"; at most {sweep.array_parallelism} at once" if sweep.array_parallelism else ""))
     for path, array, _, _ in plan.scripts:
         console.print(f"script: {path} (array {array})")
+    for step, path in steps.items():
+        console.print(f"chain, {step} step: {path}")
     console.print(f"manifest: {plan.manifest_path}")
 
 
@@ -257,15 +296,20 @@ def _efficiency(args) -> int:
 
 def _report(args) -> int:
     """`launch.py report SPEC`: runs/<sweep>/report.md over every run of the sweep's manifest."""
+    return report_from_manifest(_manifest_path(args.spec, args.workdir), args.prompt)
+
+
+def report_from_manifest(path: Path, prompt: str | None) -> int:
+    """The sweep report of a manifest's runs (also the report step of a job chain, on a node)."""
     from tinygpt import report
 
     from . import manifest as manifest_mod
 
-    manifest = manifest_mod.load(_manifest_path(args.spec, args.workdir))
+    manifest = manifest_mod.load(path)
     runs = [(Path(r["out_dir"]), r["name"]) for r in manifest["runs"]]
     varying = sorted({k for r in manifest["runs"] for k in r["overrides"]})
     out_dir = Path(manifest["workdir"]) / "runs" / manifest["name"]
-    return report.report_command(runs, out_dir, f"sweep {manifest['name']}", varying, args.prompt,
+    return report.report_command(runs, out_dir, f"sweep {manifest['name']}", varying, prompt,
                                  _efficiency_section(manifest))
 
 

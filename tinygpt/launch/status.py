@@ -216,6 +216,11 @@ def show(manifest_path: Path, watch: bool = False, interval: float = 5.0, consol
             console = Console(width=1_000)
     title = f"sweep {manifest_mod.load(manifest_path)['name']}  ({manifest_path})"
     rows = collect(manifest_path)
+    from .chain import describe
+
+    chain = describe(manifest_mod.load(manifest_path))
+    if chain:
+        console.print(chain, soft_wrap=True, markup=False)
     if not watch:
         console.print(fitted(rows, title, console.width))
         _print_failures(manifest_path, rows, console)

@@ -89,10 +89,14 @@ def render(plan: Plan, pythonpath: str | None = None) -> str:
                                **executor_parameters(plan, pythonpath))
 
 
-def submit(plan: Plan) -> list[str]:
+def submit(plan: Plan, dependency: str | None = None) -> list[str]:
+    """The sweep as one submitit array (after `dependency`, e.g. afterok:123, when given)."""
     manifest = manifest_mod.load(plan.manifest_path)
+    params = executor_parameters(plan)
+    if dependency:
+        params["additional_parameters"]["dependency"] = dependency
     return [_submit(plan.manifest_path, manifest, [run["index"] for run in manifest["runs"]], str(folder(plan)),
-                    python_command(plan), executor_parameters(plan))]
+                    python_command(plan), params)]
 
 
 def _submit(manifest_path: Path, manifest: dict, indices: list[int], job_folder: str, python: str,

@@ -1,0 +1,88 @@
+"""A job chain from one call (`launch.py SPEC --chain`): data, then training, then the report.
+
+    <sweep>-data     one small task: prepares each distinct corpus of the sweep (tinygpt.data prepare)
+    <sweep>          the training array, with --dependency=afterok:<data job>
+    <sweep>-report   one small task after the whole array (afterany): writes runs/<sweep>/report.md
+
+The small steps ask for one CPU, no GPU and at most an hour, with the sweep's partition, account and
+profile setup. `launch.py cancel` cancels all three; `status` shows the chain above its table. With
+`--local` the same three steps run here, in order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from pathlib import Path
+
+from . import manifest as manifest_mod
+from . import slurm_cli
+from .plan import Plan
+from .sbatch import render_step
+from .slurm_options import container_prefix
+
+STEP_MAX_MIN = 60
+
+
+def data_commands(plan: Plan) -> list[str]:
+    python = f'{container_prefix(plan.sweep.profile)}"$PYTHON"'
+    commands, seen = [], set()
+    for run in plan.sweep.runs:
+        data = run.config.data
+        key = (data.dataset, data.data_file, data.data_dir)
+        if key in seen:
+            continue
+        seen.add(key)
+        args = ["prepare", data.dataset, *(["--data-file", data.data_file] if data.data_file else []),
+                "--data-dir", data.data_dir]
+        commands.append(f"{python} -m tinygpt.data {shlex.join(args)}")
+    return commands
+
+
+def write_scripts(plan: Plan) -> dict[str, Path]:
+    """The data and report steps' batch scripts, next to the training script."""
+    sweep = plan.sweep
+    small = dataclasses.replace(sweep.resources, nodes=1, gpus_per_node=0, tasks_per_node=1, cpus_per_task=1,
+                                mem_mb=None, time_min=min(sweep.resources.time_min, STEP_MAX_MIN), srun_args=())
+    python = f'{container_prefix(sweep.profile)}"$PYTHON"'
+    commands = {"data": data_commands(plan),
+                "report": [f"{python} -m tinygpt.launch.manifest report {shlex.quote(str(plan.manifest_path))}"]}
+    paths = {}
+    for step, lines in commands.items():
+        path = plan.jobs_dir / f"{sweep.name}-{step}.sbatch"
+        text = render_step(f"{sweep.name}-{step}", lines, small, sweep.profile, str(plan.workdir),
+                           str(plan.logs_dir / f"{step}-%j.out"), plan.python, str(plan.code))
+        manifest_mod.write_atomic(path, text)
+        paths[step] = path
+    return paths
+
+
+def submit(plan: Plan, scripts: dict[str, Path], submit_training, hold: bool) -> list[str]:
+    """Submit data -> training -> report; `submit_training(dependency)` submits the array and returns its ids."""
+    data_id = slurm_cli.sbatch(str(scripts["data"]), ["--hold"] if hold else None)
+    manifest_mod.record_submission(plan.manifest_path, "sbatch", data_id, [], role="data",
+                                   script=str(scripts["data"]))
+    train_ids = submit_training(f"afterok:{data_id}")
+    report_id = slurm_cli.sbatch(str(scripts["report"]), [f"--dependency=afterany:{':'.join(train_ids)}"])
+    manifest_mod.record_submission(plan.manifest_path, "sbatch", report_id, [], role="report",
+                                   script=str(scripts["report"]))
+    return [data_id, *train_ids, report_id]
+
+
+def describe(manifest: dict) -> str | None:
+    """`chain: data 12 COMPLETED -> training 13 -> report 14 PENDING (Dependency)`, or None without a chain."""
+    steps = [s for s in manifest.get("submissions", []) if s.get("role") in ("data", "report")]
+    if not steps:
+        return None
+    ids = [s["job_id"] for s in steps]
+    states = {**(slurm_cli.squeue_states(ids) or {}), **(slurm_cli.sacct_states(ids) or {})}
+
+    def said(sub: dict) -> str:
+        js = states.get(sub["job_id"])
+        reason = f" ({js.reason})" if js and js.reason and js.reason != "None" else ""
+        return f"{sub['role']} {sub['job_id']} {js.state if js else '?'}{reason}"
+
+    training = [s["job_id"] for s in manifest["submissions"] if s.get("indices")]
+    data = [said(s) for s in steps if s["role"] == "data"][-1:]
+    report = [said(s) for s in steps if s["role"] == "report"][-1:]
+    return "chain: " + " -> ".join([*data, f"training {', '.join(training[-1:])}", *report])
