@@ -154,3 +154,18 @@ def signal_when_training(job_id: str, metrics: Path, signal: str = "USR2", min_l
 
     wait_until(training, timeout=timeout, poll=0.05, what=f"job {job_id} training")
     subprocess.run(["scancel", "-s", signal, job_id], check=True, capture_output=True, timeout=30)
+
+
+def counting_shim(tmp_path: Path, command: str) -> tuple[dict[str, str], Path]:
+    """The real `command` behind a shim on PATH that appends each call's arguments to a file: (the environment
+    that puts it first on PATH, that file)."""
+    import os
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    count = tmp_path / f"{command}-calls"
+    real = subprocess.run(["which", command], capture_output=True, text=True).stdout.strip()
+    shim = bindir / command
+    shim.write_text(f'#!/bin/bash\nprintf "%s\\n" "$*" >> "{count}"\nexec {real} "$@"\n')
+    shim.chmod(0o755)
+    return {"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}, count

@@ -1,14 +1,13 @@
 """Efficiency from sacct: parsing Slurm's fields, and a sweep's figures on the local cluster."""
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
 from conftest import ROOT
-from slurm_helpers import job_env, wait
+from slurm_helpers import counting_shim, job_env, wait
 from tinygpt.launch import efficiency
 
 SACCT = """\
@@ -39,13 +38,7 @@ def test_sacct_fields_become_efficiency_figures():
 
 @pytest.fixture
 def sacct_counter(tmp_path):
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    count = tmp_path / "sacct-calls"
-    real = subprocess.run(["which", "sacct"], capture_output=True, text=True).stdout.strip()
-    (bindir / "sacct").write_text(f'#!/bin/bash\nprintf "%s\\n" "$*" >> "{count}"\nexec {real} "$@"\n')
-    (bindir / "sacct").chmod(0o755)
-    return {"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}, count
+    return counting_shim(tmp_path, "sacct")
 
 
 @pytest.mark.slurm

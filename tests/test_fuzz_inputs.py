@@ -230,15 +230,16 @@ def test_any_value_of_the_report_run_flag(text):
 
 
 COMMAND_FLAGS = {"status": ["--interval", "--workdir"], "cancel": ["--workdir"], "report": ["--prompt", "--workdir"],
-                 "sync": ["--workdir"]}
+                 "sync": ["--workdir"], "logs": ["--tail", "--workdir"],
+                 "resubmit": ["--states", "--time", "--mem", "--exclude", "--workdir"]}
 
 
 @SETTINGS
-@given(command=st.sampled_from(sorted(COMMAND_FLAGS)), which=st.integers(0, 2), text=FLAG_TEXT)
+@given(command=st.sampled_from(sorted(COMMAND_FLAGS)), which=st.integers(0, 5), text=FLAG_TEXT)
 @example(command="status", which=0, text="nan")
 @example(command="status", which=2, text="\x00")
 def test_any_value_of_any_flag_of_the_launch_commands(command, which, text):
-    """status, cancel, report and sync before anything was launched: each says what is missing."""
+    """status, cancel, report, sync, logs and resubmit before anything was launched: each says what is missing."""
     with tempfile.TemporaryDirectory() as tmp:
         spec = Path(tmp) / "fuzz.yaml"
         spec.write_text(yaml.safe_dump({"name": "fuzz"}))

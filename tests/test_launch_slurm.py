@@ -1,7 +1,6 @@
 """The launcher and the hand-written batch script against the real local cluster."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, read_metrics
-from slurm_helpers import cancel, job_env, sbatch, wait, wait_until
+from slurm_helpers import cancel, counting_shim, job_env, sbatch, wait, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -51,14 +50,7 @@ def workdir(tmp_path):
 @pytest.fixture
 def sbatch_counter(tmp_path):
     """A real sbatch behind a counter on PATH, to count how many times the launcher calls it."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    count = tmp_path / "sbatch-calls"
-    real = subprocess.run(["which", "sbatch"], capture_output=True, text=True).stdout.strip()
-    shim = bindir / "sbatch"
-    shim.write_text(f'#!/bin/bash\necho "$@" >> "{count}"\nexec {real} "$@"\n')
-    shim.chmod(0o755)
-    return {"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}, count
+    return counting_shim(tmp_path, "sbatch")
 
 
 def sweep_spec(tmp_path: Path, corpus: Path, name: str, extra: str = "") -> Path:
