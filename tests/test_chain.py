@@ -33,6 +33,8 @@ def test_a_local_chain_prepares_trains_and_reports_in_order(tmp_path, tiny_corpu
     text = out.stdout
     assert text.index("=== chain, data: prepared") < text.index("=== run 1/2") < text.index("=== chain, report:")
     assert (work / "runs" / "loc" / "report.md").is_file() and "report: " in text
+    by_manifest = launch("status", str(work / "jobs" / "loc" / "manifest.json"))  # no spec needed
+    assert by_manifest.returncode == 0 and by_manifest.stdout.count("FINISHED") == 2, by_manifest.stdout
 
 
 @pytest.mark.slurm

@@ -46,7 +46,7 @@ def write_scripts(plan: Plan) -> dict[str, Path]:
                                 mem_mb=None, time_min=min(sweep.resources.time_min, STEP_MAX_MIN), srun_args=())
     python = f'{container_prefix(sweep.profile)}"$PYTHON"'
     commands = {"data": data_commands(plan),
-                "report": [f"{python} -m tinygpt.launch.manifest report {shlex.quote(str(plan.manifest_path))}"]}
+                "report": [f"{python} -m tinygpt.launch.cli report {shlex.quote(str(plan.manifest_path))}"]}
     paths = {}
     for step, lines in commands.items():
         path = plan.jobs_dir / f"{sweep.name}-{step}.sbatch"

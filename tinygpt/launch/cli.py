@@ -18,7 +18,6 @@ Errors in the spec are all reported at once, and nothing is submitted; the exit 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -48,7 +47,7 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
                        help="set a trainer key for every run, e.g. --set max_steps=300 (repeatable)")
     else:
         p = argparse.ArgumentParser(prog=f"launch.py {command}")
-        p.add_argument("spec", help="the spec that was launched")
+        p.add_argument("spec", help="the spec that was launched (or its jobs/<sweep>/manifest.json)")
         if command == "status":
             p.add_argument("--watch", action="store_true", help="refresh until every run has ended")
             p.add_argument("--interval", type=float, default=5.0, help="seconds between refreshes")
@@ -78,8 +77,11 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
 
 
 def _manifest_path(spec: str, workdir: str) -> Path:
+    """The manifest of the sweep that SPEC launched; SPEC may also be that manifest itself."""
     from .spec import load_name
 
+    if Path(spec).name == "manifest.json":
+        return Path(spec).resolve()
     if "\x00" in workdir:
         raise LaunchError(f"--workdir: {workdir!r} holds a NUL character; give a directory path")
     return Path(workdir).resolve() / "jobs" / load_name(spec) / "manifest.json"
@@ -94,7 +96,11 @@ def main(argv: list[str] | None = None) -> int:
             from . import status
 
             if args.efficiency:
-                return _efficiency(args)
+                from . import efficiency
+                from . import manifest as manifest_mod
+
+                efficiency.show(manifest_mod.load(_manifest_path(args.spec, args.workdir)))
+                return 0
             status.show(_manifest_path(args.spec, args.workdir), watch=args.watch, interval=args.interval)
             return 0
         if command == "cancel":
@@ -189,7 +195,7 @@ def _run_local(plan, args) -> int:
     print(f"{len(runs) - failed}/{len(runs)} run(s) finished; see `python launch.py status {args.spec}`")
     if args.chain:
         print("=== chain, report:")
-        failed += report_from_manifest(plan.manifest_path, None) != 0
+        failed += _report_manifest(plan.manifest_path, None) != 0
     return 1 if failed else 0
 
 
@@ -268,38 +274,12 @@ def _print_plan(plan, args, steps: dict) -> None:
     console.print(f"manifest: {plan.manifest_path}")
 
 
-def _efficiency(args) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from . import efficiency
-    from . import manifest as manifest_mod
-
-    manifest = manifest_mod.load(_manifest_path(args.spec, args.workdir))
-    rows = efficiency.table_rows(manifest)
-    if not rows:
-        print(f"no job of sweep {manifest['name']} went to Slurm: nothing to account for")
-        return 0
-    t = Table(title=f"sweep {manifest['name']}: use of the allocation (sacct; the latest job of each run)",
-              title_justify="left")
-    for col in efficiency.COLUMNS:
-        t.add_column(col, justify="left" if col in ("run", "job", "state", "flag") else "right",
-                     no_wrap=col not in ("run", "flag"))
-    for row in rows:
-        t.add_row(*(f"[red]{row[c]}[/]" if c == "flag" else row[c] for c in efficiency.COLUMNS))
-    console = Console()
-    if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(width=1_000)  # piped: no screen to fit
-    console.print(t)
-    return 0
-
-
 def _report(args) -> int:
     """`launch.py report SPEC`: runs/<sweep>/report.md over every run of the sweep's manifest."""
-    return report_from_manifest(_manifest_path(args.spec, args.workdir), args.prompt)
+    return _report_manifest(_manifest_path(args.spec, args.workdir), args.prompt)
 
 
-def report_from_manifest(path: Path, prompt: str | None) -> int:
+def _report_manifest(path: Path, prompt: str | None) -> int:
     """The sweep report of a manifest's runs (also the report step of a job chain, on a node)."""
     from tinygpt import report
 
@@ -407,3 +387,7 @@ def _cancel(args) -> int:
         raise LaunchError(f"scancel failed for {', '.join(ids)}: {message}")
     print(f"cancelled {', '.join(ids)}")
     return 0
+
+
+if __name__ == "__main__":  # (python -m tinygpt.launch.cli: as launch.py, e.g. in the report step of a chain)
+    sys.exit(main())

@@ -176,3 +176,27 @@ def markdown(rows: list[dict[str, str]]) -> str:
              "|" + " --- |" * len(COLUMNS)]
     lines += ["| " + " | ".join(row[c] for c in COLUMNS) + " |" for row in rows]
     return "\n".join(lines) + "\n"
+
+
+def show(manifest: dict) -> None:
+    """`launch.py status SPEC --efficiency`: the table on the terminal (every column when piped)."""
+    import os
+
+    from rich.console import Console
+    from rich.table import Table
+
+    rows = table_rows(manifest)
+    if not rows:
+        print(f"no job of sweep {manifest['name']} went to Slurm: nothing to account for")
+        return
+    t = Table(title=f"sweep {manifest['name']}: use of the allocation (sacct; the latest job of each run)",
+              title_justify="left")
+    for col in COLUMNS:
+        t.add_column(col, justify="left" if col in ("run", "job", "state", "flag") else "right",
+                     no_wrap=col not in ("run", "flag"))
+    for row in rows:
+        t.add_row(*(f"[red]{row[c]}[/]" if c == "flag" else row[c] for c in COLUMNS))
+    console = Console()
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(width=1_000)  # piped: no screen to fit
+    console.print(t)

@@ -74,17 +74,8 @@ def task_job_ids(manifest: dict[str, Any]) -> dict[int, str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) == 2 and argv[0] == "report":  # the report step of a job chain (chain.py)
-        from .cli import report_from_manifest
-
-        try:
-            return report_from_manifest(Path(argv[1]), None)
-        except LaunchError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 1
     if len(argv) != 3 or argv[0] != "config":
-        print("usage: python -m tinygpt.launch.manifest config MANIFEST INDEX\n"
-              "       python -m tinygpt.launch.manifest report MANIFEST", file=sys.stderr)
+        print("usage: python -m tinygpt.launch.manifest config MANIFEST INDEX", file=sys.stderr)
         return 2
     try:
         manifest = load(Path(argv[1]))
