@@ -267,3 +267,23 @@ def test_any_workdir_of_launch(text):
         if code == 1:
             assert "workdir" in err, err
             assert sorted(p.name for p in Path(tmp).iterdir()) == ["fuzz.yaml"]  # nothing written
+
+
+SEARCH_BASE = {"method": "random", "trials": 3, "seed": 0, "params": {"lr": {"loguniform": [1.0e-4, 1.0e-3]}}}
+SEARCH_PATHS = [("search",), ("search", "method"), ("search", "trials"), ("search", "seed"), ("search", "params"),
+                ("search", "params", "lr"), ("search", "params", "lr", "loguniform"), ("search", "workers"),
+                ("search", "sampler"), ("search", "pruner"), ("search", "params", "n_layer")]
+
+
+@SETTINGS
+@given(path=st.sampled_from(SEARCH_PATHS), value=ANY_VALUE, optuna=st.booleans())
+def test_any_value_at_any_key_of_a_search(path, value, optuna):
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp) / "w"
+        search = {**SEARCH_BASE, **({"method": "optuna", "workers": 2} if optuna else {})}
+        data = {"name": "fuzz", "train": {**BASE_TRAIN, "dataset": "pydoc", "min_lr": 1.0e-6},
+                "search": yaml.safe_load(yaml.safe_dump(search))}
+        spec = Path(tmp) / "fuzz.yaml"
+        spec.write_text(yaml.safe_dump(set_path(data, path, value)))
+        code, err = run_cli([str(spec), "--dry-run", "--workdir", str(work)])
+        check_outcome(code, err, work, "search")

@@ -239,3 +239,20 @@ def test_passed_through_options_reach_slurm(tmp_path, workdir, tiny_corpus, back
     shown = launch("logs", str(spec), "base", "--workdir", str(workdir))  # found where each backend writes it
     assert shown.returncode == 0 and "==> run base (#0), job " in shown.stdout and " on node2, latest life" in \
         shown.stdout and "done: step 20" in shown.stdout, shown.stdout + shown.stderr
+
+
+def test_arrays_are_split_at_the_reachable_clusters_max_array_size(tmp_path, workdir):
+    """Slurm's own MaxArraySize (1001 here) when the profile names the reachable cluster; the profile's
+    otherwise (a dry run for another cluster)."""
+    from tinygpt.launch.plan import build
+    from tinygpt.launch.spec import load
+
+    spec = tmp_path / "seven.yaml"
+    spec.write_text("name: seven\ngrid: {seed: [1, 2, 3, 4, 5, 6, 7]}\n")
+    parts = {}
+    for cluster_name in ("local", "elsewhere"):
+        prof = tmp_path / f"{cluster_name}.yaml"
+        prof.write_text(f"name: {cluster_name}\ncluster_name: {cluster_name}\npartitions: {{debug: {{}}}}\n"
+                        "max_array_size: 4\n")
+        parts[cluster_name] = [a for _, a, _, _ in build(load(spec, workdir, cluster=str(prof))).scripts]
+    assert parts == {"local": ["0-6"], "elsewhere": ["0-2", "0-2", "0-0"]}

@@ -355,6 +355,30 @@ def test_manifest_lookup_on_the_node(tmp_path):
     assert bad.returncode == 1 and "cannot find run 7" in bad.stderr
 
 
+def test_a_sweep_keeps_what_its_runs_share_once(tmp_path):
+    """The manifest holds the shared trainer inputs once and each run's own; a run's config file is written
+    from them when its task starts, and is the config the spec validated."""
+    from tinygpt import config
+    from tinygpt.launch import manifest as manifest_mod
+
+    path = write(tmp_path, "name: s\ntrain: {max_steps: 30, n_embd: 64}\n"
+                           "grid: {n_layer: [1, 2], lr: [1.0e-3, 2.0e-3]}\n"
+                           "runs:\n  - {name: solo, n_layer: 3, dropout: 0.1}\n")
+    sweep = spec_mod.load(path, tmp_path)
+    plan = build(sweep)
+    manifest = manifest_mod.load(plan.manifest_path)
+    assert manifest["base"]["max_steps"] == 30 and manifest["base"]["n_embd"] == 64 and "lr" not in manifest["base"]
+    assert [r["overrides"] for r in manifest["runs"]] == [
+        {"n_layer": 1, "lr": 0.001}, {"n_layer": 1, "lr": 0.002}, {"n_layer": 2, "lr": 0.001},
+        {"n_layer": 2, "lr": 0.002}, {"n_layer": 3, "dropout": 0.1}]
+    assert not (plan.jobs_dir / "configs").exists()  # nothing per run until a task starts
+    for run in sweep.runs:
+        written = manifest_mod.config_file(plan.manifest_path, manifest, run.index)
+        assert config.resolve(["--config", str(written)]) == run.config
+    old = {**manifest, "format": 1, "runs": [{**manifest["runs"][0], "config": "/elsewhere/r.yaml"}]}
+    assert manifest_mod.config_file(plan.manifest_path, old, 0) == Path("/elsewhere/r.yaml")  # format 1 still read
+
+
 def test_cli_dry_run_prints_the_plan_and_errors_have_no_traceback(tmp_path):
     spec = write(tmp_path, "name: s\ngrid: {n_layer: [1, 2]}\nresources: {time: '00:10:00'}\n")
     out = launch(str(spec), "--dry-run", "--workdir", str(tmp_path))

@@ -52,6 +52,7 @@ class TrainResult:
     last_val_loss: float | None
     exit_code: int = 0
     sample: str | None = None
+    pruned: bool = False  # stopped by eval_hook (a search's pruner)
 
 
 def lr_at(step: int, cfg: config_mod.OptimConfig) -> float:
@@ -98,13 +99,15 @@ def weights_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-def train(cfg: TrainConfig, requeue_hook=None) -> TrainResult:
+def train(cfg: TrainConfig, requeue_hook=None, eval_hook=None) -> TrainResult:
     """Train (or continue) the run `cfg` describes.
 
     requeue_hook: called on rank 0, after the checkpoint is saved, instead of `scontrol requeue` when a
     preemption signal asks for a requeue (the submitit backend hands over to submitit's handler here).
+    eval_hook: called as eval_hook(step, val_loss) after each evaluation; a true answer (on any rank) stops
+    the run there, saved, as pruned (a search's pruner, e.g. Optuna's, answers it).
     """
-    trainer = Trainer(cfg, requeue_hook)
+    trainer = Trainer(cfg, requeue_hook, eval_hook)
     try:
         trainer.setup()
         return trainer.fit()
@@ -113,9 +116,10 @@ def train(cfg: TrainConfig, requeue_hook=None) -> TrainResult:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, requeue_hook=None):
+    def __init__(self, cfg: TrainConfig, requeue_hook=None, eval_hook=None):
         self.cfg = cfg
         self.requeue_hook = requeue_hook
+        self.eval_hook = eval_hook
         self.dist = dist_mod.detect()
         self.is_main = self.dist.is_main
         self.out_dir = Path(cfg.run.out_dir)
@@ -290,9 +294,12 @@ class Trainer:
                 loss = self.train_step()
                 if self.step % run.log_interval == 0 or self.step == o.max_steps:
                     self._log_train(loss)
+                pruned = False
                 if self.step % run.eval_interval == 0 or self.step == o.max_steps:
                     self._log_eval(self.evaluate())
-                stop = self._stop_reason()
+                    pruned = self.eval_hook is not None and dist_mod.any_rank(
+                        bool(self.eval_hook(self.step, self.last_val)), self.device)
+                stop = "pruned" if pruned and self.step < o.max_steps else self._stop_reason()
                 if stop or self.step % run.ckpt_interval == 0 or self.step == o.max_steps:
                     self.save()
                 if stop:
@@ -453,6 +460,10 @@ class Trainer:
             self.metrics.write({"step": self.step, "event": "paused", "reason": "stop_after"})
             self.say(f"stopping at step {self.step} (stop_after); run the same command again to continue")
             return self._result(False)
+        if reason == "pruned":
+            self.metrics.write({"step": self.step, "event": "pruned", "val_loss": self.last_val})
+            self.say(f"stopping at step {self.step}: pruned by the search (val loss {self.last_val:.4f})")
+            return self._result(False, pruned=True)
         request = self.handler.request
         why = request.reason if request else "a signal on another rank"
         event = {"step": self.step, "event": "preempted", "reason": why, "restarts": self.restarts}
@@ -478,8 +489,10 @@ class Trainer:
         self.say(f"stopping at step {self.step}: {why}; checkpoint saved. {event.get('requeue', '')}".rstrip())
         return self._result(False, exit_code)
 
-    def _result(self, finished: bool, exit_code: int = 0, sample: str | None = None) -> TrainResult:
-        return TrainResult(self.out_dir, self.step, finished, self.best_val, self.last_val, exit_code, sample)
+    def _result(self, finished: bool, exit_code: int = 0, sample: str | None = None,
+                pruned: bool = False) -> TrainResult:
+        return TrainResult(self.out_dir, self.step, finished, self.best_val, self.last_val, exit_code, sample,
+                           pruned)
 
     def close(self) -> None:
         """Give back what setup took. The signal handlers stay until here: a signal during the final sample

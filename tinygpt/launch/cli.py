@@ -286,11 +286,20 @@ def _report_manifest(path: Path, prompt: str | None) -> int:
     from . import manifest as manifest_mod
 
     manifest = manifest_mod.load(path)
+    out_dir = Path(manifest["workdir"]) / "runs" / manifest["name"]
     runs = [(Path(r["out_dir"]), r["name"]) for r in manifest["runs"]]
     varying = sorted({k for r in manifest["runs"] for k in r["overrides"]})
-    out_dir = Path(manifest["workdir"]) / "runs" / manifest["name"]
+    sections = [_efficiency_section(manifest)]
+    if manifest.get("search"):  # an Optuna search: its trials are the runs
+        from . import search
+
+        trials = search.trials(manifest)
+        runs = [(Path(t["run dir"]), f"trial={t['trial']}") for t in trials if t["run dir"]]
+        varying = sorted(manifest["search"]["dists"])
+        out_dir.mkdir(parents=True, exist_ok=True)
+        sections.insert(0, search.report_section(trials, out_dir))
     return report.report_command(runs, out_dir, f"sweep {manifest['name']}", varying, prompt,
-                                 _efficiency_section(manifest))
+                                 "\n".join(s for s in sections if s) or None)
 
 
 def _efficiency_section(manifest: dict) -> str | None:

@@ -31,10 +31,23 @@ def run_all(plan: Plan, nproc: int = 1, say=print) -> int:
     failed = 0
     runs = manifest["runs"]
     manifest_mod.record_submission(plan.manifest_path, "local", "local", [r["index"] for r in runs], nproc=nproc)
+    if manifest.get("search"):
+        return _workers(plan, runs, env, say)
     for run in runs:
         say(f"=== run {run['index'] + 1}/{len(runs)}: {run['name']} -> {run['out_dir']}")
-        result = subprocess.run(command(run["config"], nproc), env=env, cwd=plan.workdir)
+        config = manifest_mod.config_file(plan.manifest_path, manifest, run["index"])
+        result = subprocess.run(command(str(config), nproc), env=env, cwd=plan.workdir)
         if result.returncode != 0:
             failed += 1
             say(f"=== run {run['name']} failed with exit status {result.returncode}")
+    return failed
+
+
+def _workers(plan: Plan, runs: list[dict], env: dict, say) -> int:
+    """An Optuna search here: its workers as processes, all at once (each one trial at a time)."""
+    say(f"=== {len(runs)} search worker(s) at once, sharing the study in {plan.jobs_dir / 'optuna.journal'}")
+    procs = [subprocess.Popen([sys.executable, "-m", "tinygpt.search_worker", str(plan.manifest_path),
+                               str(run["index"])], env=env, cwd=plan.workdir) for run in runs]
+    failed = sum(p.wait() != 0 for p in procs)
+    say(f"=== {len(runs) - failed}/{len(runs)} worker(s) ended well; `launch.py status` lists the trials")
     return failed

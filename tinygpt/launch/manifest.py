@@ -1,8 +1,8 @@
 """`jobs/<sweep>/manifest.json`: the runs of a sweep, where they live, and the jobs that run them.
 
 Written by the launcher before anything is submitted, updated with job ids after each submission, and
-read by every array task on the nodes (`python -m tinygpt.launch.manifest config MANIFEST INDEX` prints
-the run's config file) and by `launch.py status|cancel|report`.
+read by every array task on the nodes (`python -m tinygpt.launch.manifest config MANIFEST INDEX` writes the
+run's config file from it and prints its path) and by `launch.py status|cancel|report|logs|resubmit`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 from .errors import LaunchError
 
-FORMAT = 1
+FORMAT = 2  # 2: runs keep their trainer inputs (shared ones once, in "base"); 1: a config file per run
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -31,7 +31,10 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def save(path: Path, manifest: dict[str, Any]) -> None:
-    write_atomic(path, json.dumps(manifest, indent=1) + "\n")
+    """Indented, but one line per run: a sweep of 10,000 runs stays a file to read and grep."""
+    head = json.dumps({k: v for k, v in manifest.items() if k != "runs"}, indent=1, default=str)
+    runs = ",\n".join(f"  {json.dumps(run, default=str)}" for run in manifest.get("runs", []))
+    write_atomic(path, f'{head[:-2]},\n "runs": [\n{runs}\n ]\n}}\n')
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -44,9 +47,25 @@ def load(path: Path) -> dict[str, Any]:
                           f"and the spec's name") from None
     except ValueError as err:
         raise LaunchError(f"{path}: not a valid manifest ({err})") from None
-    if manifest.get("format") != FORMAT:
-        raise LaunchError(f"{path}: manifest format {manifest.get('format')}, this version reads {FORMAT}")
+    if manifest.get("format") not in (1, FORMAT):
+        raise LaunchError(f"{path}: manifest format {manifest.get('format')}, this version reads 1 and {FORMAT}")
     return manifest
+
+
+def config_file(manifest_path: Path, manifest: dict[str, Any], index: int) -> Path:
+    """The run's trainer config file, written from the manifest (shared inputs, the run's own, its run
+    directory) when the run's task starts; a format-1 manifest names the file it wrote at launch."""
+    from tinygpt import config as train_config
+
+    run = manifest["runs"][index]
+    if "config" in run:
+        return Path(run["config"])
+    cfg = train_config.build({**manifest["base"], **run["overrides"], "out_dir": run["out_dir"]})
+    path = Path(manifest_path).parent / "configs" / f"{run['name']}.yaml"
+    text = train_config.dump_yaml(cfg)
+    if not path.is_file() or path.read_text() != text:
+        write_atomic(path, text)
+    return path
 
 
 def record_submission(path: Path, backend: str, job_id: str, indices: list[int], **extra: Any) -> None:
@@ -77,13 +96,17 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 3 or argv[0] != "config":
         print("usage: python -m tinygpt.launch.manifest config MANIFEST INDEX", file=sys.stderr)
         return 2
+    from tinygpt.config import ConfigError
+
     try:
-        manifest = load(Path(argv[1]))
-        run = manifest["runs"][int(argv[2])]
-    except (LaunchError, IndexError, ValueError) as err:
+        path = config_file(Path(argv[1]), load(Path(argv[1])), int(argv[2]))
+    except (LaunchError, IndexError, ValueError, OSError) as err:
         print(f"tinygpt: cannot find run {argv[2]} in {argv[1]}: {err}", file=sys.stderr)
         return 1
-    print(run["config"])
+    except ConfigError as err:
+        print(f"tinygpt: run {argv[2]} of {argv[1]}: {err}", file=sys.stderr)
+        return 1
+    print(path)
     return 0
 
 

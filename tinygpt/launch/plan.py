@@ -1,7 +1,7 @@
 """From a validated sweep to files on disk: run configs, batch scripts and the manifest.
 
-    <workdir>/jobs/<sweep>/manifest.json         the runs and, after submission, their job ids
-    <workdir>/jobs/<sweep>/configs/<run>.yaml    each run's resolved trainer config
+    <workdir>/jobs/<sweep>/manifest.json         the runs (their shared and own trainer inputs) and job ids
+    <workdir>/jobs/<sweep>/configs/<run>.yaml    a run's resolved trainer config, written when its task starts
     <workdir>/jobs/<sweep>/<sweep>.sbatch        the job array (…-partN.sbatch when split)
     <workdir>/jobs/<sweep>/code/<digest>/        the code the jobs run (snapshot.py)
     <workdir>/logs/<sweep>/                      Slurm output, one file per array task
@@ -13,10 +13,10 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-
-from tinygpt import config as train_config
+from typing import Any
 
 from . import manifest as manifest_mod
+from . import slurm_cli
 from .sbatch import ScriptParams, render
 from .snapshot import Snapshot
 from .spec import Sweep
@@ -46,17 +46,8 @@ def build(sweep: Sweep, snapshot: Snapshot | None = None) -> Plan:
     jobs_dir = workdir / "jobs" / sweep.name
     logs_dir = workdir / "logs" / sweep.name
     manifest_path = jobs_dir / "manifest.json"
-    (jobs_dir / "configs").mkdir(parents=True, exist_ok=True)
     logs_dir.mkdir(parents=True, exist_ok=True)
-
-    runs = []
-    for run in sweep.runs:
-        config_path = jobs_dir / "configs" / f"{run.name}.yaml"
-        manifest_mod.write_atomic(config_path, train_config.dump_yaml(run.config))
-        runs.append({"index": run.index, "name": run.name, "overrides": run.overrides,
-                     "out_dir": run.config.run.out_dir, "config": str(config_path),
-                     "max_steps": run.config.optim.max_steps})
-
+    base, runs = _runs(sweep)
     previous = manifest_mod.load(manifest_path).get("submissions", []) if manifest_path.exists() else []
     r = sweep.resources
     manifest = {
@@ -71,6 +62,8 @@ def build(sweep: Sweep, snapshot: Snapshot | None = None) -> Plan:
                       "cpus_per_task": r.cpus_per_task, "mem_mb": r.mem_mb, "time": r.time,
                       "partition": r.partition},
         "code": snapshot.record() if snapshot else {"snapshot": None, "path": str(REPO_ROOT)},
+        "base": base,
+        "search": {**sweep.search, "journal": str(jobs_dir / "optuna.journal")} if sweep.search else None,
         "runs": runs,
         "submissions": previous,
     }
@@ -79,7 +72,9 @@ def build(sweep: Sweep, snapshot: Snapshot | None = None) -> Plan:
     code = snapshot.path if snapshot else REPO_ROOT
     scripts = []
     if sweep.backend == "sbatch":
-        size = max(1, sweep.profile.max_array_size - 1)  # indices must stay below MaxArraySize
+        # Task ids must stay below MaxArraySize: Slurm's own when it is reachable, else the profile's.
+        limit = slurm_cli.max_array_size(sweep.profile.cluster_name) or sweep.profile.max_array_size
+        size = max(1, limit - 1)
         chunks = [list(range(i, min(i + size, len(runs)))) for i in range(0, len(runs), size)]
         for k, indices in enumerate(chunks):
             suffix = f"-part{k + 1}" if len(chunks) > 1 else ""
@@ -91,12 +86,29 @@ def build(sweep: Sweep, snapshot: Snapshot | None = None) -> Plan:
                 job_name=sweep.name, array=array, offset=indices[0], manifest=str(manifest_path),
                 script_path=str(path), log_dir=str(logs_dir), workdir=str(workdir),
                 python=sweep.profile.python or sys.executable, pythonpath=str(code),
-                resources=r, profile=sweep.profile,
+                resources=r, profile=sweep.profile, worker=sweep.search is not None,
             )
             manifest_mod.write_atomic(path, render(params))
             path.chmod(0o755)
             scripts.append((path, array, indices[0], indices))
     return Plan(sweep, workdir, jobs_dir, logs_dir, manifest_path, scripts, code)
+
+
+def _runs(sweep: Sweep) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The trainer inputs every run shares, once, and each run with only its own (a run's config file is
+    written from these when its task starts: `manifest config`), so that a sweep of 10,000 runs is one
+    small file."""
+    base = {k: v for k, v in sweep.runs[0].inputs.items() if k != "out_dir"} if sweep.runs else {}
+    missing = object()
+    for run in sweep.runs[1:]:
+        for key in [k for k, v in base.items() if run.inputs.get(k, missing) != v]:
+            del base[key]
+    runs = []
+    for run in sweep.runs:
+        own = {k: v for k, v in run.inputs.items() if k != "out_dir" and (k not in base or base[k] != v)}
+        runs.append({"index": run.index, "name": run.name, "overrides": own, "out_dir": run.config.run.out_dir,
+                     "max_steps": run.config.optim.max_steps})
+    return base, runs
 
 
 def prepare_data(sweep: Sweep) -> list[str]:

@@ -69,15 +69,26 @@ def scancel(job_ids: list[str], signal: str | None = None) -> tuple[bool, str]:
     return out.returncode == 0, (out.stderr or out.stdout).strip()
 
 
-def cluster_name() -> str | None:
+def cluster_config() -> dict[str, str] | None:
+    """`scontrol show config` as {key: value}; None when no Slurm answers."""
     out = _run(["scontrol", "show", "config"], timeout=10)
     if out is None or out.returncode != 0:
         return None
-    for line in out.stdout.splitlines():
-        key, _, value = line.partition("=")
-        if key.strip() == "ClusterName":
-            return value.strip()
-    return None
+    pairs = (line.partition("=") for line in out.stdout.splitlines())
+    return {key.strip(): value.strip() for key, eq, value in pairs if eq}
+
+
+def cluster_name() -> str | None:
+    return (cluster_config() or {}).get("ClusterName")
+
+
+def max_array_size(cluster: str | None) -> int | None:
+    """MaxArraySize of the reachable Slurm, when it is the cluster named `cluster` (its ClusterName)."""
+    config = cluster_config()
+    if not config or cluster is None or config.get("ClusterName") != cluster:
+        return None
+    value = config.get("MaxArraySize", "")
+    return int(value) if value.isdigit() else None
 
 
 def sacct_states(job_ids: list[str], since: float | None = None) -> dict[str, JobState] | None:

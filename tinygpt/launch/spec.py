@@ -7,6 +7,8 @@
     grid:                         # cartesian product; keys flat (n_layer) or dotted (model.n_layer)
       n_layer: [2, 4]
       n_embd: [64, 128]
+    search: {method: random, trials: 32, seed: 0, params: {lr: {loguniform: [1.0e-4, 3.0e-3]}}}
+                                  # instead of a grid: random search (see search.py)
     runs:                         # explicit extra points (with an optional `name`)
       - {name: one-head, n_head: 1}
     resources: {nodes: 1, gpus_per_node: 0, cpus_per_task: 1, mem: 2G, time: "00:30:00"}
@@ -32,11 +34,11 @@ from typing import Any
 from tinygpt import config as train_config
 from tinygpt.config import ConfigError, suggest
 
-from . import passthrough
+from . import passthrough, search
 from .errors import LaunchError
 from .profiles import Profile, format_time, parse_mem_mb, parse_time_min
 
-SPEC_KEYS = ("name", "description", "cluster", "backend", "train", "grid", "runs", "resources",
+SPEC_KEYS = ("name", "description", "cluster", "backend", "train", "grid", "search", "runs", "resources",
              "array_parallelism")
 RESOURCE_KEYS = ("nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "mem", "time", "partition", "qos",
                  "account", "constraint", "exclude", "sbatch_options", "srun_args")
@@ -79,6 +81,7 @@ class Run:
     name: str
     overrides: dict[str, Any]  # the values that make this sweep point
     config: train_config.TrainConfig  # the trainer's whole config, validated: what the run's job reads
+    inputs: dict[str, Any] = field(default_factory=dict)  # what `config` was built from (the manifest keeps it)
 
 
 @dataclass
@@ -92,6 +95,7 @@ class Sweep:
     workdir: Path
     runs: list[Run] = field(default_factory=list)
     varying: list[str] = field(default_factory=list)  # keys whose value differs between runs
+    search: dict[str, Any] | None = None  # an Optuna search's settings (search.py); its runs are the workers
 
 
 def _value_token(key: str, value: Any) -> str:
@@ -299,14 +303,37 @@ def load(path: str | Path, workdir: str | Path = ".", cluster: str | None = None
 
     base = _base(data.get("train"), profile, problems)
     forced = _check_keys(overrides or {}, "--set", problems)
-    points, grid_size = _points(data, problems)
+    optuna = _optuna(data, {"data_dir": str(workdir / "data"), **base, **forced, "sweep": name}, problems)
+    points, grid_size = ([(f"worker={w}", {}) for w in range(optuna["workers"])], optuna["workers"]) if optuna \
+        else _points(data, problems)
     varying = _varying(points, base)
     runs = _runs(points, grid_size, varying, base, forced, workdir, name, problems)
     resources = _resources(data.get("resources"), profile, problems) if profile is not None else None
+    if optuna and resources and (resources.nodes, resources.tasks_per_node) != (1, 1):
+        problems.append("resources: an Optuna worker trains one trial at a time in one process; ask for nodes: 1, "
+                        "tasks_per_node: 1 (and search.workers for more at once)")
     unique_problems = list(dict.fromkeys(problems))
     if unique_problems:
         raise LaunchError(unique_problems, str(path))
-    return Sweep(name, path, profile, backend, resources, parallel, workdir, runs, varying)
+    return Sweep(name, path, profile, backend, resources, parallel, workdir, runs, varying, optuna)
+
+
+def _optuna(data: dict, inputs: dict[str, Any], problems: list[str]) -> dict[str, Any] | None:
+    """An Optuna search's settings, its lowest and highest values checked with the trainer's schema."""
+    if search.method(data.get("search")) != "optuna":
+        return None
+    if data.get("grid") is not None or data.get("runs") is not None:
+        problems.append("search: an Optuna search makes the sweep's runs (its workers); remove grid and runs")
+    settings = search.check(data["search"], problems)
+    if settings is None:
+        return None
+    for end, point in zip(("lowest", "highest"), search.extremes(settings)):
+        flat = _check_keys(point, "search.params", problems)
+        try:
+            train_config.build({**inputs, **flat, "out_dir": "/"})
+        except ConfigError as err:
+            problems.extend(f"search.params with every {end} value: {p}" for p in err.problems)
+    return {**settings, "dists": {k: list(v) for k, v in settings["dists"].items()}}
 
 
 def check_workdir(workdir: str | Path) -> Path:
@@ -352,6 +379,14 @@ def _points(data: dict, problems: list[str]) -> tuple[list[tuple[str | None, dic
     grid_points = _expand_grid(data.get("grid"), problems)
     for point in grid_points:
         points.append((None, _check_keys(point, "grid", problems)))  # repeats are dropped at the end
+    if data.get("search") is not None:
+        if grid_points:
+            problems.append("search: a spec has a grid or a search, not both; remove one")
+        drawn = search.points(data["search"], problems)
+        width = len(str(len(drawn) - 1))
+        for trial, point in enumerate(drawn):
+            points.append((f"trial={trial:0{width}d},{run_name(point)}", _check_keys(point, "search.params", problems)))
+        grid_points = drawn  # (counted like grid points: the explicit runs come after)
     explicit = data.get("runs")
     if explicit is not None and not isinstance(explicit, list):
         problems.append("runs: expected a list of mappings, e.g. [{name: one-head, n_head: 1}]")
@@ -364,7 +399,7 @@ def _points(data: dict, problems: list[str]) -> tuple[list[tuple[str | None, dic
         given = entry.pop("name", None)
         flat = _check_keys(entry, f"runs[{i}]", problems)
         points.append((str(given) if given is not None else None, flat))
-    if data.get("grid") is None and explicit is None:
+    if data.get("grid") is None and data.get("search") is None and explicit is None:
         points.append((None, {}))  # a single job
     elif not points and not problems:
         problems.append("the spec defines no run: give a non-empty grid or runs list")
@@ -400,7 +435,7 @@ def _runs(points, grid_size: int, varying: list[str], base: dict[str, Any], forc
         if merged.get("data_file"):
             merged["data_file"] = _data_file(merged["data_file"], label, problems)
         try:
-            runs.append(Run(index, label, point, train_config.build(merged)))
+            runs.append(Run(index, label, point, train_config.build(merged), merged))
         except ConfigError as err:
             problems.extend(f"run `{label}`: {p}" for p in err.problems)
     return runs

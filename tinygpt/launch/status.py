@@ -17,7 +17,7 @@ from . import manifest as manifest_mod
 from . import slurm_cli
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
-            "FINISHED", "PREEMPTED"}
+            "FINISHED", "PREEMPTED", "PRUNED"}
 
 
 @dataclass
@@ -71,6 +71,8 @@ def read_progress(run_dir: Path) -> dict:
 def state_from_run_dir(progress: dict) -> str:
     if progress.get("event") == "finished":
         return "FINISHED"
+    if progress.get("event") == "pruned":
+        return "PRUNED"
     if progress.get("event") in ("preempted", "paused"):
         return "STOPPED"
     if progress.get("started"):
@@ -86,12 +88,13 @@ def collect(manifest_path: Path) -> list[Row]:
     if wanted:
         since = min((s["submitted_at"] for s in manifest["submissions"] if s.get("backend") != "local"),
                     default=None)
-        accounted = slurm_cli.sacct_states(wanted, since) or {}
+        # Asked by job (an array's id stands for all its tasks): one call per command, however many tasks.
+        accounted = slurm_cli.sacct_states(jobs_of(wanted), since) or {}
         missing = [j for j in wanted if j not in accounted]
-        queued = slurm_cli.squeue_states(missing) if missing else {}
+        queued = slurm_cli.squeue_states(jobs_of(missing)) if missing else {}
         slurm_states = {**(queued or {}), **accounted}
-        restarts = slurm_cli.restart_counts([j for j in wanted if slurm_states.get(j) is None
-                                             or slurm_states[j].restarts is None])
+        restarts = slurm_cli.restart_counts(jobs_of([j for j in wanted if slurm_states.get(j) is None
+                                                     or slurm_states[j].restarts is None]))
     else:
         restarts = {}
     history = submission_history(manifest)
@@ -115,6 +118,11 @@ def collect(manifest_path: Path) -> list[Row]:
                         progress.get("train_loss"), progress.get("val_loss"), progress.get("tokens_per_s"), eta,
                         str(run_dir), js.nodes if js else "", history.get(run["index"], ())))
     return rows
+
+
+def jobs_of(task_ids: list[str]) -> list[str]:
+    """The distinct jobs of some array tasks (`123_4` -> `123`) and plain jobs."""
+    return sorted({task_id.split("_")[0] for task_id in task_ids})
 
 
 def submission_history(manifest: dict) -> dict[int, tuple[str, ...]]:
@@ -224,6 +232,7 @@ def show(manifest_path: Path, watch: bool = False, interval: float = 5.0, consol
     if not watch:
         console.print(fitted(rows, title, console.width))
         _print_failures(manifest_path, rows, console)
+        _print_trials(manifest_path, console)
         return rows
     from rich.live import Live
 
@@ -233,7 +242,20 @@ def show(manifest_path: Path, watch: bool = False, interval: float = 5.0, consol
             rows = collect(manifest_path)
             live.update(fitted(rows, title, console.width))
     _print_failures(manifest_path, rows, console)
+    _print_trials(manifest_path, console)
     return rows
+
+
+def _print_trials(manifest_path: Path, console) -> None:
+    """The trials of an Optuna search, under the table of its workers."""
+    manifest = manifest_mod.load(manifest_path)
+    if not manifest.get("search"):
+        return
+    from . import search
+
+    rows = search.trials(manifest)
+    console.print(search.trials_table(rows, f"trials of the Optuna study ({manifest['search']['journal']})")
+                  if rows else "no trial yet")
 
 
 FAILED = ("FAILED", "OUT_OF_MEMORY", "NODE_FAIL", "TIMEOUT", "BOOT_FAIL", "DEADLINE")

@@ -25,11 +25,13 @@ from .slurm_options import container_prefix, sbatch_options, setup_lines
 
 
 class TrainTask:
-    """Picklable: `TrainTask()(config_path)` trains one run; `checkpoint` resubmits it unchanged."""
+    """Picklable: `TrainTask()(manifest_path, index)` trains one run of a sweep; `checkpoint` resubmits it
+    unchanged."""
 
-    def __call__(self, config_path: str) -> dict:
+    def __call__(self, manifest_path: str, index: int) -> dict:
         from tinygpt import config, trainer
 
+        config_path = str(manifest_mod.config_file(Path(manifest_path), manifest_mod.load(Path(manifest_path)), index))
         cfg = config.resolve(["--config", config_path])
         signum = getattr(signal, f"SIG{cfg.run.preempt_signal}")
         submitit_handler = signal.getsignal(signum)  # installed by submitit before we were called
@@ -44,11 +46,11 @@ class TrainTask:
         return {"out_dir": str(result.out_dir), "step": result.step, "finished": result.finished,
                 "best_val_loss": result.best_val_loss}
 
-    def checkpoint(self, config_path: str):
+    def checkpoint(self, manifest_path: str, index: int):
         import submitit
 
         # The trainer has already saved; the next start resumes from it.
-        return submitit.helpers.DelayedSubmission(TrainTask(), config_path)
+        return submitit.helpers.DelayedSubmission(TrainTask(), manifest_path, index)
 
 
 def folder(plan: Plan) -> Path:
@@ -107,7 +109,7 @@ def _submit(manifest_path: Path, manifest: dict, indices: list[int], job_folder:
 
     executor = submitit.SlurmExecutor(folder=job_folder, python=python)
     executor.update_parameters(**params)
-    jobs = executor.map_array(TrainTask(), [manifest["runs"][i]["config"] for i in indices])
+    jobs = executor.map_array(TrainTask(), [str(manifest_path)] * len(indices), indices)
     ids = {str(index): job.job_id for index, job in zip(indices, jobs)}
     array_id = jobs[0].job_id.split("_")[0]
     manifest_mod.record_submission(manifest_path, "submitit", array_id, indices, per_run_ids=ids, folder=job_folder,

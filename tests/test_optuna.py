@@ -1,0 +1,126 @@
+"""Adaptive search with Optuna: workers sharing one journal-file study, pruning, resuming a trial."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT, TINY_FLAGS, python_env, read_metrics
+from slurm_helpers import job_env, run_to_completion, signal_when_training
+from tinygpt import config, trainer
+
+TRAIN = {"n_layer": 1, "n_embd": 32, "block_size": 16, "batch_size": 4, "eval_interval": 5, "sample_tokens": 0,
+         "eval_windows": 8, "threads": 1, "min_lr": 1.0e-6, "log_interval": 5, "ckpt_interval": 5}
+PARAMS = {"lr": {"loguniform": [1.0e-4, 1.0e-2]}, "n_head": {"choice": [1, 2, 4]}}
+
+
+def optuna_spec(tmp_path: Path, corpus: Path, name: str, trials: int, workers: int, max_steps: int) -> Path:
+    spec = tmp_path / f"{name}.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": name, "train": {**TRAIN, "data_file": str(corpus), "max_steps": max_steps},
+        "search": {"method": "optuna", "trials": trials, "workers": workers, "sampler": "tpe", "pruner": "asha",
+                   "seed": 1, "params": PARAMS},
+        "resources": {"time": "00:10:00"}}))
+    return spec
+
+
+def launch(*args: str, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args], capture_output=True, text=True,
+                          env=env or python_env(COLUMNS="200"), cwd=ROOT, timeout=600)
+
+
+def test_a_true_eval_hook_answer_stops_the_run_saved_as_pruned(tmp_path, tiny_corpus, data_dir):
+    seen = []
+
+    def prune_at_ten(step, val_loss):
+        seen.append((step, round(val_loss, 3)))
+        return step >= 10
+
+    cfg = config.resolve([*TINY_FLAGS, "--data-file", str(tiny_corpus), "--out-dir", str(tmp_path / "run")])
+    result = trainer.train(cfg, eval_hook=prune_at_ten)
+    assert result.pruned and not result.finished and result.step == 10 and [s for s, _ in seen] == [10]
+    last = read_metrics(tmp_path / "run")[-1]
+    assert (last["event"], last["step"], round(last["val_loss"], 3)) == ("pruned", 10, seen[0][1])
+    assert (tmp_path / "run" / "checkpoints" / "step_00000010.pt").is_file()
+
+
+def test_bad_optuna_sections_and_resources_are_named(tmp_path, tiny_corpus):
+    spec = optuna_spec(tmp_path, tiny_corpus, "bad", 4, 2, 20)
+    data = yaml.safe_load(spec.read_text())
+    for change, message in [
+        ({"pruner": "hyperband"}, "search.pruner: 'hyperband' is not one of asha, median, none"),
+        ({"workers": 0}, "search.workers: expected a whole number from 1 to 1,000, got 0"),
+        ({"params": {"lr": {"loguniform": [1.0e-4, 1.0e-2]}, "n_head": {"choice": [3]}}},
+         "search.params with every lowest value: n_embd: 32 is not divisible by n_head 3"),
+    ]:
+        spec.write_text(yaml.safe_dump({**data, "search": {**data["search"], **change}}))
+        out = launch(str(spec), "--dry-run", "--workdir", str(tmp_path / "w"))
+        assert out.returncode == 1 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
+    spec.write_text(yaml.safe_dump({**data, "resources": {"tasks_per_node": 2}}))
+    out = launch(str(spec), "--dry-run", "--workdir", str(tmp_path / "w"))
+    assert out.returncode == 1 and "an Optuna worker trains one trial at a time in one process" in out.stderr
+
+
+def test_workers_share_one_study_locally_and_the_report_ranks_the_trials(tmp_path, tiny_corpus):
+    work = tmp_path / "w"
+    spec = optuna_spec(tmp_path, tiny_corpus, "local-search", 6, 2, 30)
+    out = launch(str(spec), "--local", "--workdir", str(work))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "=== 2 search worker(s) at once" in out.stdout
+    status = launch("status", str(spec), "--workdir", str(work)).stdout
+    states = [line.split("│")[2].strip() for line in status.splitlines() if line.count("│") == 7]
+    assert len(states) == 6 and set(states) <= {"COMPLETE", "PRUNED"} and "COMPLETE" in states, status
+    assert {line.split("│")[5].strip() for line in status.splitlines() if line.count("│") == 7} == {"0", "1"}
+    assert sorted(p.name for p in (work / "runs" / "local-search").glob("trial=*")) == [f"trial={i}" for i in range(6)]
+    assert launch("report", str(spec), "--workdir", str(work)).returncode == 0
+    report = (work / "runs" / "local-search" / "report.md").read_text()
+    assert "## Search (Optuna)" in report and "| 1 | " in report
+    assert (work / "runs" / "local-search" / "search.png").is_file()
+
+
+@pytest.mark.slurm
+def test_two_workers_on_the_cluster_and_a_preempted_worker_resumes_its_trial(tmp_path, tiny_corpus):
+    """The acceptance run: 2 workers, 12 trials, ASHA; worker 0 gets the time-limit signal mid-trial."""
+    import optuna
+
+    from tinygpt.launch.manifest import load, task_job_ids
+    from tinygpt.launch.search import trials
+
+    work = tmp_path / "w"
+    spec = optuna_spec(tmp_path, tiny_corpus, "asha", 12, 2, 200)
+    data = yaml.safe_load(spec.read_text())
+    data["train"].update(eval_interval=25, ckpt_interval=25)
+    spec.write_text(yaml.safe_dump(data))
+    out = launch(str(spec), "--workdir", str(work), env=job_env(COLUMNS="200"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    manifest = load(work / "jobs" / "asha" / "manifest.json")
+    ids = task_job_ids(manifest)
+    state = work / "runs" / "asha" / "worker=0" / "worker.json"
+    from slurm_helpers import wait_until
+
+    wait_until(state.exists, timeout=120, what="worker 0's first trial")
+    number = json.loads(state.read_text())["trial"]
+    trial_dir = work / "runs" / "asha" / f"trial={number:02d}"
+    signal_when_training(ids[0], trial_dir / "metrics.jsonl", min_lines=4)  # mid-trial
+    assert run_to_completion(ids[0], timeout=400) == ("COMPLETED", 1)
+    assert run_to_completion(ids[1], timeout=400)[0] == "COMPLETED"
+    rows = trials(load(work / "jobs" / "asha" / "manifest.json"))
+    states = [r["state"] for r in rows]
+    pruned = [r for r in rows if r["state"] == "PRUNED"]
+    best = min(r["value"] for r in rows if r["state"] == "COMPLETE")
+    print(f"\nacceptance: {len(rows)} trials, {states.count('COMPLETE')} complete, {len(pruned)} pruned "
+          f"(at steps {[r['pruned at'] for r in pruned]}), best value {best:.4f}; worker 0 preempted in trial "
+          f"{number}")
+    assert len(rows) == 12 and set(states) <= {"COMPLETE", "PRUNED"}
+    assert {r["worker"] for r in rows} == {0, 1}
+    log = (work / "logs" / "asha" / f"{ids[0]}.out").read_text()
+    assert f"resuming trial {number}" in log, log[-3000:]
+    records = read_metrics(trial_dir)
+    starts = [r for r in records if r.get("event") == "start"]
+    assert len(starts) == 2 and starts[1]["step"] > 0  # the second life resumed the trial from its checkpoint
+    assert records[-1]["event"] in ("finished", "pruned")
+    assert next(r for r in rows if r["trial"] == number)["state"] in (optuna.trial.TrialState.COMPLETE.name,
+                                                                     optuna.trial.TrialState.PRUNED.name)

@@ -1,0 +1,228 @@
+"""Search in a spec: random points drawn here, or Optuna's adaptive search run by the jobs themselves.
+
+    search:
+      method: random
+      trials: 32              # this many runs, in the one job array
+      seed: 0                 # the same spec and seed give the same runs
+      params:
+        lr: {loguniform: [1.0e-4, 3.0e-3]}
+        n_layer: {choice: [2, 4, 6]}
+        dropout: {uniform: [0.0, 0.3]}
+        n_head: {int: [1, 8]}  # whole numbers, both ends included
+
+Every other trainer key comes from `train`, as for a grid. A drawn float keeps 4 significant digits, so a
+run's name says exactly what it trains with: `trial=07,lr=0.0004813,n_layer=4`. Each point is then checked
+like a grid point (the trainer's schema, before anything is written).
+
+`method: optuna` (with `workers: W`, `sampler: tpe|random`, `pruner: asha|median|none`) makes the sweep W
+array tasks, each an Optuna worker (tinygpt/search_worker.py) on one study in a journal file under the
+sweep's folder: it asks for a trial, trains it, reports the validation loss at every evaluation and stops
+the trial when the pruner says so. The trial's values are drawn by Optuna from the same `params`; the
+lowest and the highest values are checked together at launch.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+METHODS = ("random", "optuna")
+DISTRIBUTIONS = ("choice", "uniform", "loguniform", "int")
+KEYS = ("method", "trials", "seed", "params")
+OPTUNA_KEYS = (*KEYS, "workers", "sampler", "pruner")
+SAMPLERS = ("tpe", "random")
+PRUNERS = ("asha", "median", "none")
+MAX_TRIALS = 100_000
+OPTUNA_EXTRA = 'Optuna is not installed here: pip install -e ".[search]"'
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _distribution(key: str, raw: Any, problems: list[str]) -> tuple[str, list] | None:
+    where = f"search.params.{key}"
+    if not isinstance(raw, dict) or len(raw) != 1 or next(iter(raw)) not in DISTRIBUTIONS:
+        problems.append(f"{where}: expected one of {', '.join(DISTRIBUTIONS)}, e.g. {{loguniform: [1.0e-4, 1.0e-2]}} "
+                        f"or {{choice: [2, 4]}}; got {raw!r}")
+        return None
+    kind, args = next(iter(raw.items()))
+    if kind == "choice":
+        if not isinstance(args, list) or not args:
+            problems.append(f"{where}.choice: expected a non-empty list of values")
+            return None
+        return kind, args
+    ok = isinstance(args, list) and len(args) == 2 and all(_number(a) for a in args) and args[0] <= args[1]
+    if ok and kind == "int":
+        ok = all(isinstance(a, int) for a in args)
+    if ok and kind == "loguniform":
+        ok = args[0] > 0
+    if not ok:
+        need = {"uniform": "two numbers [low, high]", "loguniform": "two numbers 0 < low <= high",
+                "int": "two whole numbers [low, high]"}[kind]
+        problems.append(f"{where}.{kind}: expected {need}, got {args!r}")
+        return None
+    return kind, args
+
+
+def _draw(rng: random.Random, kind: str, args: list) -> Any:
+    if kind == "choice":
+        return args[rng.randrange(len(args))]
+    if kind == "int":
+        return rng.randint(args[0], args[1])
+    low, high = args
+    value = math.exp(rng.uniform(math.log(low), math.log(high))) if kind == "loguniform" else rng.uniform(low, high)
+    return float(f"{value:.4g}")
+
+
+def method(raw: Any) -> str | None:
+    return raw.get("method", "random") if isinstance(raw, dict) else None
+
+
+def points(raw: Any, problems: list[str]) -> list[dict[str, Any]]:
+    """The point of each trial of a valid random `search` section, in trial order; problems named otherwise."""
+    settings = check(raw, problems)
+    if settings is None:
+        return []
+    rng = random.Random(settings["seed"])
+    return [{key: _draw(rng, *dist) for key, dist in settings["dists"].items()} for _ in range(settings["trials"])]
+
+
+def check(raw: Any, problems: list[str]) -> dict[str, Any] | None:
+    """A `search` section's settings, typed ({method, trials, seed, dists, ...}); None and problems when bad."""
+    if not isinstance(raw, dict):
+        problems.append("search: expected a mapping {method: random, trials: N, seed: S, params: {...}}")
+        return None
+    kind = method(raw)
+    if kind not in METHODS:
+        problems.append(f"search.method: {kind!r} is not one of {', '.join(METHODS)}")
+        return None
+    keys = OPTUNA_KEYS if kind == "optuna" else KEYS
+    for key in raw:
+        if key not in keys:
+            problems.append(f"search: unknown key `{key}` for method {kind}; valid keys: {', '.join(keys)}")
+    extra = _optuna_settings(raw, problems) if kind == "optuna" else {}
+    trials, seed = raw.get("trials"), raw.get("seed", 0)
+    if isinstance(trials, bool) or not isinstance(trials, int) or not 1 <= trials <= MAX_TRIALS:
+        problems.append(f"search.trials: expected a whole number from 1 to {MAX_TRIALS:,}, got {trials!r}")
+        trials = 0
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        problems.append(f"search.seed: expected a whole number, got {seed!r}")
+        seed = 0
+    params = raw.get("params")
+    if not isinstance(params, dict) or not params:
+        problems.append("search.params: expected a mapping of trainer keys to distributions, e.g. "
+                        "{lr: {loguniform: [1.0e-4, 1.0e-2]}}")
+        return None
+    dists = {str(k): _distribution(str(k), v, problems) for k, v in params.items()}
+    if any(d is None for d in dists.values()) or not trials or extra is None:
+        return None
+    return {"method": kind, "trials": trials, "seed": seed, "dists": dists, **extra}
+
+
+def _optuna_settings(raw: dict, problems: list[str]) -> dict[str, Any] | None:
+    workers = raw.get("workers", 1)
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 1000:
+        problems.append(f"search.workers: expected a whole number from 1 to 1,000, got {workers!r}")
+        return None
+    sampler, pruner = raw.get("sampler", "tpe"), raw.get("pruner", "asha")
+    if sampler not in SAMPLERS:
+        problems.append(f"search.sampler: {sampler!r} is not one of {', '.join(SAMPLERS)}")
+        return None
+    if pruner not in PRUNERS:
+        problems.append(f"search.pruner: {pruner!r} is not one of {', '.join(PRUNERS)}")
+        return None
+    try:
+        import optuna  # noqa: F401
+    except ImportError:
+        problems.append(f"search.method: optuna: {OPTUNA_EXTRA}")
+        return None
+    return {"workers": workers, "sampler": sampler, "pruner": pruner}
+
+
+def extremes(settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """The lowest and the highest value of every parameter together: a check of what the search may ask."""
+    def end(kind: str, args: list, last: bool) -> Any:
+        return args[-1 if last else 0]
+
+    return [{key: end(*dist, last) for key, dist in settings["dists"].items()} for last in (False, True)]
+
+
+def trials(manifest: dict) -> list[dict[str, Any]]:
+    """The trials of an Optuna sweep's study, as rows: number, state, value, pruned at, worker, params."""
+    import optuna
+
+    search = manifest["search"]
+    if not Path(search["journal"]).is_file():
+        return []
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(search["journal"]))
+    try:
+        study = optuna.load_study(study_name=manifest["name"], storage=storage)
+    except KeyError:  # the journal exists, the study not yet
+        return []
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        last = max(t.intermediate_values) if t.intermediate_values else None
+        rows.append({"trial": t.number, "state": t.state.name, "value": t.value,
+                     "pruned at": t.user_attrs.get("pruned_at"),
+                     "last value": t.intermediate_values[last] if last is not None else None,
+                     "worker": t.user_attrs.get("worker"), "params": t.params,
+                     "run dir": t.user_attrs.get("run_dir")})
+    return rows
+
+
+def trials_table(rows: list[dict[str, Any]], title: str):
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left")
+    for col in ("trial", "state", "value", "pruned at", "worker", "params"):
+        t.add_column(col, justify="right" if col in ("trial", "value", "pruned at", "worker") else "left")
+    for r in rows:
+        t.add_row(str(r["trial"]), r["state"], "-" if r["value"] is None else f"{r['value']:.4f}",
+                  "-" if r["pruned at"] is None else str(r["pruned at"]),
+                  "-" if r["worker"] is None else str(r["worker"]), params_text(r["params"]))
+    return t
+
+
+def params_text(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
+
+
+def report_section(rows: list[dict[str, Any]], out_dir: Path) -> str:
+    """The search's part of the sweep report: trials ranked, and a plot of each trial's value and the best so
+    far (search.png)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [r for r in rows if r["state"] == "COMPLETE"]  # (Optuna gives a pruned trial its last value too)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    best, best_so_far = float("inf"), []
+    for r in done:
+        best = min(best, r["value"])
+        best_so_far.append(best)
+    ax.scatter([r["trial"] for r in done], [r["value"] for r in done], label="trial's best val loss")
+    ax.step([r["trial"] for r in done], best_so_far, where="post", color="C1", label="best so far")
+    pruned = [r for r in rows if r["state"] == "PRUNED" and r["last value"] is not None]
+    ax.scatter([r["trial"] for r in pruned], [r["last value"] for r in pruned], marker="x", color="C3",
+               label="pruned (its last reported val loss)")
+    ax.set_xlabel("trial")
+    ax.set_ylabel("validation loss")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "search.png", dpi=110)
+    plt.close(fig)
+    ranked = sorted(done, key=lambda r: r["value"])
+    pruned = [r for r in rows if r["state"] == "PRUNED"]
+    lines = ["## Search (Optuna)", "", f"{len(rows)} trial(s): {len(done)} complete, {len(pruned)} pruned, "
+             f"{sum(r['state'] == 'FAIL' for r in rows)} failed, {sum(r['state'] == 'RUNNING' for r in rows)} running.",
+             "", "![search](search.png)", "", "| rank | trial | val loss | params |", "| --- | --- | --- | --- |"]
+    lines += [f"| {i + 1} | {r['trial']} | {r['value']:.4f} | {params_text(r['params'])} |"
+              for i, r in enumerate(ranked)]
+    lines += ["", "Pruned: " + (", ".join(f"trial {r['trial']} at step {r['pruned at']}" for r in pruned) or "none"),
+              ""]
+    return "\n".join(lines)

@@ -1,0 +1,159 @@
+"""`python -m tinygpt.search_worker MANIFEST INDEX`: one Optuna worker of a sweep's adaptive search.
+
+An array task of a sweep whose spec says `search: {method: optuna, ...}` (tinygpt/launch/search.py) runs
+this instead of one trainer. Every worker shares one study, kept in a journal file under the sweep's
+folder (a file on the shared filesystem: no database server). In a loop, the worker asks the study for a
+trial (under a file lock, so the workers never start more than `trials` together), trains it with the
+real trainer in `runs/<sweep>/trial=NNN/`, reports the validation loss at every evaluation, and stops
+the trial there when the pruner says so (recorded as pruned, with its step).
+
+A preemption or the time limit stops the trainer as always (checkpoint saved, job requeued); the worker
+then leaves its trial RUNNING in the study, and `worker.json` in its own run directory names it, so that
+the next life of the task resumes that trial from its checkpoint instead of losing it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import preemption
+
+
+def open_study(search: dict[str, Any], name: str, worker: int):
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(search["journal"]))
+    seed = search["seed"] + worker  # (workers with the same seed would draw the same startup trials)
+    sampler = (optuna.samplers.TPESampler(seed=seed) if search["sampler"] == "tpe"
+               else optuna.samplers.RandomSampler(seed=seed))
+    pruner = {"asha": optuna.pruners.SuccessiveHalvingPruner, "median": optuna.pruners.MedianPruner,
+              "none": optuna.pruners.NopPruner}[search["pruner"]]()
+    return optuna.create_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner,
+                               direction="minimize", load_if_exists=True)
+
+
+def suggest(trial, key: str, kind: str, args: list) -> Any:
+    if kind == "choice":
+        return trial.suggest_categorical(key, args)
+    if kind == "int":
+        return trial.suggest_int(key, args[0], args[1])
+    return trial.suggest_float(key, args[0], args[1], log=kind == "loguniform")
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+def next_trial(study, search: dict[str, Any], state: Path, worker: int):
+    """The trial this worker left running in an earlier life, else a new one while the budget lasts."""
+    import optuna
+
+    try:
+        number = json.loads(state.read_text())["trial"]
+    except (OSError, ValueError, KeyError):
+        number = None
+    trials = study.get_trials(deepcopy=False)
+    left = [t for t in trials if t.number == number and t.state == optuna.trial.TrialState.RUNNING]
+    if left:
+        return optuna.trial.Trial(study, left[0]._trial_id), True
+    with _locked(Path(search["journal"] + ".ask.lock")):
+        if len(study.get_trials(deepcopy=False)) >= search["trials"]:
+            return None, False
+        trial = study.ask()
+    trial.set_user_attr("worker", worker)
+    state.write_text(json.dumps({"trial": trial.number}) + "\n")
+    return trial, False
+
+
+def run_trial(trial, manifest: dict, run: dict, say) -> int | None:
+    """Train one trial; tell the study how it ended. Returns an exit status when the worker must stop now
+    (preempted: the job is being requeued), else None."""
+    import optuna
+
+    from . import config as config_mod
+    from . import trainer
+
+    search = manifest["search"]
+    params = {key: suggest(trial, key, kind, args) for key, (kind, args) in search["dists"].items()}
+    width = len(str(search["trials"] - 1))
+    out_dir = Path(run["out_dir"]).parent / f"trial={trial.number:0{width}d}"  # beside the workers' own
+    try:
+        cfg = config_mod.build({**manifest["base"], **run["overrides"], **params, "out_dir": str(out_dir)})
+    except config_mod.ConfigError as err:
+        trial.set_user_attr("error", str(err))
+        trial.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        say(f"trial {trial.number}: {params} is not a valid config ({err}); marked failed")
+        return None
+    trial.set_user_attr("run_dir", str(out_dir))
+
+    def report(step: int, val_loss: float) -> bool:
+        trial.report(val_loss, step)
+        return trial.should_prune()
+
+    try:
+        result = trainer.train(cfg, eval_hook=report)
+    except trainer.TrainingError as err:
+        trial.set_user_attr("error", str(err))
+        trial.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        say(f"trial {trial.number} failed: {err}")
+        return None
+    if result.pruned:
+        trial.set_user_attr("pruned_at", result.step)
+        trial.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+    elif result.finished:
+        trial.study.tell(trial, result.best_val_loss)
+    else:
+        return result.exit_code  # stopped by a signal and saved: the trial resumes in the next life
+    return None
+
+
+def main(argv: list[str]) -> int:
+    from .launch import manifest as manifest_mod
+
+    if len(argv) != 2 or not argv[1].isdigit():
+        print("usage: python -m tinygpt.search_worker MANIFEST INDEX", file=sys.stderr)
+        return 2
+    manifest = manifest_mod.load(Path(argv[0]))
+    worker = int(argv[1])
+    run = manifest["runs"][worker]
+    state = Path(run["out_dir"]) / "worker.json"
+    state.parent.mkdir(parents=True, exist_ok=True)
+    study = open_study(manifest["search"], manifest["name"], worker)
+
+    def say(message: str) -> None:
+        print(f"search worker {worker}: {message}", flush=True)
+
+    while True:
+        if preemption.EARLY_SIGNALS:  # a signal between two trials: stop here (nothing to save)
+            signal_name = preemption.EARLY_SIGNALS[0]
+            job = preemption.slurm_job_id()
+            if signal_name != "TERM" and job:
+                ok, message = preemption.requeue(job)
+                say(f"SIG{signal_name} between trials; {message}")
+                return 0 if ok else preemption.EXIT_REQUEUE
+            return 0
+        trial, resumed = next_trial(study, manifest["search"], state, worker)
+        if trial is None:
+            say(f"the study has its {manifest['search']['trials']} trials; done")
+            return 0
+        say(f"{'resuming' if resumed else 'starting'} trial {trial.number}")
+        stop = run_trial(trial, manifest, run, say)
+        if stop is not None:
+            return stop
+        state.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    from .train import exit_process
+
+    preemption.install_early_recorder()  # (a signal between trials is recorded, not fatal)
+    exit_process(main(sys.argv[1:]))
