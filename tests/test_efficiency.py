@@ -75,7 +75,8 @@ def test_efficiency_of_a_busy_and_a_half_idle_allocation(tmp_path, tiny_corpus, 
     busy_eff, idle_eff = int(busy[5].rstrip("%")), int(idle[5].rstrip("%"))
     assert busy[4] == "1" and busy_eff >= 70 and busy[-1] == "", busy  # one busy thread on its one CPU
     assert idle[4] == "2" and idle_eff <= 55, idle  # the same thread, and a second CPU left unused
-    assert idle[-1].startswith("IDLE") == (idle_eff < 50), idle  # (flagged under 50%; the rule: the unit test)
+    if idle_eff != 50:  # (shown rounded: at "50%" the exact share may be either side of the line)
+        assert idle[-1].startswith("IDLE") == (idle_eff < 50), idle  # flagged under half; the rule: the unit test
     assert busy[6].endswith("/ 1,024 MB" + busy[6].split("MB")[-1]) and "MB /" in busy[6]  # peak / asked
     report = launch("report", str(specs["idle"]))
     assert report.returncode == 0, report.stderr

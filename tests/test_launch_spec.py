@@ -187,6 +187,14 @@ def test_render_hostile_values_golden(tmp_path):
     assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
 
 
+def test_render_packed_golden(tmp_path):
+    params = hostile_params(tmp_path, pack=2, runs=5, array="0-2")
+    text = render(dataclasses.replace(params, resources=dataclasses.replace(params.resources, nodes=1,
+                                                                            tasks_per_node=1)))
+    check_golden("packed.sbatch", text)
+    assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+
+
 def test_every_sbatch_value_round_trips_through_the_shell(tmp_path):
     params = hostile_params(tmp_path)
     text = render(params)

@@ -478,6 +478,9 @@ class Trainer:
                 self.say(f"stopping at step {self.step}: {why}; checkpoint saved; requeueing through the launcher")
                 self.requeue_hook()  # may not return (submitit requeues and exits)
                 return self._result(False)
+            elif os.environ.get("TINYGPT_REQUEUE") == "script":
+                event["requeue"] = "left to the batch script (runs packed in one task requeue together)"
+                exit_code = preempt_mod.EXIT_REQUEUE
             elif job is None:
                 event["requeue"] = "not in a Slurm job; resume by running the same command again"
             else:

@@ -178,7 +178,7 @@ def _submit(plan, hold: bool, dependency: str | None) -> list[str]:
         extra = (["--hold"] if hold else []) + ([f"--dependency={dependency}"] if dependency else [])
         job_id = slurm_cli.sbatch(str(path), extra)
         manifest_mod.record_submission(plan.manifest_path, "sbatch", job_id, indices, array=array, offset=offset,
-                                       script=str(path))
+                                       script=str(path), pack=plan.sweep.pack)
         ids.append(job_id)
     return ids
 

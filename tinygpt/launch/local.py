@@ -33,13 +33,17 @@ def run_all(plan: Plan, nproc: int = 1, say=print) -> int:
     manifest_mod.record_submission(plan.manifest_path, "local", "local", [r["index"] for r in runs], nproc=nproc)
     if manifest.get("search"):
         return _workers(plan, runs, env, say)
-    for run in runs:
-        say(f"=== run {run['index'] + 1}/{len(runs)}: {run['name']} -> {run['out_dir']}")
-        config = manifest_mod.config_file(plan.manifest_path, manifest, run["index"])
-        result = subprocess.run(command(str(config), nproc), env=env, cwd=plan.workdir)
-        if result.returncode != 0:
-            failed += 1
-            say(f"=== run {run['name']} failed with exit status {result.returncode}")
+    pack = plan.sweep.pack  # (packed runs run at once here too, as they would in one task)
+    for first in range(0, len(runs), pack):
+        procs = []
+        for run in runs[first:first + pack]:
+            say(f"=== run {run['index'] + 1}/{len(runs)}: {run['name']} -> {run['out_dir']}")
+            config = manifest_mod.config_file(plan.manifest_path, manifest, run["index"])
+            procs.append((run, subprocess.Popen(command(str(config), nproc), env=env, cwd=plan.workdir)))
+        for run, proc in procs:
+            if proc.wait() != 0:
+                failed += 1
+                say(f"=== run {run['name']} failed with exit status {proc.returncode}")
     return failed
 
 

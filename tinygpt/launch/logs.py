@@ -1,7 +1,8 @@
 """`launch.py logs SPEC [RUN]`: a run's Slurm logs, found from the manifest, one life at a time.
 
-Each job of a run writes one log (sbatch: `logs/<sweep>/<array>_<task>.out`; submitit: `<task>_0_log.out`
-and `.err` in its folder), and every requeue of that job appends a life to it, starting with the line
+Each job of a run writes one log (sbatch: `logs/<sweep>/<array>_<task>.out`, and for runs packed into one
+task also `<array>_<task>.run<index>.out`, the run's own; submitit: `<task>_0_log.out` and `.err` in its
+folder), and every requeue of that job appends a life to it, starting with the line
 the job writes first (`tinygpt: run ...` from our batch script, `submitit INFO ... Starting` from
 submitit's). By default the latest life of the latest job is shown; `--all` shows every job's whole log.
 `last_error` gives the line `status` prints for a run that failed.
@@ -34,8 +35,10 @@ def run_jobs(manifest: dict, index: int) -> list[tuple[str, list[Path]]]:
             folder = Path(sub["folder"])
             jobs.append((job_id, [folder / f"{job_id}_0_log.out", folder / f"{job_id}_0_log.err"]))
         else:
-            job_id = f"{sub['job_id']}_{index - sub.get('offset', 0)}"
-            jobs.append((job_id, [Path(manifest["logs_dir"]) / f"{job_id}.out"]))
+            pack = sub.get("pack", 1)
+            job_id = f"{sub['job_id']}_{(index - sub.get('offset', 0)) // pack}"
+            own = [Path(manifest["logs_dir"]) / f"{job_id}.run{index}.out"] if pack > 1 else []  # (packed runs)
+            jobs.append((job_id, [Path(manifest["logs_dir"]) / f"{job_id}.out", *own]))
     return jobs
 
 

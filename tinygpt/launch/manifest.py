@@ -84,8 +84,8 @@ def task_job_ids(manifest: dict[str, Any]) -> dict[int, str]:
             continue
         offset = sub.get("offset", 0)
         for index in sub["indices"]:
-            if sub.get("array"):
-                ids[index] = f"{sub['job_id']}_{index - offset}"
+            if sub.get("array"):  # (`pack` runs share each task)
+                ids[index] = f"{sub['job_id']}_{(index - offset) // sub.get('pack', 1)}"
             else:
                 ids[index] = sub["per_run_ids"][str(index)] if "per_run_ids" in sub else sub["job_id"]
     return ids

@@ -74,19 +74,21 @@ def build(sweep: Sweep, snapshot: Snapshot | None = None) -> Plan:
     if sweep.backend == "sbatch":
         # Task ids must stay below MaxArraySize: Slurm's own when it is reachable, else the profile's.
         limit = slurm_cli.max_array_size(sweep.profile.cluster_name) or sweep.profile.max_array_size
-        size = max(1, limit - 1)
-        chunks = [list(range(i, min(i + size, len(runs)))) for i in range(0, len(runs), size)]
+        size, pack = max(1, limit - 1), sweep.pack
+        tasks = [list(range(i, min(i + pack, len(runs)))) for i in range(0, len(runs), pack)]
+        chunks = [[i for task in tasks[t:t + size] for i in task] for t in range(0, len(tasks), size)]
         for k, indices in enumerate(chunks):
             suffix = f"-part{k + 1}" if len(chunks) > 1 else ""
             path = jobs_dir / f"{sweep.name}{suffix}.sbatch"
-            array = f"0-{len(indices) - 1}"
+            array = f"0-{-(-len(indices) // pack) - 1}"
             if sweep.array_parallelism:
                 array += f"%{sweep.array_parallelism}"
             params = ScriptParams(
                 job_name=sweep.name, array=array, offset=indices[0], manifest=str(manifest_path),
                 script_path=str(path), log_dir=str(logs_dir), workdir=str(workdir),
                 python=sweep.profile.python or sys.executable, pythonpath=str(code),
-                resources=r, profile=sweep.profile, worker=sweep.search is not None,
+                resources=r, profile=sweep.profile, worker=sweep.search is not None, pack=pack,
+                runs=len(runs),
             )
             manifest_mod.write_atomic(path, render(params))
             path.chmod(0o755)

@@ -121,23 +121,26 @@ def _resubmit_sbatch(manifest_path: Path, manifest: dict, indices: list[int], ch
                      previous: dict, dry_run: bool) -> list[str]:
     """One `sbatch --array=<their task ids>` per batch script the runs came from (one, unless the sweep was
     split at MaxArraySize), with the changed options on the command line over the script's own."""
-    latest: dict[int, tuple[str, int]] = {}  # run index -> (the script of its newest job, that array's offset)
+    latest: dict[int, tuple[str, int, int]] = {}  # run index -> its newest job's (script, offset, pack)
     for sub in manifest["submissions"]:
         for index in sub.get("indices", []) if sub.get("script") else []:
-            latest[index] = (sub["script"], sub.get("offset", 0))
-    by_script: dict[tuple[str, int], list[int]] = {}
+            latest[index] = (sub["script"], sub.get("offset", 0), sub.get("pack", 1))
+    by_script: dict[tuple[str, int, int], list[int]] = {}
     for index in indices:
         by_script.setdefault(latest[index], []).append(index)
     ids = []
-    for (script, offset), group in by_script.items():
-        array = ",".join(str(i - offset) for i in sorted(group))
+    for (script, offset, pack), group in by_script.items():
+        # (a packed task holds `pack` runs: its finished runs start, see that they are done, and end at once)
+        array = ",".join(str(t) for t in sorted({(i - offset) // pack for i in group}))
         extra = [f"--array={array}", *changes.sbatch_args()]
         if dry_run:
             print(f"dry run: would run sbatch {shlex.join(extra)} {shlex.quote(script)}")
             continue
         job_id = slurm_cli.sbatch(script, extra)
-        manifest_mod.record_submission(manifest_path, "sbatch", job_id, sorted(group), array=array, offset=offset,
-                                       script=script, changes=changes.options,
+        tasks = {(i - offset) // pack for i in group}
+        runs = sorted(i for i in latest if latest[i][:2] == (script, offset) and (i - offset) // pack in tasks)
+        manifest_mod.record_submission(manifest_path, "sbatch", job_id, runs, array=array, offset=offset,
+                                       script=script, pack=pack, changes=changes.options,
                                        previous={k: v for k, v in previous.items() if int(k) in group})
         ids.append(job_id)
     return ids

@@ -15,6 +15,7 @@
                                   # also partition, qos, account, constraint, exclude (nodes), and
                                   # sbatch_options / srun_args passed through (see passthrough.py)
     array_parallelism: 4          # at most this many array tasks at once
+    pack: 2                       # two runs at once in each array task, sharing its CPUs and GPUs
 
 With both `grid` and `runs`, the sweep has the grid's points followed by the explicit runs. Each run's
 trainer config is checked with the trainer's own schema, and every problem in the file is reported at
@@ -39,7 +40,7 @@ from .errors import LaunchError
 from .profiles import Profile, format_time, parse_mem_mb, parse_time_min
 
 SPEC_KEYS = ("name", "description", "cluster", "backend", "train", "grid", "search", "runs", "resources",
-             "array_parallelism")
+             "array_parallelism", "pack")
 RESOURCE_KEYS = ("nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "mem", "time", "partition", "qos",
                  "account", "constraint", "exclude", "sbatch_options", "srun_args")
 BACKENDS = ("sbatch", "submitit")
@@ -96,6 +97,7 @@ class Sweep:
     runs: list[Run] = field(default_factory=list)
     varying: list[str] = field(default_factory=list)  # keys whose value differs between runs
     search: dict[str, Any] | None = None  # an Optuna search's settings (search.py); its runs are the workers
+    pack: int = 1  # runs at once in each array task, sharing its CPUs and GPUs
 
 
 def _value_token(key: str, value: Any) -> str:
@@ -312,10 +314,29 @@ def load(path: str | Path, workdir: str | Path = ".", cluster: str | None = None
     if optuna and resources and (resources.nodes, resources.tasks_per_node) != (1, 1):
         problems.append("resources: an Optuna worker trains one trial at a time in one process; ask for nodes: 1, "
                         "tasks_per_node: 1 (and search.workers for more at once)")
+    pack = _pack(data.get("pack"), backend, optuna, problems)
+    if pack > 1 and resources and (resources.nodes, resources.tasks_per_node) != (1, 1):
+        problems.append("pack: packed runs are one process each; ask for resources nodes: 1, tasks_per_node: 1 "
+                        "(their CPUs and GPUs are shared among the packed runs)")
     unique_problems = list(dict.fromkeys(problems))
     if unique_problems:
         raise LaunchError(unique_problems, str(path))
-    return Sweep(name, path, profile, backend, resources, parallel, workdir, runs, varying, optuna)
+    return Sweep(name, path, profile, backend, resources, parallel, workdir, runs, varying, optuna, pack)
+
+
+def _pack(raw: Any, backend: str, optuna: dict | None, problems: list[str]) -> int:
+    if raw is None:
+        return 1
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+        problems.append(f"pack: expected a whole number >= 1 (runs at once in each array task), got {raw!r}")
+        return 1
+    if raw > 1 and backend != "sbatch":
+        problems.append("pack: packing runs into one task is for the sbatch backend; remove pack or use "
+                        "backend: sbatch")
+    if raw > 1 and optuna:
+        problems.append("pack: an Optuna search's workers train one trial each; remove pack (more workers "
+                        "instead)")
+    return raw
 
 
 def _optuna(data: dict, inputs: dict[str, Any], problems: list[str]) -> dict[str, Any] | None:
