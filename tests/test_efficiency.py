@@ -50,16 +50,18 @@ def test_efficiency_of_a_busy_and_a_half_idle_allocation(tmp_path, tiny_corpus, 
     specs = {}
     for name, cpus in (("busy", 1), ("idle", 2)):  # one trainer thread on one CPU, and on two
         specs[name] = tmp_path / f"{name}.yaml"
-        specs[name].write_text(f"name: {name}\ntrain: {{{train}}}\nresources: {{time: '00:10:00', mem: 1G, "
-                               f"cpus_per_task: {cpus}, sbatch_options: {{acctg-freq: 1}}}}\n")
+        specs[name].write_text(f"name: {name}\ntrain: {{{train}, ckpt_interval: 20}}\nresources: {{time: '00:10:00', "
+                               f"mem: 1G, cpus_per_task: {cpus}, sbatch_options: {{acctg-freq: 1}}}}\n")
 
-    def launch(*args):
+    def launch(*args, **extra):
         return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args, "--workdir", str(work)],
-                              capture_output=True, text=True, env=job_env(COLUMNS="250", **env), cwd=ROOT,
+                              capture_output=True, text=True, env=job_env(COLUMNS="250", **env, **extra), cwd=ROOT,
                               timeout=180)
 
-    for spec in specs.values():
-        assert launch(str(spec)).returncode == 0
+    assert launch(str(specs["busy"])).returncode == 0
+    # The idle one also waits most of its time (its checkpoint writes slowed, as on a slow filesystem; the job
+    # inherits this environment), on two CPUs where it can use one.
+    assert launch(str(specs["idle"]), TINYGPT_TEST_SLOW_CHECKPOINT_S="0.3").returncode == 0
     for name in specs:
         manifest = json.loads((work / "jobs" / name / "manifest.json").read_text())
         assert wait(f"{manifest['submissions'][0]['job_id']}_0") == "COMPLETED"
@@ -74,9 +76,7 @@ def test_efficiency_of_a_busy_and_a_half_idle_allocation(tmp_path, tiny_corpus, 
     busy, idle = rows["busy"], rows["idle"]
     busy_eff, idle_eff = int(busy[5].rstrip("%")), int(idle[5].rstrip("%"))
     assert busy[4] == "1" and busy_eff >= 70 and busy[-1] == "", busy  # one busy thread on its one CPU
-    assert idle[4] == "2" and idle_eff <= 55, idle  # the same thread, and a second CPU left unused
-    if idle_eff != 50:  # (shown rounded: at "50%" the exact share may be either side of the line)
-        assert idle[-1].startswith("IDLE") == (idle_eff < 50), idle  # flagged under half; the rule: the unit test
+    assert idle[4] == "2" and idle_eff < 40 and idle[-1].startswith("IDLE"), idle
     assert busy[6].endswith("/ 1,024 MB" + busy[6].split("MB")[-1]) and "MB /" in busy[6]  # peak / asked
     report = launch("report", str(specs["idle"]))
     assert report.returncode == 0, report.stderr
