@@ -75,7 +75,7 @@ def test_resubmit_runs_exactly_the_failed_tasks_again_and_they_resume(tmp_path, 
     spec = tmp_path / "six.yaml"
     spec.write_text(f"name: six\ntrain: {{data_file: {tiny_corpus}, {TINY}, max_steps: 30}}\n"
                     "runs:\n" + "".join(f"  - {{name: r{i}, seed: {i}}}\n" for i in range(6))
-                    .replace("seed: 1}", "seed: 1, max_steps: 1500}").replace("seed: 4}", "seed: 4, max_steps: 1500}")
+                    .replace("seed: 1}", "seed: 1, max_steps: 500}").replace("seed: 4}", "seed: 4, max_steps: 500}")
                     + "resources: {time: '00:10:00'}\n")
     assert launch(str(spec), "--workdir", str(work)).returncode == 0
     ids = task_job_ids(manifest_of(work, "six"))
@@ -103,7 +103,7 @@ def test_resubmit_runs_exactly_the_failed_tasks_again_and_they_resume(tmp_path, 
         records = read_metrics(work / "runs" / "six" / f"r{victim}")
         starts = [r for r in records if r.get("event") == "start"]
         assert len(starts) == 2 and starts[1]["step"] >= 10  # the second life resumed from a checkpoint
-        assert records[-1]["event"] == "finished" and records[-1]["step"] == 1500
+        assert records[-1]["event"] == "finished" and records[-1]["step"] == 500
     status = launch("status", str(spec), "--workdir", str(work))
     assert status.stdout.count("COMPLETED") == 6 and f"{ids[1]} FAILED on node" in status.stdout, status.stdout
     again = launch("resubmit", str(spec), "--workdir", str(work))
@@ -115,7 +115,7 @@ def test_resubmit_with_the_submitit_backend(tmp_path, tiny_corpus):
     work = tmp_path / "w"
     spec = tmp_path / "pair.yaml"
     spec.write_text(f"name: pair\nbackend: submitit\ntrain: {{data_file: {tiny_corpus}, {TINY}, max_steps: 30}}\n"
-                    "runs:\n  - {name: quick}\n  - {name: doomed, max_steps: 1500}\nresources: {time: '00:10:00'}\n")
+                    "runs:\n  - {name: quick}\n  - {name: doomed, max_steps: 500}\nresources: {time: '00:10:00'}\n")
     assert launch(str(spec), "--workdir", str(work)).returncode == 0
     ids = task_job_ids(manifest_of(work, "pair"))
     kill_trainer_when_training(work, "pair", 1)
