@@ -17,22 +17,18 @@ from pathlib import Path
 
 from . import manifest as manifest_mod
 from . import slurm_cli
-from .plan import Plan
+from .plan import Plan, corpora
 from .sbatch import render_step
 from .slurm_options import container_prefix
 
 STEP_MAX_MIN = 60
 
 
-def data_commands(plan: Plan) -> list[str]:
-    python = f'{container_prefix(plan.sweep.profile)}"$PYTHON"'
-    commands, seen = [], set()
-    for run in plan.sweep.runs:
+def data_commands(plan: Plan, python: str) -> list[str]:
+    """`tinygpt.data prepare` for each distinct corpus of the sweep."""
+    commands = []
+    for run in corpora(plan.sweep):
         data = run.config.data
-        key = (data.dataset, data.data_file, data.data_dir)
-        if key in seen:
-            continue
-        seen.add(key)
         args = ["prepare", data.dataset, *(["--data-file", data.data_file] if data.data_file else []),
                 "--data-dir", data.data_dir]
         commands.append(f"{python} -m tinygpt.data {shlex.join(args)}")
@@ -45,7 +41,7 @@ def write_scripts(plan: Plan) -> dict[str, Path]:
     small = dataclasses.replace(sweep.resources, nodes=1, gpus_per_node=0, tasks_per_node=1, cpus_per_task=1,
                                 mem_mb=None, time_min=min(sweep.resources.time_min, STEP_MAX_MIN), srun_args=())
     python = f'{container_prefix(sweep.profile)}"$PYTHON"'
-    commands = {"data": data_commands(plan),
+    commands = {"data": data_commands(plan, python),
                 "report": [f"{python} -m tinygpt.launch.cli report {shlex.quote(str(plan.manifest_path))}"]}
     paths = {}
     for step, lines in commands.items():

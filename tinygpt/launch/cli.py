@@ -63,7 +63,9 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
             p.add_argument("--follow", action="store_true", help="keep printing the run's log as it grows")
             p.add_argument("--all", action="store_true", help="every job of the run, every life, not only the latest")
         if command == "resubmit":
-            p.add_argument("--states", default="FAILED,TIMEOUT,NODE_FAIL,OUT_OF_MEMORY",
+            from .resubmit import DEFAULT_STATES
+
+            p.add_argument("--states", default=",".join(DEFAULT_STATES),
                            help="resubmit the runs whose latest job ended in one of these (default: %(default)s)")
             p.add_argument("--time", help="a new time limit, e.g. 04:00:00")
             p.add_argument("--mem", help="a new memory request, e.g. 16G")
@@ -305,8 +307,9 @@ def _report_manifest(path: Path, prompt: str | None) -> int:
 def _efficiency_section(manifest: dict) -> str | None:
     """The report's efficiency table, when the sweep ran on Slurm and accounting answers."""
     from . import efficiency
+    from .manifest import slurm_submissions
 
-    if not any(s.get("backend") != "local" for s in manifest.get("submissions", [])):
+    if not slurm_submissions(manifest):
         return None
     try:
         return efficiency.markdown(efficiency.table_rows(manifest))
@@ -387,7 +390,7 @@ def _cancel(args) -> int:
 
     path = _manifest_path(args.spec, args.workdir)
     manifest = manifest_mod.load(path)
-    ids = sorted({sub["job_id"] for sub in manifest.get("submissions", []) if sub.get("backend") != "local"})
+    ids = sorted({sub["job_id"] for sub in manifest_mod.slurm_submissions(manifest)})
     if not ids:
         print("nothing to cancel: no job of this sweep was submitted to Slurm")
         return 0

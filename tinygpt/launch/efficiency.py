@@ -120,13 +120,12 @@ def parse(text: str) -> dict[str, Usage]:
 def of_sweep(manifest: dict) -> list[tuple[dict, str, Usage | None]] | None:
     """(run, its latest job id, that job's usage) for every run that went to Slurm, from one sacct call over
     the sweep's job ids; None when accounting does not answer."""
-    from .manifest import task_job_ids
+    from .manifest import first_submitted, slurm_submissions, task_job_ids
 
-    subs = [s for s in manifest.get("submissions", []) if s.get("backend") != "local"]
+    subs = slurm_submissions(manifest)
     if not subs:
         return []
-    text = slurm_cli.sacct_fields(sorted({s["job_id"] for s in subs}), FIELDS,
-                                  min(s["submitted_at"] for s in subs))
+    text = slurm_cli.sacct_fields(sorted({s["job_id"] for s in subs}), FIELDS, first_submitted(manifest))
     if text is None:
         return None
     usage = parse(text)

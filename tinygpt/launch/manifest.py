@@ -76,6 +76,16 @@ def record_submission(path: Path, backend: str, job_id: str, indices: list[int],
     save(path, manifest)
 
 
+def slurm_submissions(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """The submissions that went to Slurm (not --local runs)."""
+    return [s for s in manifest.get("submissions", []) if s.get("backend") != "local"]
+
+
+def first_submitted(manifest: dict[str, Any]) -> float | None:
+    """When the sweep first went to Slurm (the start of its sacct window)."""
+    return min((s["submitted_at"] for s in slurm_submissions(manifest)), default=None)
+
+
 def task_job_ids(manifest: dict[str, Any]) -> dict[int, str]:
     """Run index -> the Slurm id of its newest job (`<array>_<task>` for array tasks)."""
     ids: dict[int, str] = {}

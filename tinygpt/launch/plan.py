@@ -19,7 +19,7 @@ from . import manifest as manifest_mod
 from . import slurm_cli
 from .sbatch import ScriptParams, render
 from .snapshot import Snapshot
-from .spec import Sweep
+from .spec import Run, Sweep
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -113,21 +113,27 @@ def _runs(sweep: Sweep) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return base, runs
 
 
+def corpora(sweep: Sweep) -> list[Run]:
+    """The first run of each distinct corpus (dataset, data file, data folder) of the sweep."""
+    first: dict[tuple, Run] = {}
+    for run in sweep.runs:
+        data = run.config.data
+        first.setdefault((data.dataset, data.data_file, data.data_dir), run)
+    return list(first.values())
+
+
 def prepare_data(sweep: Sweep) -> list[str]:
     """Prepare each distinct corpus once on this node, so array tasks only read. Returns what was prepared."""
     from tinygpt.data import DataError, prepare_from_config
 
     from .errors import LaunchError
 
-    done, seen = [], set()
-    for run in sweep.runs:
+    done = []
+    for run in corpora(sweep):
         data = run.config.data
-        key = (data.dataset, data.data_file, data.data_dir)
-        if key in seen:
-            continue
-        seen.add(key)
         try:
-            prepared = prepare_from_config(*key, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
+            prepared = prepare_from_config(data.dataset, data.data_file, data.data_dir,
+                                           warn=lambda m: print(f"warning: {m}", file=sys.stderr))
         except DataError as err:
             raise LaunchError(f"run `{run.name}`: {err}") from None
         done.append(str(prepared.path))

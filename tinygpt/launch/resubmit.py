@@ -87,8 +87,7 @@ def failed_nodes(rows: list[status.Row], manifest: dict) -> list[str]:
 def resubmit(manifest_path: Path, states: tuple[str, ...], changes: Changes, dry_run: bool) -> list[str]:
     """Submit the chosen runs again; return the new job ids (none for a dry run or when nothing matched)."""
     manifest = manifest_mod.load(manifest_path)
-    if manifest["backend"] not in ("sbatch", "submitit") or not any(
-            s.get("backend") != "local" for s in manifest.get("submissions", [])):
+    if manifest["backend"] not in ("sbatch", "submitit") or not manifest_mod.slurm_submissions(manifest):
         raise LaunchError("resubmit: no job of this sweep was submitted to Slurm; launch it first (runs of "
                           "--local are run again with --local)")
     rows = collect_rows(manifest_path)

@@ -99,9 +99,9 @@ def sacct_states(job_ids: list[str], since: float | None = None) -> dict[str, Jo
     """
     if not job_ids:
         return {}
-    window = ["-S", time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since - 120))] if since else []
     # -D lists every life of a requeued job (the earlier ones as REQUEUED): restarts = rows - 1.
-    out = _run(["sacct", "-X", "-n", "-P", "-D", *window, "-j", ",".join(job_ids), "-o", "JobID,State,NodeList"])
+    out = _run(["sacct", "-X", "-n", "-P", "-D", *_window(since), "-j", ",".join(job_ids),
+                "-o", "JobID,State,NodeList"])
     if out is None or out.returncode != 0:
         return None
     lives: dict[str, list[tuple[str, str]]] = {}
@@ -117,11 +117,15 @@ def sacct_states(job_ids: list[str], since: float | None = None) -> dict[str, Jo
     return states
 
 
+def _window(since: float | None) -> list[str]:
+    """sacct's start time, a little before `since` (older records may reuse the same job ids)."""
+    return ["-S", time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since - 120))] if since else []
+
+
 def sacct_fields(job_ids: list[str], fields: tuple[str, ...], since: float | None = None) -> str | None:
     """sacct's `-P -n` lines of the jobs and their steps (array ids expand to every task's latest life);
     None when accounting is off."""
-    window = ["-S", time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since - 120))] if since else []
-    out = _run(["sacct", "-n", "-P", *window, "-j", ",".join(job_ids), "-o", ",".join(fields)])
+    out = _run(["sacct", "-n", "-P", *_window(since), "-j", ",".join(job_ids), "-o", ",".join(fields)])
     return out.stdout if out is not None and out.returncode == 0 else None
 
 

@@ -86,8 +86,7 @@ def collect(manifest_path: Path) -> list[Row]:
     wanted = sorted(set(ids.values()))
     slurm_states = {}
     if wanted:
-        since = min((s["submitted_at"] for s in manifest["submissions"] if s.get("backend") != "local"),
-                    default=None)
+        since = manifest_mod.first_submitted(manifest)
         # Asked by job (an array's id stands for all its tasks): one call per command, however many tasks.
         accounted = slurm_cli.sacct_states(jobs_of(wanted), since) or {}
         missing = [j for j in wanted if j not in accounted]
