@@ -92,7 +92,7 @@ def test_two_workers_on_the_cluster_and_a_preempted_worker_resumes_its_trial(tmp
     work = tmp_path / "w"
     spec = optuna_spec(tmp_path, tiny_corpus, "asha", 12, 2, 200)
     data = yaml.safe_load(spec.read_text())
-    data["train"].update(eval_interval=25, ckpt_interval=25)
+    data["train"].update(eval_interval=100, ckpt_interval=10)  # (no pruning before step 100: the signal lands first)
     spec.write_text(yaml.safe_dump(data))
     out = launch(str(spec), "--workdir", str(work), env=job_env(COLUMNS="200"))
     assert out.returncode == 0, out.stdout + out.stderr

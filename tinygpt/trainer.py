@@ -299,7 +299,9 @@ class Trainer:
                     self._log_eval(self.evaluate())
                     pruned = self.eval_hook is not None and dist_mod.any_rank(
                         bool(self.eval_hook(self.step, self.last_val)), self.device)
-                stop = "pruned" if pruned and self.step < o.max_steps else self._stop_reason()
+                # A signal is never dropped for a pruning at the same step: the run leaves saved, and the next
+                # life evaluates it again.
+                stop = self._stop_reason() or ("pruned" if pruned and self.step < o.max_steps else None)
                 if stop or self.step % run.ckpt_interval == 0 or self.step == o.max_steps:
                     self.save()
                 if stop:
