@@ -5,42 +5,87 @@
 #
 #   sudo hpc_lab/local_cluster/down.sh               # everything up.sh started
 #   sudo hpc_lab/local_cluster/down.sh --slurm-only  # slurmctld and slurmd only
+#   sudo hpc_lab/local_cluster/down.sh --purge       # stop it all and remove everything up.sh made but
+#       the packages: bridge, veths, namespaces, our /etc/hosts lines, $TINYGPT_SLURM_HOME, the
+#       /etc/slurm links, the accounting database and its user, and MariaDB's data folder and the munge
+#       key where up.sh (or the packages it installed) made them. The next up.sh starts from nothing.
 set -uo pipefail
 
 HOME_DIR=${TINYGPT_SLURM_HOME:-/var/lib/tinygpt-slurm}
 RUN=$HOME_DIR/run
-SLURM_ONLY=0
+SUBNET=10.77.0
+BRIDGE=tgslurm0
+HOSTS_MARK='# tinygpt-slurm'
+MODE=stop
 case "${1:-}" in
-  --slurm-only) SLURM_ONLY=1 ;;
-  -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  --slurm-only) MODE=slurm-only ;;
+  --purge) MODE=purge ;;
+  -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   "") ;;
   *) echo "down.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
 esac
 [ "$(id -u)" = 0 ] || { echo "down.sh: run as root" >&2; exit 2; }
+export PATH=$PATH:/usr/sbin:/sbin
 
 stop() {  # stop PIDFILE NAME: TERM the process the pid file names, if it is NAME; KILL after 20 s
-  local pid i
+  local pid
   [ -f "$1" ] || return 0
   pid=$(cat "$1" 2>/dev/null)
   if [ -n "$pid" ] && [ -r "/proc/$pid/comm" ] && [ "$(cat "/proc/$pid/comm")" = "$2" ]; then
     echo "down.sh: stopping $2 (pid $pid)"
     kill "$pid" 2>/dev/null
-    for i in $(seq 1 40); do [ -d "/proc/$pid" ] || break; sleep 0.5; done
+    for _ in $(seq 1 40); do [ -d "/proc/$pid" ] || break; sleep 0.5; done
     [ -d "/proc/$pid" ] && kill -9 "$pid" 2>/dev/null
   fi
   rm -f "$1"
 }
+made() { grep -qxF "$1" "$HOME_DIR/made-by-up" 2>/dev/null; }
 
 for pidfile in "$RUN"/slurmd.pid "$RUN"/node*/slurmd.pid; do stop "$pidfile" slurmd; done
 stop "$RUN/slurmctld.pid" slurmctld
-[ "$SLURM_ONLY" = 1 ] && exit 0
+[ "$MODE" = slurm-only ] && exit 0
 stop "$RUN/slurmdbd.pid" slurmdbd
-if grep -qxF mariadb "$RUN/started-by-up" 2>/dev/null; then
+
+if [ "$MODE" = purge ]; then
+  # Daemons whose pid files an earlier, killed life of this machine lost: ours are the only Slurm here.
+  for name in slurmd slurmctld slurmdbd; do
+    pkill -x "$name" 2>/dev/null && echo "down.sh: stopped a $name that no pid file named"
+  done
+  if mysqladmin ping >/dev/null 2>&1; then
+    mysql -u root -e "DROP DATABASE IF EXISTS slurm_acct_db; DROP USER IF EXISTS 'slurm'@'localhost';" \
+      || echo "down.sh: warning: could not drop the accounting database" >&2
+  elif made accounting-db && ! made mariadb-data; then
+    echo "down.sh: warning: MariaDB is not running, so the accounting database slurm_acct_db stays" >&2
+  fi
+fi
+
+if grep -qxF mariadb "$RUN/started-by-up" 2>/dev/null || { [ "$MODE" = purge ] && made mariadb-data; }; then
   stop /run/mysqld/mysqld.pid mariadbd
   # mysqld_safe would restart it; it ends by itself once mariadbd stops cleanly.
 fi
-if grep -qxF munged "$RUN/started-by-up" 2>/dev/null; then
+if grep -qxF munged "$RUN/started-by-up" 2>/dev/null || { [ "$MODE" = purge ] && made munge-key; }; then
   stop /run/munge/munged.pid munged
 fi
 rm -f "$RUN/started-by-up"
+
+if [ "$MODE" = purge ]; then
+  for ns in /run/netns/tgnode*; do
+    [ -e "$ns" ] && ip netns del "$(basename "$ns")"
+  done
+  for link in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' | grep -E '^tgn[0-9]+[hp]$'); do
+    ip link del "$link" 2>/dev/null
+  done
+  ip link show "$BRIDGE" >/dev/null 2>&1 && ip link del "$BRIDGE"
+  # Our lines, and the unmarked ones earlier versions of up.sh wrote.
+  sed -i -e "/$HOSTS_MARK\$/d" -e "/^${SUBNET//./\\.}\.[0-9]* node[0-9]*\$/d" /etc/hosts
+  rm -rf /run/tinygpt-slurmd
+  made mariadb-data && rm -rf /var/lib/mysql && echo "down.sh: removed MariaDB's data folder"
+  made munge-key && rm -f /etc/munge/munge.key && echo "down.sh: removed the munge key"
+  for link in /etc/slurm/slurm.conf /etc/slurm/slurmdbd.conf; do
+    [ -L "$link" ] && rm -f "$link"
+  done
+  rm -rf "$HOME_DIR"
+  echo "down.sh: purged (packages stay installed)"
+  exit 0
+fi
 echo "down.sh: done"

@@ -5,6 +5,7 @@
 #   sudo hpc_lab/local_cluster/up.sh             # one node: this host
 #   sudo hpc_lab/local_cluster/up.sh --nodes 2   # two nodes, each a network namespace (node1, node2)
 #   sudo hpc_lab/local_cluster/down.sh           # stop what this script started
+#   sudo hpc_lab/local_cluster/down.sh --purge   # remove all it made (not the packages): the next up.sh starts from nothing
 #
 # Options: --nodes N (default 1), --cpus N (CPUs per node; default nproc: nodes may oversubscribe the
 # real cores), --reset (cancel every job left in the queue, e.g. by an earlier life of this machine; job
@@ -14,15 +15,18 @@
 # Everything lives under one folder, $TINYGPT_SLURM_HOME (default /var/lib/tinygpt-slurm):
 #   etc/ (slurm.conf, slurmdbd.conf; /etc/slurm/*.conf link here), log/, run/ (pid files), state/, spool/
 # Run it again at any time: it checks what is really running and starts only what is missing; when it
-# is all up it returns at once. Debian/Ubuntu, as root. See ../../../shared/notes/local-slurm.md for
-# what was verified on these machines.
+# is all up it returns at once. Order matters on a machine that never ran it: the network every config
+# names (bridge, namespaces, /etc/hosts) comes first, then a check that each host and address in the
+# configs is held by an interface of this machine, then the daemons. No daemon or client is ever asked
+# to reach an address that is not here. Debian/Ubuntu, as root. See ../../../shared/notes/local-slurm.md
+# for what was verified on these machines.
 set -euo pipefail
 
 NODES=1
 CPUS=$(nproc)
 RESET=0
 ACCOUNTING=1
-usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --nodes) NODES=${2:?--nodes needs a number}; shift 2 ;;
@@ -44,6 +48,7 @@ CLUSTER=${TINYGPT_SLURM_CLUSTER:-local}
 DB_PASS=tinygpt-local-only
 SUBNET=10.77.0
 BRIDGE=tgslurm0
+HOSTS_MARK='# tinygpt-slurm'  # marks our /etc/hosts lines, for down.sh --purge
 HOST=$(hostname -s)
 ETC=$HOME_DIR/etc LOG=$HOME_DIR/log RUN=$HOME_DIR/run
 T0=$(date +%s.%N)
@@ -67,31 +72,89 @@ wait_for() {  # wait_for SECONDS COMMAND...: retry until the command succeeds
     sleep 0.5
   done
 }
+# What up.sh started (down.sh stops only these) and what it made (down.sh --purge removes only these).
 mark_started() { grep -qxF "$1" "$RUN/started-by-up" 2>/dev/null || echo "$1" >>"$RUN/started-by-up"; }
+mark_made() { grep -qxF "$1" "$HOME_DIR/made-by-up" 2>/dev/null || echo "$1" >>"$HOME_DIR/made-by-up"; }
+has_line() {  # has_line TEXT LINE...: TEXT holds a line matching the extended regex LINE
+  # A here-string, not a pipe: under pipefail `cmd | grep -q` fails when grep stops at its match and cmd
+  # dies of SIGPIPE, so a check on something that exists would say it does not, now and then.
+  grep -qE "$2" <<<"$1"
+}
 node_names() {
   if [ "$NODES" = 1 ]; then echo "$HOST"; else seq -f 'node%g' 1 "$NODES"; fi
 }
 
 # --- 1. packages ------------------------------------------------------------------------------------
-need=(munged slurmctld slurmd sbatch)
+need=(munged mungekey slurmctld slurmd sbatch)
 [ "$ACCOUNTING" = 1 ] && need+=(slurmdbd mariadbd)
 [ "$NODES" -gt 1 ] && need+=(ip nsenter unshare)
 missing=0
 for cmd in "${need[@]}"; do command -v "$cmd" >/dev/null 2>&1 || [ -x "/usr/sbin/$cmd" ] || missing=1; done
+mkdir -p "$HOME_DIR"
 if [ "$missing" = 1 ]; then
   say "installing munge, Slurm and MariaDB (Debian packages)"
   pkgs=(munge slurmctld slurmd slurm-client iproute2 util-linux)
   [ "$ACCOUNTING" = 1 ] && pkgs+=(slurmdbd mariadb-server)
+  had_key=0 had_db=0
+  [ -f /etc/munge/munge.key ] && had_key=1
+  [ -d /var/lib/mysql/mysql ] && had_db=1
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q >"/tmp/tinygpt-slurm-apt.log" 2>&1 || die apt /tmp/tinygpt-slurm-apt.log "apt-get update failed"
   apt-get install -y -q "${pkgs[@]}" >>"/tmp/tinygpt-slurm-apt.log" 2>&1 \
     || die apt /tmp/tinygpt-slurm-apt.log "apt-get install failed"
+  # The packages' own scripts create the munge key and MariaDB's data folder: made on up.sh's behalf.
+  [ "$had_key" = 0 ] && [ -f /etc/munge/munge.key ] && mark_made munge-key
+  [ "$had_db" = 0 ] && [ -d /var/lib/mysql/mysql ] && mark_made mariadb-data
 fi
 export PATH=$PATH:/usr/sbin:/sbin
-
-# --- 2. configuration ---------------------------------------------------------------------------------
 mkdir -p "$ETC" "$LOG" "$RUN" "$HOME_DIR/state" "$HOME_DIR/spool" /etc/slurm
 
+# --- 2. network: bridge, one namespace per node, /etc/hosts (multi-node only) -----------------------
+# Before any configuration names these addresses and before any daemon or client is asked to reach them.
+has_addr() {  # has_addr DEVICE ADDRESS [NAMESPACE]: the device holds ADDRESS/24
+  local addrs
+  if [ -n "${3:-}" ]; then
+    addrs=$(nsenter --net="/run/netns/$3" ip -o -4 addr show dev "$1" 2>/dev/null) || return 1
+  else
+    addrs=$(ip -o -4 addr show dev "$1" 2>/dev/null) || return 1
+  fi
+  has_line "$addrs" "inet ${2//./\\.}/24 "
+}
+node_addr() { echo "$SUBNET.$((10 + $1))"; }
+if [ "$NODES" -gt 1 ]; then
+  if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+    ip link add "$BRIDGE" type bridge || die network "" "cannot create bridge $BRIDGE"
+  fi
+  has_addr "$BRIDGE" "$SUBNET.1" || ip addr add "$SUBNET.1/24" dev "$BRIDGE" \
+    || die network "" "cannot give $SUBNET.1/24 to bridge $BRIDGE"
+  ip link set "$BRIDGE" up
+  for n in $(seq 1 "$NODES"); do
+    ns=tgnode$n host_end=tgn${n}h node_end=tgn${n}p addr=$(node_addr "$n")
+    [ -e "/run/netns/$ns" ] || ip netns add "$ns" || die network "" "cannot create network namespace $ns"
+    if ! nsenter --net="/run/netns/$ns" ip link show "$node_end" >/dev/null 2>&1; then
+      # Half-made pairs from an interrupted run: remove either end left in this namespace.
+      ip link del "$host_end" >/dev/null 2>&1 || true
+      ip link del "$node_end" >/dev/null 2>&1 || true
+      ip link add "$host_end" type veth peer name "$node_end" || die network "" "cannot create veth $host_end"
+      ip link set "$node_end" netns "$ns"
+    fi
+    ip link set "$host_end" master "$BRIDGE"
+    ip link set "$host_end" up
+    has_addr "$node_end" "$addr" "$ns" || nsenter --net="/run/netns/$ns" ip addr add "$addr/24" dev "$node_end" \
+      || die network "" "cannot give $addr/24 to $node_end in $ns"
+    nsenter --net="/run/netns/$ns" ip link set "$node_end" up
+    nsenter --net="/run/netns/$ns" ip link set lo up
+    # Every name must resolve to its bridge address in every namespace (/etc/hosts is shared).
+    line="$addr node$n $HOSTS_MARK"
+    if ! grep -qxF "$line" /etc/hosts; then
+      sed -i "/[[:space:]]node$n\([[:space:]].*\)\{0,1\}\$/d" /etc/hosts
+      echo "$line" >>/etc/hosts
+    fi
+  done
+  mark_made network
+fi
+
+# --- 3. configuration ---------------------------------------------------------------------------------
 free_mb=$(awk '/MemTotal/ {print int($2 / 1024)}' /proc/meminfo)
 node_mem=$(( free_mb * 6 / 10 / NODES ))
 [ "$node_mem" -ge 256 ] || die memory "" "only ${free_mb} MB of memory; Slurm nodes need at least 256 MB each"
@@ -104,7 +167,7 @@ else
   ctld_host="$HOST($SUBNET.1)" dbd_addr="$SUBNET.1"  # reachable from the nodes too (sacct in a job)
   node_lines=""
   for n in $(seq 1 "$NODES"); do
-    node_lines+="NodeName=node$n NodeAddr=$SUBNET.$((10 + n)) CPUs=$CPUS RealMemory=$node_mem State=UNKNOWN"$'\n'
+    node_lines+="NodeName=node$n NodeAddr=$(node_addr "$n") CPUs=$CPUS RealMemory=$node_mem State=UNKNOWN"$'\n'
   done
   slurmd_pid="/run/tinygpt-slurmd/slurmd.pid"  # each node's mount namespace sees its own folder here
 fi
@@ -176,26 +239,58 @@ EOF
   chmod 600 "$ETC/slurmdbd.conf.new"
   mv "$ETC/slurmdbd.conf.new" "$ETC/slurmdbd.conf"
   ln -sfn "$ETC/slurmdbd.conf" /etc/slurm/slurmdbd.conf
+else
+  rm -f "$ETC/slurmdbd.conf" /etc/slurm/slurmdbd.conf
 fi
 
-# --- 3. munge -------------------------------------------------------------------------------------------
+# --- 4. every host and address the configs name is held by an interface of this machine ----------------
+# A name or address that is not here would send a daemon or client out through the default route.
+local_addrs=$(ip -o -4 addr show | awk '{print $4}')
+for n in $(seq 1 "$NODES"); do
+  [ -e "/run/netns/tgnode$n" ] && local_addrs+=$'\n'$(nsenter --net="/run/netns/tgnode$n" ip -o -4 addr show | awk '{print $4}')
+done
+is_local() {  # is_local ADDRESS: loopback, or held by an interface here or in a node's namespace
+  case "$1" in 127.*) return 0 ;; esac
+  has_line "$local_addrs" "^${1//./\\.}/"
+}
+named_hosts() {  # the hosts and addresses slurm.conf and slurmdbd.conf name, one per line
+  sed -nE 's/^(SlurmctldHost|AccountingStorageHost|DbdHost|StorageHost)=([^(]*)(\((.*)\))?$/\2\n\4/p' \
+    "$ETC/slurm.conf" "$ETC/slurmdbd.conf" 2>/dev/null
+  awk '/^NodeName=/ { for (i = 1; i <= NF; i++) if (sub(/^(NodeName|NodeAddr)=/, "", $i)) print $i }' "$ETC/slurm.conf"
+}
+for host in $(named_hosts | sort -u); do
+  addrs=$(getent ahostsv4 "$host" | awk '{print $1}' | sort -u) \
+    || die network "" "'$host' (named in $ETC/slurm.conf or slurmdbd.conf) does not resolve; check /etc/hosts"
+  for addr in $addrs; do
+    is_local "$addr" || die network "" "'$host' is $addr, which no interface of this machine holds;\
+ refusing to start daemons that would reach it (check /etc/hosts and 'ip addr')"
+  done
+done
+
+# --- 5. munge -------------------------------------------------------------------------------------------
 if ! (munge -n | unmunge) >/dev/null 2>&1; then
   say "starting munged"
   mkdir -p /run/munge /var/log/munge /var/lib/munge
   chown munge:munge /run/munge /var/log/munge /var/lib/munge
-  [ -f /etc/munge/munge.key ] || runuser -u munge -- /usr/sbin/mungekey --create >/dev/null 2>&1 || true
+  if [ ! -f /etc/munge/munge.key ]; then
+    runuser -u munge -- /usr/sbin/mungekey --create >/dev/null 2>&1 || die munged "" "cannot create /etc/munge/munge.key"
+    mark_made munge-key
+  fi
   runuser -u munge -- /usr/sbin/munged --force >/dev/null 2>&1 || die munged /var/log/munge/munged.log "did not start"
   wait_for 10 sh -c 'munge -n | unmunge' || die munged /var/log/munge/munged.log "does not answer"
   mark_started munged
 fi
 
-# --- 4. accounting: MariaDB and slurmdbd ------------------------------------------------------------------
+# --- 6. accounting: MariaDB and slurmdbd ------------------------------------------------------------------
 if [ "$ACCOUNTING" = 1 ]; then
   if ! mysqladmin ping >/dev/null 2>&1; then
     say "starting MariaDB"
     mkdir -p /run/mysqld "$LOG/mariadb" && chown mysql:mysql /run/mysqld "$LOG/mariadb"
-    [ -d /var/lib/mysql/mysql ] || mariadb-install-db --user=mysql >"$LOG/mariadb-install.log" 2>&1 \
-      || die mariadb "$LOG/mariadb-install.log" "could not create its data folder"
+    if [ ! -d /var/lib/mysql/mysql ]; then
+      mariadb-install-db --user=mysql >"$LOG/mariadb-install.log" 2>&1 \
+        || die mariadb "$LOG/mariadb-install.log" "could not create its data folder"
+      mark_made mariadb-data
+    fi
     setsid mysqld_safe --user=mysql --log-error="$LOG/mariadb/mariadb.log" >/dev/null 2>&1 < /dev/null &
     wait_for 60 mysqladmin ping || die mariadb "$LOG/mariadb/mariadb.log" "does not answer mysqladmin ping"
     mark_started mariadb
@@ -206,6 +301,7 @@ CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '$DB_PASS';
 GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';
 FLUSH PRIVILEGES;
 EOF
+  mark_made accounting-db
   if ! alive "$RUN/slurmdbd.pid" slurmdbd; then
     say "starting slurmdbd"
     /usr/sbin/slurmdbd >>"$LOG/slurmdbd.out" 2>&1 || die slurmdbd "$LOG/slurmdbd.log" "did not start"
@@ -216,33 +312,7 @@ EOF
   fi
 fi
 
-# --- 5. nodes as network namespaces (multi-node only) --------------------------------------------------------
-if [ "$NODES" -gt 1 ]; then
-  if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
-    ip link add "$BRIDGE" type bridge || die network "" "cannot create bridge $BRIDGE"
-  fi
-  ip addr show dev "$BRIDGE" | grep -q "inet $SUBNET.1/" || ip addr add "$SUBNET.1/24" dev "$BRIDGE"
-  ip link set "$BRIDGE" up
-  for n in $(seq 1 "$NODES"); do
-    ns=tgnode$n
-    [ -e "/run/netns/$ns" ] || ip netns add "$ns"
-    if ! nsenter --net="/run/netns/$ns" ip link show "tgn${n}p" >/dev/null 2>&1; then
-      ip link del "tgn${n}h" >/dev/null 2>&1 || true
-      ip link add "tgn${n}h" type veth peer name "tgn${n}p"
-      ip link set "tgn${n}p" netns "$ns"
-    fi
-    ip link set "tgn${n}h" master "$BRIDGE"
-    ip link set "tgn${n}h" up
-    nsenter --net="/run/netns/$ns" sh -c "
-      ip addr show dev tgn${n}p | grep -q 'inet $SUBNET.$((10 + n))/' || ip addr add $SUBNET.$((10 + n))/24 dev tgn${n}p
-      ip link set tgn${n}p up; ip link set lo up"
-    # Every name must resolve to its bridge address in every namespace (/etc/hosts is shared).
-    line="$SUBNET.$((10 + n)) node$n"
-    grep -qxF "$line" /etc/hosts || { sed -i "/[[:space:]]node$n\$/d" /etc/hosts; echo "$line" >>/etc/hosts; }
-  done
-fi
-
-# --- 6. slurmctld ------------------------------------------------------------------------------------------
+# --- 7. slurmctld ------------------------------------------------------------------------------------------
 if [ "$conf_changed" = 1 ] && alive "$RUN/slurmctld.pid" slurmctld; then
   say "configuration changed: restarting slurmctld and slurmd"
   "$(dirname "$0")/down.sh" --slurm-only >/dev/null 2>&1 || true
@@ -253,7 +323,7 @@ if ! alive "$RUN/slurmctld.pid" slurmctld; then
 fi
 wait_for 60 scontrol ping || die slurmctld "$LOG/slurmctld.log" "does not answer scontrol ping"
 
-# --- 7. slurmd, one per node -----------------------------------------------------------------------------
+# --- 8. slurmd, one per node -----------------------------------------------------------------------------
 if [ "$NODES" = 1 ]; then
   if ! alive "$RUN/slurmd.pid" slurmd; then
     say "starting slurmd ($HOST)"
@@ -263,7 +333,7 @@ else
   for n in $(seq 1 "$NODES"); do
     mkdir -p "$RUN/node$n"
     if ! alive "$RUN/node$n/slurmd.pid" slurmd; then
-      say "starting slurmd (node$n, $SUBNET.$((10 + n)))"
+      say "starting slurmd (node$n, $(node_addr "$n"))"
       mkdir -p /run/tinygpt-slurmd
       nsenter --net="/run/netns/tgnode$n" unshare --uts --mount --propagation private sh -c \
         "hostname node$n && mount --bind '$RUN/node$n' /run/tinygpt-slurmd && exec /usr/sbin/slurmd" \
@@ -272,12 +342,12 @@ else
   done
 fi
 
-# --- 8. wait until every node is idle and accounting answers ------------------------------------------------
+# --- 9. wait until every node is idle and accounting answers ------------------------------------------------
 names=$(node_names | paste -sd, -)
 nodes_ready() {
   local states
   states=$(sinfo -h -N -n "$names" -o '%t' 2>/dev/null) || return 1
-  [ "$(echo "$states" | grep -cE '^(idle|mix|alloc)')" = "$NODES" ]
+  [ "$(grep -cE '^(idle|mix|alloc)' <<<"$states")" = "$NODES" ]
 }
 if ! wait_for 30 nodes_ready; then
   # A node remembered as down from an earlier life: bring it back.
