@@ -10,8 +10,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Property tests draw the same cases on every run and every machine: a run that fails fails again, and one
+# that passes did not pass by luck. `pytest --hypothesis-profile hunt` (with TINYGPT_FUZZ_EXAMPLES=N for a
+# larger budget) draws fresh random cases by hand, to find what the fixed ones miss.
+settings.register_profile("repeatable", derandomize=True, database=None, print_blob=True)
+settings.register_profile("hunt", derandomize=False, print_blob=True)
+settings.load_profile("repeatable")
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
 # A small corpus with some structure, made here so that tests need no network and no files.
@@ -102,3 +110,4 @@ def pytest_runtest_setup(item):
     if os.environ.get("TINYGPT_REQUIRE_SLURM") == "1":
         pytest.fail(f"TINYGPT_REQUIRE_SLURM=1 but Slurm is not available: {problem}", pytrace=False)
     pytest.skip(f"Slurm not available: {problem}")
+

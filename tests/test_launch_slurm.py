@@ -101,12 +101,14 @@ def test_a_two_node_run_puts_one_rank_on_each_node(tmp_path, workdir, tiny_corpu
 
 def test_dry_run_leaves_the_queue_untouched(tmp_path, workdir, tiny_corpus, sbatch_counter):
     env, count = sbatch_counter
-    before = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout
     out = launch(str(sweep_spec(tmp_path, tiny_corpus, "dry")), "--dry-run", "--workdir", str(workdir), env=env)
     assert out.returncode == 0 and "nothing submitted" in out.stdout
-    assert not count.exists()
+    assert not count.exists()  # sbatch never called
     assert manifest_of(workdir, "dry")["submissions"] == []
-    assert subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout == before
+    # Nothing of this sweep in the queue (a job the sweep would submit carries its name). Jobs of other tests
+    # may start or end meanwhile, so the whole queue is no measure.
+    queued = subprocess.run(["squeue", "-h", "-n", "dry", "-o", "%i"], capture_output=True, text=True, timeout=30)
+    assert queued.returncode == 0 and queued.stdout == "", queued
 
 
 def test_status_and_cancel_of_a_pending_sweep(tmp_path, workdir, tiny_corpus):
