@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -392,6 +393,10 @@ def test_cli_dry_run_prints_the_plan_and_errors_have_no_traceback(tmp_path):
     out = launch(str(spec), "--dry-run", "--workdir", str(tmp_path))
     assert out.returncode == 0, out.stderr
     assert "n_layer=1" in out.stdout and "dry run: nothing submitted" in out.stdout and "00:10:00" in out.stdout
+    # Piped, the plan reads as plain lines: its heading whole on one line, no box drawing.
+    heading = next(line for line in out.stdout.splitlines() if line.startswith("s: "))
+    assert re.fullmatch(r"s: 2 run\(s\), backend sbatch, cluster \S+", heading), out.stdout
+    assert not set("┏┃│└") & set(out.stdout), out.stdout
     manifest = json.loads((tmp_path / "jobs" / "s" / "manifest.json").read_text())
     assert manifest["submissions"] == []
     bad = write(tmp_path, "name: s\ntrain: {n_layers: 2}\n", "bad.yaml")

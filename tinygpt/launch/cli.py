@@ -249,14 +249,16 @@ def _refuse_if_live(sweep, spec: str) -> None:
 
 
 def _print_plan(plan, args, steps: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
+    from .console import console as output_console
+
     sweep = plan.sweep
-    console = Console()
-    t = Table(title=f"{sweep.name}: {len(sweep.runs)} run(s), backend "
-                    f"{'local' if args.local else sweep.backend}, cluster {sweep.profile.name}",
-              title_justify="left")
+    console = output_console()
+    # A line of its own, not the table's title: rich wraps a title at the table's width.
+    console.print(f"{sweep.name}: {len(sweep.runs)} run(s), backend {'local' if args.local else sweep.backend}, "
+                  f"cluster {sweep.profile.name}", markup=False, highlight=False, style="italic")
+    t = Table() if console.is_terminal else Table(box=None)  # piped: plain columns, no box drawing
     t.add_column("#", justify="right")
     t.add_column("run")
     t.add_column("settings")

@@ -179,10 +179,9 @@ def markdown(rows: list[dict[str, str]]) -> str:
 
 def show(manifest: dict) -> None:
     """`launch.py status SPEC --efficiency`: the table on the terminal (every column when piped)."""
-    import os
-
-    from rich.console import Console
     from rich.table import Table
+
+    from .console import console
 
     rows = table_rows(manifest)
     if not rows:
@@ -195,7 +194,4 @@ def show(manifest: dict) -> None:
                      no_wrap=col not in ("run", "flag"))
     for row in rows:
         t.add_row(*(f"[red]{row[c]}[/]" if c == "flag" else row[c] for c in COLUMNS))
-    console = Console()
-    if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(width=1_000)  # piped: no screen to fit
-    console.print(t)
+    console().print(t)

@@ -8,7 +8,6 @@ column says which. Progress (step, losses, tokens/s, ETA) always comes from the 
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -239,13 +238,10 @@ def fitted(rows: list[Row], title: str, width: int):
 
 
 def show(manifest_path: Path, watch: bool = False, interval: float = 5.0, console=None) -> list[Row]:
-    from rich.console import Console
-
     if console is None:
-        console = Console()
-        if not console.is_terminal and "COLUMNS" not in os.environ:
-            # Piped into a file, grep or a pager: no screen to fit, so every column, at full width.
-            console = Console(width=1_000)
+        from .console import console as output_console
+
+        console = output_console()
     title = f"sweep {manifest_mod.load(manifest_path)['name']}  ({manifest_path})"
     rows = collect(manifest_path)
     from .chain import describe
