@@ -6,6 +6,8 @@ VENV       ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PY         := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# Two workers: the cluster tests in order on one, the rest on the other (tests/conftest.py).
+PYTEST_XDIST ?= -n 2 --dist loadgroup
 
 .PHONY: venv smoke test lint clean
 
@@ -22,7 +24,7 @@ smoke: venv
 	$(PY) launch.py jobs/smoke.yaml --local
 
 test: venv
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -111,3 +113,52 @@ def pytest_runtest_setup(item):
         pytest.fail(f"TINYGPT_REQUIRE_SLURM=1 but Slurm is not available: {problem}", pytrace=False)
     pytest.skip(f"Slurm not available: {problem}")
 
+
+# ----------------------------------------------------------------------------------------------------
+# Side by side (pytest-xdist; `make test` runs two workers). The cluster tests run one after another on one
+# worker, as they would alone: they share the cluster's CPUs, and each expects its jobs to start when the
+# cluster is free. The other tests run on the other worker. A test marked `alone` measures how its jobs use
+# their CPUs, so it waits until the test beside it has ended, and nothing starts beside it until it is done.
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups to send each to one worker
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("slurm") is not None:
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
+def pytest_collection_finish(session):
+    """On a worker of `--dist loadgroup`: the cluster tests really are one group (a pytest-xdist that stops
+    grouping says nothing, and the cluster tests would run side by side)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None or not session.config.getvalue("loadgroup"):
+        return
+    lost = [item.nodeid for item in session.items
+            if item.get_closest_marker("slurm") is not None and not item.nodeid.endswith("@slurm")]
+    if lost:
+        raise pytest.UsageError(f"pytest-xdist did not group the cluster tests (e.g. {lost[0]}); this pytest and "
+                                f"pytest-xdist do not work together (pytest-dev/pytest-xdist#1386): pip install "
+                                f"-e '.[dev]' installs a pair that does")
+
+
+@pytest.fixture(autouse=True)
+def _share_of_the_machine(request):
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:  # one process: every test is alone already
+        yield
+        return
+    folder = Path(tempfile.gettempdir()) / f"tinygpt-tests-{run}"
+    folder.mkdir(exist_ok=True)
+    alone = request.node.get_closest_marker("alone") is not None
+    # A readers-writer lock over the whole run: every test holds `cores` shared, an `alone` test exclusive.
+    # `gate` keeps a waiting `alone` test from being overtaken by tests that start after it asked.
+    with open(folder / "gate", "a") as gate, open(folder / "cores", "a") as cores:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        fcntl.flock(cores, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if not alone:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(cores, fcntl.LOCK_UN)
+            fcntl.flock(gate, fcntl.LOCK_UN)

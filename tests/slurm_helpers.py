@@ -52,7 +52,7 @@ def sacct_state(job_id: str) -> str | None:
     return lines[0] if out.returncode == 0 and lines else None
 
 
-def wait(job_id: str, timeout: float = 240.0, poll: float = 1.0) -> str:
+def wait(job_id: str, timeout: float = 240.0, poll: float = 0.2) -> str:
     """Block until the job is in a terminal state; return it (scontrol first, sacct when it has aged out)."""
     deadline = time.monotonic() + timeout
     state = None
@@ -73,11 +73,11 @@ def wait_sacct(job_id: str, want: str, timeout: float = 60.0) -> str:
         state = sacct_state(job_id)
         if state == want:
             return state
-        time.sleep(1.0)
+        time.sleep(0.2)
     return state or "<none>"
 
 
-def wait_until(predicate, timeout: float = 120.0, poll: float = 0.5, what: str = "condition"):
+def wait_until(predicate, timeout: float = 120.0, poll: float = 0.1, what: str = "condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -118,7 +118,8 @@ def job_fields(job_id: str) -> dict[str, str]:
 
 def run_to_completion(job_id: str, timeout: float = 300.0) -> tuple[str, int]:
     """Wait for the end of a job that may requeue itself; release Slurm's BeginTime hold after each requeue
-    (Slurm holds a requeued job for a while before it may start again). Returns (state, restarts)."""
+    (Slurm holds a requeued job for cred_expire + 1 s, 6 s on the local cluster, before it may start again).
+    Returns (state, restarts)."""
     deadline = time.monotonic() + timeout
     fields: dict[str, str] = {}
     held_since = None
@@ -138,7 +139,7 @@ def run_to_completion(job_id: str, timeout: float = 300.0) -> tuple[str, int]:
                                timeout=30)
         else:
             held_since = None
-        time.sleep(0.5)
+        time.sleep(0.2)
     cancel(job_id)
     raise TimeoutError(f"job {job_id} did not finish within {timeout:.0f} s (last: {fields.get('JobState')})")
 

@@ -42,6 +42,7 @@ def sacct_counter(tmp_path):
 
 
 @pytest.mark.slurm
+@pytest.mark.alone  # a busy CPU must read as busy: no other test's processes on the cores
 def test_efficiency_of_a_busy_and_a_half_idle_allocation(tmp_path, tiny_corpus, sacct_counter):
     env, count = sacct_counter
     work = tmp_path / "w"

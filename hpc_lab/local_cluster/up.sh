@@ -202,6 +202,11 @@ SwitchType=switch/none
 MpiDefault=none
 ReturnToService=2
 SchedulerType=sched/backfill
+# Timers for a cluster of a few nodes where tests wait on every transition: schedule at once on each event
+# (defaults: batch jobs may wait 3 s, the main loop every 60 s, backfill every 30 s), and hold a requeued
+# job for 6 s instead of 121 (a requeued job may start again cred_expire + 1 s after it left its nodes).
+SchedulerParameters=batch_sched_delay=0,sched_min_interval=0,sched_interval=1,bf_interval=1
+AuthInfo=cred_expire=5
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 DefMemPerCPU=$(( node_mem / CPUS ))
