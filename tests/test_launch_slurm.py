@@ -258,3 +258,34 @@ def test_arrays_are_split_at_the_reachable_clusters_max_array_size(tmp_path, wor
                         "max_array_size: 4\n")
         parts[cluster_name] = [a for _, a, _, _ in build(load(spec, workdir, cluster=str(prof))).scripts]
     assert parts == {"local": ["0-6"], "elsewhere": ["0-2", "0-2", "0-0"]}
+
+
+@pytest.mark.parametrize("option", ["comment", "wckey"])
+def test_an_injection_through_a_passed_option_reaches_slurm_as_one_value(tmp_path, workdir, tiny_corpus, option):
+    """A value made to end its #SBATCH argument early and add options of its own (a backslash, a quote, then
+    --job-name, --output and --hold) arrives at Slurm whole; the job has the launcher's name and log and runs."""
+    stolen = tmp_path / "stolen"
+    value = f'\\\' " --job-name=pwned --output={stolen}_%j.out --hold #'
+    spec = tmp_path / "inject.yaml"
+    spec.write_text(json.dumps({"name": "inject", "train": {"data_file": str(tiny_corpus), "n_layer": 1, "n_head": 2,
+                                                            "n_embd": 32, "block_size": 16, "batch_size": 4,
+                                                            "max_steps": 5, "sample_tokens": 0, "eval_windows": 8,
+                                                            "threads": 1},
+                                "resources": {"time": "00:05:00", "sbatch_options": {option: value}}}))
+    out = launch(str(spec), "--workdir", str(workdir))
+    assert out.returncode == 0, out.stdout + out.stderr
+    from tinygpt.launch.manifest import task_job_ids
+
+    job = task_job_ids(manifest_of(workdir, "inject"))[0]
+    assert wait(job) == "COMPLETED"  # never held
+    shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, timeout=30).stdout
+    print(f"\nscontrol show job {job}:\n{shown}")
+    fields = {}
+    for line in shown.splitlines():  # one field a line where a value may hold spaces (Comment=, WCKey=)
+        key, _, rest = line.strip().partition("=")
+        fields.setdefault(key, rest)
+    assert "JobName=inject" in shown and "pwned" not in shown.replace(value, "")
+    assert fields["StdOut"] == str(workdir / "logs" / "inject" / f"{job.split('_')[0]}_0.out")
+    assert not list(tmp_path.glob("stolen*"))
+    if option == "comment":  # (Slurm keeps a wckey only where accounting tracks them: TrackWCKey)
+        assert f"Comment={value}" in shown  # the whole value, as given

@@ -138,6 +138,10 @@ def _launch(args) -> int:
             raise LaunchError(f"--set {item!r}: write KEY=VALUE, e.g. --set max_steps=300")
         overrides[key.strip()] = value
     sweep = spec_mod.load(args.spec, args.workdir, cluster=args.cluster, backend=args.backend, overrides=overrides)
+    from .slurm_options import unwritable
+
+    if problems := unwritable(sweep):  # every value an #SBATCH line will carry, as sbatch will read it
+        raise LaunchError(problems, str(args.spec))
     if args.hold and (args.local or (sweep.backend != "sbatch" and not args.chain)):
         raise LaunchError("--hold: only for submissions with the sbatch backend (or the data step of --chain)")
     _refuse_if_live(sweep, args.spec)

@@ -6,14 +6,18 @@
 A site needs a line the launcher cannot know (a reservation, mail, exclusive nodes, a licence); these
 keys give it, checked here: long option names only, one value each (true for a flag), no line breaks,
 and never an option the launcher sets itself (the array, the logs, the signal, requeueing, the job
-name, dependencies) or one the spec's `resources` already has a key for. Values are quoted where the
-backends write them.
+name, dependencies) or one the spec's `resources` already has a key for, nor any prefix of one (sbatch
+reads `--hol` as `--hold`). `mail_type` is `mail-type`; both in one mapping is an error. Values are
+encoded for sbatch's parser where the backends write them (directives.py). `srun_args` are options
+only: the command srun runs is the trainer.
 """
 
 from __future__ import annotations
 
 import re
 from typing import Any
+
+from . import directives
 
 # Options the launcher writes itself, and why a spec must not.
 OWNED = {
@@ -36,6 +40,7 @@ FIRST_CLASS = {
     "nodes": "nodes", "ntasks-per-node": "tasks_per_node", "cpus-per-task": "cpus_per_task", "time": "time",
     "mem": "mem", "partition": "partition", "qos": "qos", "account": "account", "constraint": "constraint",
     "exclude": "exclude", "gres": "gpus_per_node", "gpus-per-node": "gpus_per_node", "gpus": "gpus_per_node",
+    "ntasks": "tasks_per_node",
 }
 OPTION_NAME = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
 
@@ -53,23 +58,33 @@ def sbatch_options(raw: Any, where: str, problems: list[str]) -> dict[str, str |
                         f"{{reservation: maint, mail-type: END, exclusive: true}}")
         return {}
     options: dict[str, str | None] = {}
+    keys: dict[str, str] = {}  # option name -> the key that gave it
     for key, value in raw.items():
         name = str(key).strip().removeprefix("--").replace("_", "-")
         field = f"{where}.{key}"
+        owned, first_class = directives.abbreviates(name, OWNED), directives.abbreviates(name, FIRST_CLASS)
+        target = owned or first_class  # sbatch takes any unambiguous prefix of a long option: `--hol` is `--hold`
+        as_read = f" (sbatch reads `--{name}` as `--{target}`)" if target and target != name else ""
         if not OPTION_NAME.fullmatch(name) or len(name) < 2:
             problems.append(f"{field}: {key!r} is not a long sbatch option name (e.g. reservation, mail-type)")
-        elif name in OWNED:
-            problems.append(f"{field}: `--{name}` is set by the launcher ({OWNED[name]}); remove it")
-        elif name in FIRST_CLASS:
-            problems.append(f"{field}: `--{name}` has its own key; use resources.{FIRST_CLASS[name]} instead")
+        elif owned:
+            problems.append(f"{field}: `--{owned}` is set by the launcher ({OWNED[owned]}){as_read}; remove it")
+        elif first_class:
+            problems.append(f"{field}: `--{first_class}` has its own key{as_read}; use "
+                            f"resources.{FIRST_CLASS[first_class]} instead")
+        elif name in keys:
+            problems.append(f"{field}: `{keys[name]}` and `{key}` are the same option, `--{name}`; keep one")
         elif value is True or value is None:
             options[name] = None
         elif isinstance(value, bool) or not isinstance(value, (str, int, float)):
             problems.append(f"{field}: expected one value (text or a number, or true for a flag), got {value!r}")
-        elif _has_break(str(value)) or not str(value).strip():
-            problems.append(f"{field}: {str(value)[:60]!r} is empty or holds a line break; give one value")
+        elif not str(value).strip():
+            problems.append(f"{field}: the value is empty; give one value (or true for a flag)")
+        elif why := directives.problem(str(value)):
+            problems.append(f"{field}: {str(value)[:60]!r} {why}")
         else:
             options[name] = str(value)
+        keys.setdefault(name, str(key))
     return options
 
 
@@ -87,5 +102,10 @@ def srun_args(raw: Any, where: str, problems: list[str]) -> tuple[str, ...]:
     for arg in args:
         if _has_break(arg) or not arg.strip():
             problems.append(f"{where}: {arg[:60]!r} is empty or holds a line break; give one argument per item")
+            return ()
+        if not arg.startswith("-"):
+            # srun takes its first non-option argument as the command: `hostname` would replace the trainer.
+            problems.append(f"{where}: {arg[:60]!r} is not an option; srun_args holds srun's options only, each "
+                            f"as --name or --name=value (the command srun runs is the trainer)")
             return ()
     return args

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from . import directives
 from .profiles import Profile
 from .spec import Resources
 
@@ -40,6 +41,27 @@ def sbatch_options(r: Resources, prof: Profile, workdir: Path) -> dict[str, str 
             opts["gpus-per-node"] = str(r.gpus_per_node)
     opts.update(r.sbatch_extra)  # checked in passthrough.py: never an option set above
     return opts
+
+
+# Where each option a job gets comes from, for a message that names the field to change.
+SOURCE = {"time": "resources.time", "partition": "resources.partition (or the profile's default_partition)",
+          "qos": "resources.qos (or the profile's)", "account": "resources.account (or the profile's)",
+          "constraint": "resources.constraint (or the profile's)", "exclude": "resources.exclude",
+          "chdir": "--workdir", "output": "--workdir", "job-name": "name"}
+
+
+def unwritable(sweep) -> list[str]:
+    """Problems with the values of a sweep's `#SBATCH` lines that cannot reach sbatch as they are
+    (directives.py), each naming its field: checked before anything is written."""
+    options = {**sbatch_options(sweep.resources, sweep.profile, sweep.workdir), "job-name": sweep.name,
+               "output": str(sweep.workdir / "logs" / sweep.name)}
+    problems = []
+    for name, value in sorted(options.items()):
+        why = None if value is None else directives.problem(value, sweep.backend)
+        if why:
+            field = SOURCE.get(name, f"sbatch_options.{name} (the spec's or the profile's)")
+            problems.append(f"{field}: {value[:60]!r} (for --{name}) {why}")
+    return problems
 
 
 # A setup line that fails ends the job there, naming the line, instead of training in an environment nobody
