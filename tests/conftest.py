@@ -126,6 +126,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("slurm") is not None:
             item.add_marker(pytest.mark.xdist_group("slurm"))
+    # `alone` tests first: then the test beside one is the other worker's first, not a long one half done.
+    items.sort(key=lambda item: item.get_closest_marker("alone") is None)
 
 
 def pytest_collection_finish(session):
