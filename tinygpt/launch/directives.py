@@ -3,8 +3,8 @@
 sbatch does not read its directives with a shell. Its own parser (`_get_argument` in src/sbatch/opt.c)
 cuts the text after `#SBATCH` at whitespace unless a quote is open (a backslash before a space does not
 keep it), takes a backslash as the escape of the next character even inside quotes (so `shlex.quote`'s
-single quotes protect nothing there), and an unescaped `#` as the start of a comment (older versions:
-inside quotes too). A line ends at its newline; one that holds the word `hetjob` (or `packjob`) starts
+single quotes do not protect one), and an unescaped `#` as the start of a comment (older versions: inside
+quotes too). A line ends at its newline; one that holds the word `hetjob` (or `packjob`) starts
 another component of a heterogeneous job; an argument is copied into a buffer of BUFSIZ (8192) bytes. So
 a value with any of those characters is written in double quotes, with a backslash before each backslash,
 double quote and `#`; one holding a line break, NUL, or those words, or too long for that buffer, cannot
