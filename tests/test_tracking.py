@@ -7,6 +7,7 @@ are read with TensorBoard's own reader.
 import json
 import os
 import struct
+import time
 from pathlib import Path
 
 import numpy as np
@@ -63,12 +64,26 @@ def wandb_records(run_file: Path):
             yield record
 
 
+def finished_records(folder: Path, timeout: float = 60.0) -> list:
+    """The records of an offline W&B run once its `exit` record is there. W&B's service process writes the file
+    and can still be flushing it when `run.finish()` has returned (seen in CI: a file without its run record)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        files = list(folder.glob("run-*.wandb"))
+        records = list(wandb_records(files[0])) if files and files[0].stat().st_size >= 7 else []
+        if records and records[-1].WhichOneof("record_type") == "exit":
+            return records
+        assert time.monotonic() < deadline, (f"{folder}: no exit record within {timeout:.0f} s; records so far: "
+                                             f"{[r.WhichOneof('record_type') for r in records]}")
+        time.sleep(0.05)
+
+
 def wandb_lives(out: Path) -> list[dict]:
     """Per offline W&B directory (one per life of the run): its run id, group, name, history and summary."""
     lives = []
     for folder in sorted((out / "wandb").glob("offline-run-*")):
         life = {"folder": folder.name, "history": {}, "summary": {}}
-        for record in wandb_records(next(folder.glob("run-*.wandb"))):
+        for record in finished_records(folder):
             kind = record.WhichOneof("record_type")
             if kind == "run":
                 life.update(id=record.run.run_id, group=record.run.run_group, name=record.run.display_name,
