@@ -72,6 +72,19 @@ def python_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def run_cli(argv: list[str]) -> tuple[int, str]:
+    """`launch.py ARGV` in this process: (exit status, what it printed to stderr)."""
+    import contextlib
+    import io
+
+    from tinygpt.launch import cli
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = cli.main(argv)
+    return code, err.getvalue()
+
+
 def run_module(module: str, *args: str, cwd: Path | None = None, timeout: float = 300,
                **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,

@@ -1,9 +1,7 @@
 """What reaches sbatch is exactly what the spec says: `#SBATCH` values encoded for sbatch's own parser, option
 names matched the way sbatch matches them, and srun arguments that cannot replace the command."""
 
-import contextlib
 import dataclasses
-import io
 import json
 import shlex
 
@@ -12,7 +10,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 import sbatch_rules
-from tinygpt.launch import cli, directives, passthrough, profiles
+from conftest import run_cli
+from tinygpt.launch import directives, passthrough, profiles
 from tinygpt.launch import spec as spec_mod
 from tinygpt.launch.sbatch import ScriptParams, render
 
@@ -107,10 +106,7 @@ def test_srun_args_cannot_replace_the_command():
 
 
 def launch_dry(spec, workdir) -> tuple[int, str]:
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        code = cli.main([str(spec), "--dry-run", "--workdir", str(workdir)])
-    return code, err.getvalue()
+    return run_cli([str(spec), "--dry-run", "--workdir", str(workdir)])
 
 
 @pytest.mark.parametrize("where, text", [

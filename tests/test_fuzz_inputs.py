@@ -19,7 +19,7 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from conftest import TINY_TEXT
+from conftest import TINY_TEXT, run_cli
 from tinygpt import config, sample
 from tinygpt.launch import cli, profiles
 from tinygpt.launch import spec as spec_mod
@@ -41,13 +41,6 @@ ANY_VALUE = st.one_of(
 )
 
 BASE_TRAIN = {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 16, "batch_size": 4, "max_steps": 5}
-
-
-def run_cli(argv: list[str]) -> tuple[int, str]:
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        code = cli.main(argv)
-    return code, err.getvalue()
 
 
 def check_outcome(code: int, err: str, work: Path, *fields: str) -> None:

@@ -112,12 +112,9 @@ mkdir -p "$ETC" "$LOG" "$RUN" "$HOME_DIR/state" "$HOME_DIR/spool" /etc/slurm
 # --- 2. network: bridge, one namespace per node, /etc/hosts (multi-node only) -----------------------
 # Before any configuration names these addresses and before any daemon or client is asked to reach them.
 has_addr() {  # has_addr DEVICE ADDRESS [NAMESPACE]: the device holds ADDRESS/24
-  local addrs
-  if [ -n "${3:-}" ]; then
-    addrs=$(nsenter --net="/run/netns/$3" ip -o -4 addr show dev "$1" 2>/dev/null) || return 1
-  else
-    addrs=$(ip -o -4 addr show dev "$1" 2>/dev/null) || return 1
-  fi
+  local addrs in_ns=()
+  [ -n "${3:-}" ] && in_ns=(nsenter --net="/run/netns/$3")
+  addrs=$("${in_ns[@]}" ip -o -4 addr show dev "$1" 2>/dev/null) || return 1
   has_line "$addrs" "inet ${2//./\\.}/24 "
 }
 node_addr() { echo "$SUBNET.$((10 + $1))"; }
@@ -151,7 +148,6 @@ if [ "$NODES" -gt 1 ]; then
       echo "$line" >>/etc/hosts
     fi
   done
-  mark_made network
 fi
 
 # --- 3. configuration ---------------------------------------------------------------------------------
