@@ -383,8 +383,9 @@ def test_a_sweep_keeps_what_its_runs_share_once(tmp_path):
     for run in sweep.runs:
         written = manifest_mod.config_file(plan.manifest_path, manifest, run.index)
         assert config.resolve(["--config", str(written)]) == run.config
-    old = {**manifest, "format": 1, "runs": [{**manifest["runs"][0], "config": "/elsewhere/r.yaml"}]}
-    assert manifest_mod.config_file(plan.manifest_path, old, 0) == Path("/elsewhere/r.yaml")  # format 1 still read
+    manifest_mod.save(plan.manifest_path, {**manifest, "format": 1})  # from a version that never shipped
+    with pytest.raises(manifest_mod.LaunchError, match="manifest format 1, this version reads 2; launch the spec"):
+        manifest_mod.load(plan.manifest_path)
 
 
 def test_cli_dry_run_prints_the_plan_and_errors_have_no_traceback(tmp_path):

@@ -24,13 +24,14 @@ import os
 import re
 import stat
 import sys
-import tempfile
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from . import durable
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
@@ -63,21 +64,6 @@ def _download(url: str, timeout: float = DOWNLOAD_TIMEOUT_S) -> bytes:
         return response.read()
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
 def pydoc_text() -> str:
     """The English text of Python's own documentation topics: on every Python install, no network."""
     from pydoc_data.topics import topics
@@ -100,7 +86,7 @@ def shakespeare_text(data_dir: Path) -> str:
     digest = hashlib.sha256(raw).hexdigest()
     if digest != SHAKESPEARE_SHA256:
         raise OSError(f"downloaded Tiny Shakespeare has sha256 {digest}, expected {SHAKESPEARE_SHA256}")
-    _write_atomic(cached, raw)
+    durable.write(cached, raw)
     return raw.decode("utf-8")
 
 
@@ -119,7 +105,7 @@ def sherlock_text(data_dir: Path) -> str:
         return cached.read_text(encoding="utf-8")
     raw = _download(SHERLOCK_URL).decode("utf-8-sig").replace("\r\n", "\n")
     text = strip_gutenberg(raw)
-    _write_atomic(cached, text.encode("utf-8"))
+    durable.write(cached, text.encode("utf-8"))
     return text
 
 
@@ -281,8 +267,8 @@ def prepare(source: Source, data_dir: Path) -> Prepared:
         ids = np.fromiter((lut[ch] for ch in source.text), dtype=np.uint16, count=len(source.text))
         n_val = int(len(ids) * VAL_FRACTION)
         train, val = ids[: len(ids) - n_val], ids[len(ids) - n_val :]
-        _write_atomic(folder / "train.bin", train.tobytes())
-        _write_atomic(folder / "val.bin", val.tobytes())
+        durable.write(folder / "train.bin", train.tobytes())
+        durable.write(folder / "val.bin", val.tobytes())
         meta = {
             "format": FORMAT_VERSION,
             "source": source.label,
@@ -292,7 +278,7 @@ def prepare(source: Source, data_dir: Path) -> Prepared:
             "vocab": vocab,
             "split": {"train": int(len(train)), "val": int(len(val)), "val_fraction": VAL_FRACTION},
         }
-        _write_atomic(folder / "meta.json", json.dumps(meta, indent=1, ensure_ascii=False).encode("utf-8"))
+        durable.write(folder / "meta.json", json.dumps(meta, indent=1, ensure_ascii=False).encode("utf-8"))
         return Prepared(folder, meta)
 
 

@@ -3,14 +3,49 @@
 It is the source of truth for everything that looks at a run afterwards (status, reports, benchmarks).
 Only rank 0 writes. A resumed run first drops the lines past its checkpoint's step, so that a step
 redone after a crash appears once. Experiment trackers (`tinygpt/tracking.py`) are sinks beside the
-file: every record written goes to each of them too.
+file: every record written goes to each of them too. `read` is the one reader: a line that is not a
+whole record (a process killed mid-line, a damaged disk) is skipped, never fatal.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+
+from . import durable
+
+# The fields readers rely on, and the type each must have when present (a number: int or float, not bool).
+NUMBERS = ("train_loss", "val_loss", "lr", "tokens_per_s", "elapsed_s", "mfu", "best_val_loss")
+
+
+def parse(line: str | bytes) -> dict | None:
+    """The record on one line, or None when the line is not one: not JSON, not an object, no whole
+    number `step` of at least 0, or a known field of the wrong type."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(record, dict):
+        return None
+    step = record.get("step")
+    if type(step) is not int or step < 0:
+        return None
+    for key in NUMBERS:
+        value = record.get(key)
+        if value is not None and type(value) not in (int, float):
+            return None
+    if not isinstance(record.get("event", ""), str):
+        return None
+    return record
+
+
+def read(path: str | Path) -> list[dict]:
+    """Every whole record in the file, in order; [] when there is no file or it cannot be read."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError:
+        return []
+    return [r for r in map(parse, data.splitlines()) if r is not None]
 
 
 class MetricsLog:
@@ -20,7 +55,8 @@ class MetricsLog:
         self.sinks = list(sinks or [])
 
     def truncate_after(self, step: int) -> None:
-        """Drop lines past `step`: a run that died after its last checkpoint logged steps it will redo."""
+        """Drop lines past `step` (a run that died after its last checkpoint logged steps it will redo),
+        and lines that are not whole records."""
         if not self.enabled:
             return
         if step == 0:
@@ -28,16 +64,8 @@ class MetricsLog:
             return
         if not self.path.exists():
             return
-        kept = []
-        for line in self.path.read_text().splitlines():
-            try:
-                if json.loads(line).get("step", 0) <= step:
-                    kept.append(line)
-            except ValueError:
-                continue  # a half-written last line from a killed process
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
-        os.replace(tmp, self.path)
+        kept = [r for r in read(self.path) if r["step"] <= step]
+        durable.write(self.path, "".join(json.dumps(r) + "\n" for r in kept))
 
     def write(self, record: dict) -> None:
         if self.enabled:

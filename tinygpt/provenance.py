@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from . import durable
+
 REPO = Path(__file__).resolve().parent.parent
 SLURM_KEYS = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_RESTART_COUNT",
               "SLURM_JOB_NODELIST", "SLURM_JOB_PARTITION", "SLURM_CLUSTER_NAME", "SLURM_NTASKS")
@@ -80,11 +82,14 @@ def collect(hostnames: list[str], world_size: int, device: str) -> dict:
 def append(out_dir: Path, record: dict, fresh: bool = False) -> None:
     """Add this start's record; a fresh run (no checkpoint to resume) starts the list anew."""
     path = Path(out_dir) / "provenance.json"
-    try:
-        data = {"starts": []} if fresh else json.loads(path.read_text())
-    except (OSError, ValueError):
-        data = {"starts": []}
+    data = {"starts": []}
+    if not fresh and path.exists():
+        try:
+            data = json.loads(path.read_bytes())
+        except ValueError:
+            data = None
+        if not isinstance(data, dict) or not isinstance(data.get("starts"), list):
+            os.replace(path, path.with_name(path.name + ".corrupt"))  # kept for a reader, never deleted
+            data = {"starts": []}
     data["starts"].append(record)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
+    durable.write(path, json.dumps(data, indent=1) + "\n")

@@ -15,6 +15,8 @@ import dataclasses
 import shlex
 from pathlib import Path
 
+from tinygpt import durable
+
 from . import manifest as manifest_mod
 from . import slurm_cli
 from .plan import Plan, corpora
@@ -48,7 +50,7 @@ def write_scripts(plan: Plan) -> dict[str, Path]:
         path = plan.jobs_dir / f"{sweep.name}-{step}.sbatch"
         text = render_step(f"{sweep.name}-{step}", lines, small, sweep.profile, str(plan.workdir),
                            str(plan.logs_dir / f"{step}-%j.out"), plan.python, str(plan.code))
-        manifest_mod.write_atomic(path, text)
+        durable.write(path, text)
         paths[step] = path
     return paths
 

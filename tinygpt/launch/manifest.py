@@ -8,33 +8,23 @@ run's config file from it and prints its path) and by `launch.py status|cancel|r
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from tinygpt import durable
+
 from .errors import LaunchError
 
-FORMAT = 2  # 2: runs keep their trainer inputs (shared ones once, in "base"); 1: a config file per run
-
-
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+FORMAT = 2  # runs keep their trainer inputs (shared ones once, in "base")
 
 
 def save(path: Path, manifest: dict[str, Any]) -> None:
     """Indented, but one line per run: a sweep of 10,000 runs stays a file to read and grep."""
     head = json.dumps({k: v for k, v in manifest.items() if k != "runs"}, indent=1, default=str)
     runs = ",\n".join(f"  {json.dumps(run, default=str)}" for run in manifest.get("runs", []))
-    write_atomic(path, f'{head[:-2]},\n "runs": [\n{runs}\n ]\n}}\n')
+    durable.write(path, f'{head[:-2]},\n "runs": [\n{runs}\n ]\n}}\n')
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -47,24 +37,23 @@ def load(path: Path) -> dict[str, Any]:
                           f"and the spec's name") from None
     except ValueError as err:
         raise LaunchError(f"{path}: not a valid manifest ({err})") from None
-    if manifest.get("format") not in (1, FORMAT):
-        raise LaunchError(f"{path}: manifest format {manifest.get('format')}, this version reads 1 and {FORMAT}")
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise LaunchError(f"{path}: manifest format {found}, this version reads {FORMAT}; launch the spec again")
     return manifest
 
 
 def config_file(manifest_path: Path, manifest: dict[str, Any], index: int) -> Path:
     """The run's trainer config file, written from the manifest (shared inputs, the run's own, its run
-    directory) when the run's task starts; a format-1 manifest names the file it wrote at launch."""
+    directory) when the run's task starts."""
     from tinygpt import config as train_config
 
     run = manifest["runs"][index]
-    if "config" in run:
-        return Path(run["config"])
     cfg = train_config.build({**manifest["base"], **run["overrides"], "out_dir": run["out_dir"]})
     path = Path(manifest_path).parent / "configs" / f"{run['name']}.yaml"
     text = train_config.dump_yaml(cfg)
     if not path.is_file() or path.read_text() != text:
-        write_atomic(path, text)
+        durable.write(path, text)
     return path
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tinygpt import durable
+
 from . import manifest as manifest_mod
 from . import slurm_cli
 from .sbatch import ScriptParams, render
@@ -90,7 +92,7 @@ def build(sweep: Sweep, snapshot: Snapshot | None = None) -> Plan:
                 resources=r, profile=sweep.profile, worker=sweep.search is not None, pack=pack,
                 runs=len(runs),
             )
-            manifest_mod.write_atomic(path, render(params))
+            durable.write(path, render(params))
             path.chmod(0o755)
             scripts.append((path, array, indices[0], indices))
     return Plan(sweep, workdir, jobs_dir, logs_dir, manifest_path, scripts, code)

@@ -17,9 +17,12 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from tinygpt import durable
 
 from .errors import LaunchError
 
@@ -93,23 +96,26 @@ def take(root: Path, dest_dir: Path) -> Snapshot:
     snap = Snapshot(target, name, commit, dirty, len(contents), size, (target / RECORD).is_file(), untracked)
     if snap.reused:
         return snap
-    tmp = dest_dir / f".{name}.{os.getpid()}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    for rel, data, kind in contents:
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=dest_dir, prefix=durable.temp_prefix(target), suffix=durable.TEMP_SUFFIX))
+    record = {"digest": name, "commit": commit, "dirty": dirty, "source": str(root), "files": len(contents),
+              "bytes": size, "taken_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    record_file = (RECORD, (json.dumps(record, indent=1) + "\n").encode(), "file")
+    for rel, data, kind in [*contents, record_file]:
         path = tmp / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         if kind == "link":
             path.symlink_to(data.decode("utf-8", "surrogateescape"))
             continue
-        path.write_bytes(data)
+        with open(path, "wb") as fh:  # each file on disk before the folder takes its name: a crash
+            fh.write(data)            # never leaves a snapshot that would be reused with empty files
+            os.fsync(fh.fileno())
         if kind == "exec":
             path.chmod(0o755)
-    record = {"digest": name, "commit": commit, "dirty": dirty, "source": str(root), "files": len(contents),
-              "bytes": size, "taken_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    (tmp / RECORD).write_text(json.dumps(record, indent=1) + "\n")
     try:
         os.replace(tmp, target)
     except OSError:  # another launch made the same snapshot first: same digest, same files
         shutil.rmtree(tmp, ignore_errors=True)
+    durable.fsync_dir(dest_dir)
     return snap
 

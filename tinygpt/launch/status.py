@@ -7,10 +7,11 @@ column says which. Progress (step, losses, tokens/s, ETA) always comes from the 
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from tinygpt import metrics
 
 from . import manifest as manifest_mod
 from . import slurm_cli
@@ -41,16 +42,7 @@ class Row:
 def read_progress(run_dir: Path) -> dict:
     """What metrics.jsonl says: last step, losses, speed, whether the run finished or was paused."""
     info: dict = {}
-    path = run_dir / "metrics.jsonl"
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return info
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
+    for rec in metrics.read(run_dir / "metrics.jsonl"):
         event = rec.get("event")
         if event == "start":
             info["started"] = True
@@ -59,9 +51,9 @@ def read_progress(run_dir: Path) -> dict:
         elif event:
             info["event"] = event
         if "lr" in rec:
-            info.update(step=rec["step"], train_loss=rec["train_loss"], tokens_per_s=rec.get("tokens_per_s"),
+            info.update(step=rec["step"], train_loss=rec.get("train_loss"), tokens_per_s=rec.get("tokens_per_s"),
                         elapsed_s=rec.get("elapsed_s"))
-        if "val_loss" in rec:
+        if rec.get("val_loss") is not None:
             info["val_loss"] = rec["val_loss"]
             info["step"] = max(info.get("step", 0), rec["step"])
     return info
@@ -185,7 +177,7 @@ def table(rows: list[Row], title: str, hidden: tuple[str, ...] = ()):
 
 STATE_COLORS = {"COMPLETED": "green", "FINISHED": "green", "RUNNING": "cyan", "PENDING": "yellow", "FAILED": "red",
                 "CANCELLED": "magenta", "TIMEOUT": "red", "REQUEUED": "yellow"}
-PLAIN_ABOVE = 200  # rows; rich lays a table out at ~2 ms a row, so larger sweeps get a plain aligned one
+PLAIN_ABOVE = 200  # rows; rich's layout time grows with the rows, so larger sweeps get a plain aligned table
 
 
 def plain_table(rows: list[Row], title: str, hidden: tuple[str, ...]):
@@ -213,7 +205,7 @@ def fitted(rows: list[Row], title: str, width: int):
     measure_console = Console(width=10_000)
     hidden: tuple[str, ...] = () if any(r.history for r in rows) else ("before",)  # (nothing was resubmitted)
     # Measured on the rows that hold the longest text of some column: the same widths as all the rows give,
-    # at the cost of a dozen rows (measuring all of a 1,000-run sweep took seconds).
+    # at the cost of a dozen rows instead of all of them.
     texts = [cells(r) for r in rows]
     widest = {max(range(len(rows)), key=lambda i: len(texts[i][col])) for col, _ in COLUMNS} if rows else set()
     sample = [rows[i] for i in sorted(widest)]

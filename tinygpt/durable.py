@@ -1,0 +1,64 @@
+"""Writing a file so that a crash at any moment leaves either the old file or the whole new one.
+
+The new contents go to a temporary file with a unique name in the same folder (a rename across
+filesystems is not atomic), which is flushed and fsynced; it is then renamed over the target (atomic on
+POSIX), and the folder is fsynced so that the rename itself survives a power cut. Every file tinygpt
+writes in place goes through here. Standard library only: the launcher uses it too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+TEMP_SUFFIX = ".tmp"
+
+
+def temp_prefix(path: Path) -> str:
+    """How the temporary file of a write to `path` starts (hidden, so no reader takes it for the file)."""
+    return f".{path.name}."
+
+
+@contextlib.contextmanager
+def replacing(path: str | Path, mode: str = "wb") -> Iterator[IO]:
+    """A new file to write that takes `path`'s place, whole, when the block ends without an error; on an
+    error the temporary file is removed and `path` is as it was."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=temp_prefix(path), suffix=TEMP_SUFFIX)
+    try:
+        with os.fdopen(fd, mode) as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+def write(path: str | Path, data: str | bytes) -> None:
+    """Replace `path` with `data` (text is written as UTF-8)."""
+    with replacing(path, "wb") as fh:
+        fh.write(data.encode() if isinstance(data, str) else data)
+
+
+def fsync_dir(folder: str | Path) -> None:
+    """Make a rename in `folder` durable. Some filesystems cannot fsync a folder; there the rename is as
+    durable as that filesystem makes it, and nothing is lost by going on."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
