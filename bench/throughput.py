@@ -22,8 +22,8 @@ def measured_peak(config: dict, dtype_name: str, threads: int | None, seconds_pe
     """Best FLOP/s of the model's own matmul shapes (qkv, attention out, MLP in and out) in this dtype.
 
     Each shape runs for about `seconds_per_shape` in short timed chunks and the fastest chunk counts: on a
-    shared machine a few long timings often all catch a busy moment and read the peak low (seen here:
-    240 to 320 GFLOP/s from one run to the next with 5 timings), which would read the MFU high.
+    shared machine a few long timings can all catch a busy moment and read the peak low, which would read
+    the MFU high.
     """
     import torch
 
@@ -85,8 +85,8 @@ def main() -> None:
         extra += ["--activation-checkpointing"]
     for precision in precisions:
         # The peak is measured before and after the run and the higher one counts: one measurement that
-        # falls in a busy spell of a shared host reads the peak low and the MFU high (seen: 162 instead of
-        # ~320 GFLOP/s, MFU 1.06). Both are printed; far apart, they say the machine was busy.
+        # falls in a busy spell of a shared host reads the peak low and the MFU high. Both are printed; far
+        # apart, they say the machine was busy.
         before = measured_peak(config, precision, args.threads)
         result = run_trainer(config, steps, warmup, [*extra, "--precision", precision])
         after = measured_peak(config, precision, args.threads)

@@ -44,20 +44,12 @@ def test_unknown_keys_are_rejected_with_suggestion_and_valid_list(tmp_path):
     assert "valid keys of `model` are: n_layer, n_head, n_embd" in message
 
 
-def test_keys_of_the_removed_cpu_layer_still_load_with_one_note_each(tmp_path, capsys):
-    """Run configs, checkpoints and scripts written with run.cpu_kernels, cpu_attention or cpu_allocator
-    load; each key is said once (stderr) and ignored."""
-    config._note_deprecated.cache_clear()
-    assert config.from_dict({"run": {"cpu_attention": "fused", "cpu_allocator": "caching"}}) == config.build({})
-    assert config.from_dict({"run.cpu_kernels": "on", "cpu_attention": "sdpa"}) == config.build({})
-    f = tmp_path / "config.yaml"
-    f.write_text("run:\n  cpu_kernels: auto\n  seed: 3\n")
-    assert config.resolve(["--config", str(f), "--cpu-allocator", "malloc", "--cpu-kernels=off"]).run.seed == 3
-    notes = capsys.readouterr().err.splitlines()
-    assert sorted(notes) == sorted(f"note: `{key}` is ignored ({why}); remove it from your config"
-                                   for key, why in config.DEPRECATED.items())
-    with pytest.raises(ConfigError, match="unknown key `model.cpu_kernels`"):
-        config.from_dict({"model": {"cpu_kernels": "on"}})
+def test_keys_of_the_removed_cpu_layer_are_unknown_keys():
+    """run.cpu_kernels and friends never shipped in a release: they are refused like any unknown key."""
+    with pytest.raises(ConfigError, match="unknown key `run.cpu_kernels`"):
+        config.from_dict({"run": {"cpu_kernels": "on"}})
+    with pytest.raises(ConfigError, match="unknown option --cpu-allocator"):
+        config.resolve(["--cpu-allocator", "malloc"])
 
 
 def test_every_problem_is_reported_at_once():

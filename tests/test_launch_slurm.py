@@ -179,7 +179,7 @@ def test_status_shows_completed_running_and_cancelled_runs(tmp_path, workdir, ti
 
 @pytest.mark.parametrize("backend", ["sbatch", "submitit"])
 def test_a_failing_setup_line_ends_the_job_naming_it(tmp_path, workdir, tiny_corpus, backend):
-    """A module that does not load used to leave the job training anyway, in an environment nobody asked for."""
+    """A module that does not load ends the job: it never trains in an environment nobody asked for."""
     profile = tmp_path / "broken-site.yaml"
     profile.write_text((ROOT / "hpc_lab" / "clusters" / "local.yaml").read_text()
                        + "setup: [\"echo setup-began\", \"module load no-such-module\", \"echo setup-went-on\"]\n")
@@ -197,7 +197,7 @@ def test_a_failing_setup_line_ends_the_job_naming_it(tmp_path, workdir, tiny_cor
 
 
 def test_a_live_sweep_is_never_changed_behind_its_jobs(tmp_path, workdir, tiny_corpus):
-    """A dry run of a spec whose sweep was queued used to rewrite the configs the queued tasks would read."""
+    """A dry run of a spec whose sweep is queued never rewrites what the queued tasks will read."""
     import hashlib
 
     def checksums() -> dict:

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
 import math
 import re
-import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -224,8 +222,8 @@ class TrainConfig:
     track: TrackConfig = field(default_factory=TrackConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
-        # (Field by field, not dataclasses.asdict: its deep copies were most of the time of a 10,000-run dry
-        # run. The values are numbers, strings and lists of strings; the lists are copied.)
+        # Field by field, not dataclasses.asdict, whose deep copies are slow and not needed: the values are
+        # numbers, strings and lists of strings, and the lists are copied. (A dry run calls this per run.)
         return {name: {f.name: _copied(getattr(section, f.name)) for f in dataclasses.fields(section)}
                 for name in SECTION_NAMES for section in (getattr(self, name),)}
 
@@ -376,20 +374,6 @@ def _coerce_list(name: str, value: Any) -> list[str]:
     return list(dict.fromkeys(str(i).strip() for i in items if str(i).strip()))
 
 
-# Keys of earlier versions that no longer do anything. Saved configs, checkpoints and generated job
-# scripts still hold them, so they are accepted, said once per process, and ignored.
-DEPRECATED = {
-    "cpu_kernels": "the C++ CPU kernels were removed; the CPU runs PyTorch's own operations",
-    "cpu_attention": "the C++ CPU kernels were removed; the CPU runs PyTorch's own operations",
-    "cpu_allocator": "the caching CPU allocator was removed; CPU memory is PyTorch's default",
-}
-
-
-@functools.cache
-def _note_deprecated(name: str) -> None:
-    print(f"note: `{name}` is ignored ({DEPRECATED[name]}); remove it from your config", file=sys.stderr)
-
-
 def flatten_overrides(mapping: dict[str, Any], source: str, problems: list[str]) -> dict[str, Any]:
     """Turn a YAML mapping (flat, dotted or nested by section) into {field: raw value}.
 
@@ -402,9 +386,6 @@ def flatten_overrides(mapping: dict[str, Any], source: str, problems: list[str])
         section = None
         if "." in name:
             section, _, name = name.partition(".")
-        if name in DEPRECATED and section in (None, "run"):
-            _note_deprecated(name)
-            return
         info = _FIELD_INFO.get(name)
         if info is None or (section is not None and section != info.section):
             problems.append(unknown_key_message(where + key))
@@ -420,9 +401,7 @@ def flatten_overrides(mapping: dict[str, Any], source: str, problems: list[str])
             for sub_key, sub_value in value.items():
                 sub = normalise_key(str(sub_key))
                 info = _FIELD_INFO.get(sub)
-                if sub in DEPRECATED and key == "run":
-                    _note_deprecated(sub)
-                elif info is None or info.section != key:
+                if info is None or info.section != key:
                     problems.append(unknown_key_message(f"{key}.{sub_key}", section=key))
                 else:
                     put(sub, sub_value, f"{key}.")
@@ -555,11 +534,6 @@ def parse_cli(argv: list[str]) -> tuple[dict[str, Any], str | None, list[str]]:
         if name not in _FIELD_INFO and name.startswith("no_") and _FIELD_INFO.get(name[3:], None) \
                 and _FIELD_INFO[name[3:]].kind is bool and not eq:
             overrides[name[3:]] = False
-            continue
-        if name in DEPRECATED:
-            _note_deprecated(name)
-            if not eq and i < len(argv) and not argv[i].startswith("--"):
-                i += 1
             continue
         info = _FIELD_INFO.get(name)
         if info is None:

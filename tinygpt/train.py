@@ -61,8 +61,8 @@ def exit_process(code: int) -> None:
 
     Everything a run writes is flushed and closed by now (checkpoints are fsynced, the metrics file closed,
     the process group destroyed). What finalisation would still do is run C++ destructors of the
-    collective library's threads, and there one rank in about twenty aborted with "terminate called
-    without an active exception" (SIGABRT, no Python frame left), failing a finished job.
+    collective library's threads, which can abort the process ("terminate called without an active
+    exception", SIGABRT) after it has finished its work, and fail a finished job.
     Slurm's signals are ignored from here on: the run has nothing more to save (preemption.py).
     """
     from . import distributed
