@@ -64,6 +64,12 @@ def loss_series(run_dir: Path) -> list[tuple]:
     return [(r["step"], r.get("train_loss"), r.get("val_loss")) for r in read_metrics(run_dir) if "event" not in r]
 
 
+def slow_saves(seconds: float) -> dict[str, str]:
+    """Environment under which every checkpoint write stalls `seconds` before its rename (tests/slow_saves)."""
+    path = os.pathsep.join([str(ROOT / "tests" / "slow_saves"), str(ROOT), os.environ.get("PYTHONPATH", "")])
+    return {"PYTHONPATH": path, "TINYGPT_TEST_SAVE_STALL_S": str(seconds)}
+
+
 def python_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, slow_saves
 from slurm_helpers import counting_shim, job_env, wait
 from tinygpt.launch import efficiency
 
@@ -62,7 +62,7 @@ def test_efficiency_of_a_busy_and_a_half_idle_allocation(tmp_path, tiny_corpus, 
     assert launch(str(specs["busy"])).returncode == 0
     # The idle one also waits most of its time (its checkpoint writes slowed, as on a slow filesystem; the job
     # inherits this environment), on two CPUs where it can use one.
-    assert launch(str(specs["idle"]), TINYGPT_TEST_SLOW_CHECKPOINT_S="0.3").returncode == 0
+    assert launch(str(specs["idle"]), **slow_saves(0.3)).returncode == 0
     for name in specs:
         manifest = json.loads((work / "jobs" / name / "manifest.json").read_text())
         assert wait(f"{manifest['submissions'][0]['job_id']}_0") == "COMPLETED"

@@ -82,7 +82,7 @@ def test_provenance_records_code_software_and_command(tmp_path, tiny_corpus):
 
 
 def test_plain_progress_lines_are_greppable(capsys):
-    bar = progress.PlainLines(max_steps=2000, start_step=0, min_interval_s=0)
+    bar = progress.PlainLines(max_steps=2000, min_interval_s=0).start(0)
     bar.step(250, {"train_loss": 2.04123, "lr": 9.7e-4, "tokens_per_s": 48113.2, "mfu": 0.312, "eta_s": 72})
     assert capsys.readouterr().out == ("step  250/2000 | loss 2.0412 | lr 9.70e-04 | 48,113 tok/s | mfu 31.2% | "
                                        "eta 1m12s\n")
@@ -92,7 +92,7 @@ def test_rich_progress_bar_shows_loss_speed_mfu_and_eta():
     from rich.console import Console
 
     console = Console(record=True, width=100, force_terminal=True)  # pinned width
-    bar = progress.RichBar(max_steps=100, start_step=0, console=console)
+    bar = progress.RichBar(max_steps=100, console=console).start(0)
     bar.step(50, {"train_loss": 1.5, "tokens_per_s": 12345, "mfu": 0.25})
     bar.bar.refresh()
     bar.close()

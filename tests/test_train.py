@@ -69,8 +69,8 @@ def test_stopped_and_resumed_run_is_bit_identical(tmp_path, tiny_corpus, data_di
     _, second = run(tmp_path, tiny_corpus, *common, name="part")
     assert second.finished and second.step == 40
     assert loss_series(whole) == loss_series(part)  # exact floats, train and val
-    a = ckpt.load(ckpt.path_for_step(whole, 40))["model"]
-    b = ckpt.load(ckpt.path_for_step(part, 40))["model"]
+    a = ckpt.load(ckpt.path_for_step(whole, 40)).parts["model"]
+    b = ckpt.load(ckpt.path_for_step(part, 40)).parts["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
     events = [r["event"] for r in read_metrics(part) if "event" in r]
     assert events == ["start", "paused", "start", "finished"]
@@ -86,6 +86,32 @@ def test_resume_drops_metrics_logged_after_the_checkpoint(tmp_path, tiny_corpus,
     assert steps == [5, 10, 15, 20]
 
 
+DAMAGED_LINES = [b"\xff\xfe\x00garbage", b"[1, 2, 3]", b'"just a string"', b'{"step": "7", "train_loss": 1.0}',
+                 b'{"step": -1}', b'{"step": 3, "train_loss": "low", "lr": 0.1}', b'{"step": 4, "event": 5}',
+                 b'{"train_loss": 2.0}', b'{"step": 2.5}', b'{"step": 8, "val_loss": true}', b'{"step": 9, "lr": 0.1, "t']
+
+
+def test_damaged_metrics_lines_are_skipped_by_every_reader(tmp_path, tiny_corpus, data_dir):
+    """metrics.jsonl may be damaged (a kill mid-line, a bad disk): the trainer's resume, status and the report
+    all read the whole records around any damaged line, and none of them fails on it."""
+    from tinygpt import metrics, report
+    from tinygpt.launch import status
+
+    out, _ = run(tmp_path, tiny_corpus, "--max-steps", "20", "--ckpt-interval", "10", "--stop-after", "10")
+    whole = metrics.read(out / "metrics.jsonl")
+    lines = (out / "metrics.jsonl").read_bytes().splitlines()
+    damaged = [line for pair in zip(lines, DAMAGED_LINES) for line in pair] + lines[len(DAMAGED_LINES):]
+    (out / "metrics.jsonl").write_bytes(b"\n".join(damaged) + b"\n")
+    assert [metrics.parse(line) for line in DAMAGED_LINES] == [None] * len(DAMAGED_LINES)
+    assert metrics.read(out / "metrics.jsonl") == whole
+    assert status.read_progress(out)["step"] == 10 and status.state_from_run_dir(status.read_progress(out)) == "STOPPED"
+    assert report.load_run(out).val_curve == [(r["step"], r["val_loss"]) for r in whole if "val_loss" in r]
+    _, result = run(tmp_path, tiny_corpus, "--max-steps", "20", "--ckpt-interval", "10")
+    assert result.finished
+    assert all(metrics.parse(line) for line in (out / "metrics.jsonl").read_bytes().splitlines())  # rewritten whole
+    assert [r["step"] for r in read_metrics(out) if "lr" in r] == [5, 10, 15, 20]
+
+
 def test_keeps_the_newest_k_checkpoints(tmp_path, tiny_corpus, data_dir):
     out, _ = run(tmp_path, tiny_corpus, "--max-steps", "25", "--ckpt-interval", "5", "--keep-checkpoints", "2")
     assert [p.name for p in ckpt.list_checkpoints(out)] == ["step_00000020.pt", "step_00000025.pt"]
@@ -95,8 +121,8 @@ def test_corrupt_newest_checkpoint_is_skipped_with_a_warning(tmp_path, tiny_corp
     out, _ = run(tmp_path, tiny_corpus, "--max-steps", "20", "--ckpt-interval", "10")
     newest = ckpt.path_for_step(out, 20)
     newest.write_bytes(newest.read_bytes()[:1000])  # truncated
-    path, state = ckpt.load_newest(out, warn=print)
-    assert path == ckpt.path_for_step(out, 10) and state["step"] == 10
+    newest_valid = ckpt.load_newest(out, warn=print)
+    assert newest_valid.path == ckpt.path_for_step(out, 10) and newest_valid.step == 10
     assert "skipping checkpoint" in capsys.readouterr().out
     _, result = run(tmp_path, tiny_corpus, "--max-steps", "20", "--ckpt-interval", "10")
     assert result.finished and result.step == 20
@@ -105,10 +131,13 @@ def test_corrupt_newest_checkpoint_is_skipped_with_a_warning(tmp_path, tiny_corp
 def test_checkpoint_holds_every_part_and_loads_weights_only(tmp_path, tiny_corpus, data_dir):
     out, _ = run(tmp_path, tiny_corpus)
     state = torch.load(ckpt.path_for_step(out, 20), weights_only=True)
-    for key in ("model", "model_args", "optimizer", "step", "config", "rng", "data", "best_val_loss", "world_size"):
-        assert key in state
-    assert not any(k.startswith(("_orig_mod", "module.")) for k in state["model"])
-    assert {"python", "numpy", "torch"} <= state["rng"][0].keys()
+    assert state["format"] == 2 and state["step"] == 20 and set(state["meta"]) == {"model_args", "config"}
+    parts = state["parts"]
+    assert list(parts) == list(trainer.Trainer.PARTS)
+    assert not any(k.startswith(("_orig_mod", "module.")) for k in parts["model"])
+    assert parts["optimizer"]["state"] and parts["scaler"] == {}  # fp32 on CPU: no scaler
+    assert parts["train"]["step"] == 20 and parts["train"]["best_val_loss"] > 0 and parts["train"]["elapsed_s"] > 0
+    assert parts["streams"]["world_size"] == 1 and {"python", "numpy", "torch"} <= parts["streams"]["rng"][0].keys()
 
 
 def test_resume_never_starts_over_and_explicit_path_must_exist(tmp_path, tiny_corpus, data_dir):
@@ -194,31 +223,32 @@ def test_the_console_script_takes_the_same_path_as_python_m():
     assert out.returncode == 2 and "n_layer: must be >= 1" in out.stderr and "Traceback" not in out.stderr
 
 
-def test_a_run_written_with_the_removed_cpu_keys_resumes_and_samples(tmp_path, tiny_corpus, data_dir):
-    """Runs from before the native CPU layer was removed hold run.cpu_kernels / cpu_allocator in their
-    config.yaml and checkpoints: they still resume and sample (the keys are noted and ignored)."""
-    import yaml
-
+def test_a_checkpoint_of_the_format_before_named_parts_is_refused_and_kept(tmp_path, tiny_corpus, data_dir):
+    """Format 1 (one flat dict, never released) is whole, not damaged: resuming over it stops with what to
+    do, and the file is neither set aside nor replaced by a fresh start."""
     out, _ = run(tmp_path, tiny_corpus, "--max-steps", "10")
-    for path in ckpt.list_checkpoints(out):
-        state = torch.load(path, weights_only=True)
-        state["config"]["run"].update(cpu_kernels="auto", cpu_allocator="caching")
-        torch.save(state, path)
-    saved = yaml.safe_load((out / "config.yaml").read_text())
-    saved["run"].update(cpu_kernels="on", cpu_allocator="malloc")
-    (out / "config.yaml").write_text(yaml.safe_dump(saved))
-    sample = run_module("tinygpt.sample", "--run", str(out), "--tokens", "10")
-    assert sample.returncode == 0 and "note: `cpu_allocator` is ignored" in sample.stderr, sample.stderr
+    newest = ckpt.list_checkpoints(out)[-1]
+    new = torch.load(newest, weights_only=True)
+    parts = new["parts"]
+    old = {"format": 1, "step": new["step"], "model": parts["model"], "optimizer": parts["optimizer"],
+           "scaler": {}, "config": new["meta"]["config"], "model_args": new["meta"]["model_args"],
+           "rng": parts["streams"]["rng"], "data": parts["streams"]["data"], "world_size": 1,
+           "best_val_loss": parts["train"]["best_val_loss"], "elapsed_s": parts["train"]["elapsed_s"]}
+    torch.save(old, newest)
+    before = sorted(p.name for p in (out / "checkpoints").iterdir())
     again = run_module("tinygpt.train", "--config", str(out / "config.yaml"), "--max-steps", "20")
-    assert again.returncode == 0, again.stderr
-    assert "resumed from" in again.stdout and "note: `cpu_kernels` is ignored" in again.stderr
-    assert "done: step 20" in again.stdout
+    assert again.returncode == 1 and "Traceback" not in again.stderr, again.stderr
+    assert f"error: resume: {newest}: a checkpoint of format 1, and this version of tinygpt reads format 2; " \
+           "continue it with the tinygpt that wrote it, or start anew with --resume never" in again.stderr
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == before
+    sample = run_module("tinygpt.sample", "--run", str(out), "--tokens", "10")
+    assert sample.returncode == 1 and "a checkpoint of format 1" in sample.stderr, sample.stderr
 
 
 def test_a_checkpoint_that_does_not_load_is_set_aside_and_never_counts_as_kept(tmp_path, tiny_corpus, data_dir,
                                                                                capsys):
-    """With keep 2 and a garbage file among the checkpoints, retention used to keep the garbage and one good
-    checkpoint, and the final line named the garbage."""
+    """With keep 2 and a garbage file among the checkpoints, retention keeps two good checkpoints (never the
+    garbage and one good one), and the final line names a good one."""
     out, _ = run(tmp_path, tiny_corpus, "--max-steps", "10", "--ckpt-interval", "5", "--keep-checkpoints", "2")
     garbage = ckpt.path_for_step(out, 12)
     garbage.write_bytes(b"not a checkpoint")

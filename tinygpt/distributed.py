@@ -206,3 +206,10 @@ def barrier() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+
+
+def unwrap_ddp(module):
+    """The module inside a DistributedDataParallel wrapper (the module itself when it is not wrapped)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return module.module if isinstance(module, DDP) else module

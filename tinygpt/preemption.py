@@ -22,9 +22,13 @@ import os
 import shutil
 import signal
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 EXIT_REQUEUE = 75  # EX_TEMPFAIL: "try again"; the batch scripts resubmit on it
+# Set to "script" by a batch script that runs several trainers in one task (`pack`): they requeue together,
+# so each trainer leaves the requeue to the script.
+REQUEUE_ENV = "TINYGPT_REQUEUE"
 
 # Signals recorded before the handler proper was installed (see install_early_recorder).
 EARLY_SIGNALS: list[str] = []
@@ -47,8 +51,8 @@ def install_early_recorder() -> None:
 def ignore_from_now_on() -> None:
     """At the very end of the process (training over, or stopped and saved): ignore the signals Slurm may
     still send. Python puts its own handlers back to the default action, death, as it shuts down, before it
-    tears the modules down; a time-limit warning landing then turned a finished job into a FAILED one (seen
-    once in CI: a requeued life completed all its steps and was killed by SIGUSR2 on its way out)."""
+    tears the modules down, and a time-limit warning landing then would turn a finished job into a FAILED
+    one."""
     for name in _EARLY_NAMES:
         signal.signal(getattr(signal, f"SIG{name}"), signal.SIG_IGN)
 
@@ -128,3 +132,32 @@ def requeue(job_id: str, timeout_s: float = 30.0) -> tuple[bool, str]:
     if out.returncode != 0:
         return False, (out.stderr or out.stdout).strip() or f"scontrol exited with {out.returncode}"
     return True, f"requeued job {job_id}"
+
+
+def leave(request: StopRequest | None, restarts: int, max_requeues: int, record: Callable[[str | None], None],
+          requeue_hook: Callable[[], None] | None = None, environ: dict[str, str] | None = None) -> int:
+    """What a run that stopped for a signal, saved, does next; returns the process's exit status.
+
+    request: the signal this rank received (None: another rank's). `record(what)` is called once with what
+    was done about a requeue (None: nothing to do, the signal asked to stop), before `requeue_hook`, which
+    may not return (submitit requeues and exits there)."""
+    env = os.environ if environ is None else environ
+    if request is not None and request.signal_name == "TERM":
+        record(None)
+        return 0
+    job = slurm_job_id(env)
+    if restarts >= max_requeues:
+        record(f"not requeued: {restarts} restarts reached max_requeues")
+    elif requeue_hook is not None:
+        record("handed over to the launcher's requeue mechanism")
+        requeue_hook()
+    elif env.get(REQUEUE_ENV) == "script":
+        record("left to the batch script (runs packed in one task requeue together)")
+        return EXIT_REQUEUE
+    elif job is None:
+        record("not in a Slurm job; resume by running the same command again")
+    else:
+        ok, message = requeue(job)
+        record(message)
+        return 0 if ok else EXIT_REQUEUE
+    return 0

@@ -36,17 +36,20 @@ def step_line(step: int, max_steps: int, metrics: dict) -> str:
 
 
 class Progress:
-    """Base: prints messages; subclasses show steps."""
+    """Base: prints messages from the start; subclasses show steps once training starts."""
 
-    def __init__(self, max_steps: int, start_step: int):
+    def __init__(self, max_steps: int):
         self.max_steps = max_steps
-        self.start_step = start_step
-
-    def __enter__(self):
-        return self
 
     def __exit__(self, *exc):
         self.close()
+
+    def start(self, step: int) -> Progress:
+        """Training begins (or resumes) at `step`; use as `with progress.start(step):`."""
+        return self
+
+    def __enter__(self):
+        return self
 
     def message(self, text: str) -> None:
         print(text, flush=True)
@@ -66,8 +69,8 @@ class Silent(Progress):
 class PlainLines(Progress):
     """One line per logged step, at most every `min_interval_s` seconds (and always the last)."""
 
-    def __init__(self, max_steps: int, start_step: int, min_interval_s: float = 2.0):
-        super().__init__(max_steps, start_step)
+    def __init__(self, max_steps: int, min_interval_s: float = 2.0):
+        super().__init__(max_steps)
         self.min_interval_s = min_interval_s
         self._last = -1e9
 
@@ -79,27 +82,25 @@ class PlainLines(Progress):
 
 
 class RichBar(Progress):
-    def __init__(self, max_steps: int, start_step: int, console=None):
-        super().__init__(max_steps, start_step)
+    def __init__(self, max_steps: int, console=None):
+        super().__init__(max_steps)
         from rich.console import Console
+
+        self.console = console or Console(stderr=False)
+        self.bar = None
+
+    def start(self, step: int) -> Progress:
         from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
         from rich.progress import Progress as RP
 
-        self.console = console or Console(stderr=False)
-        self.bar = RP(
-            TextColumn("[bold]train"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"),
-            TimeRemainingColumn(),
-            console=self.console,
-            transient=False,
-        )
-        self.task = self.bar.add_task("train", total=max_steps, completed=start_step, info="")
+        self.bar = RP(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                      TimeRemainingColumn(), console=self.console, transient=False)
+        self.task = self.bar.add_task("train", total=self.max_steps, completed=step, info="")
         self.bar.start()
+        return self
 
     def message(self, text: str) -> None:
-        self.bar.console.print(text, markup=False, highlight=False)
+        self.console.print(text, markup=False, highlight=False)
 
     def step(self, step: int, metrics: dict) -> None:
         info = f"loss {metrics['train_loss']:.4f}  {metrics['tokens_per_s']:,.0f} tok/s"
@@ -108,19 +109,14 @@ class RichBar(Progress):
         self.bar.update(self.task, completed=step, info=info)
 
     def close(self) -> None:
-        self.bar.stop()
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
 
 
-def messenger(mode: str, is_main: bool):
-    """How to say something before the progress display exists: a printed line on rank 0, unless `off`."""
+def make(mode: str, is_main: bool, max_steps: int) -> Progress:
     if not is_main or mode == "off":
-        return lambda text: None
-    return lambda text: print(text, flush=True)
-
-
-def make(mode: str, is_main: bool, max_steps: int, start_step: int) -> Progress:
-    if not is_main or mode == "off":
-        return Silent(max_steps, start_step)
+        return Silent(max_steps)
     if mode == "bar" or (mode == "auto" and sys.stdout.isatty()):
-        return RichBar(max_steps, start_step)
-    return PlainLines(max_steps, start_step)
+        return RichBar(max_steps)
+    return PlainLines(max_steps)

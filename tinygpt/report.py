@@ -12,13 +12,14 @@ non-interactive Agg backend, so reports work on headless nodes.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from . import metrics
 
 
 @dataclass
@@ -49,18 +50,8 @@ def load_run(run_dir: Path, name: str | None = None) -> RunSummary:
         cfg = resolve(["--config", str(run_dir / "config.yaml")]).flat()
     except ConfigError as err:
         raise ReportError(f"{run_dir}: no readable config.yaml ({err}); is this a run directory?") from None
-    curve = []
-    try:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    except OSError:
-        lines = []
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if "val_loss" in rec:
-            curve.append((rec["step"], rec["val_loss"]))
+    curve = [(rec["step"], rec["val_loss"]) for rec in metrics.read(run_dir / "metrics.jsonl")
+             if rec.get("val_loss") is not None]
     sample_path = run_dir / "samples.txt"
     sample = sample_path.read_text() if sample_path.exists() else None
     vals = [v for _, v in curve]
@@ -118,15 +109,17 @@ def attention_figure(run: RunSummary, path: Path, prompt: str | None = None, lay
 
     from . import checkpoint as ckpt
     from .data import prepare_from_config
-    from .model import GPT
+    from .train_state import model_from
 
-    _, state = ckpt.load_newest(run.run_dir, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
-    if state is None:
-        raise ReportError(f"{run.run_dir}: no checkpoint to draw attention maps from")
+    try:
+        checkpoint = ckpt.load_newest(run.run_dir, lambda m: print(f"warning: {m}", file=sys.stderr), ("model",))
+        if checkpoint is None:
+            raise ReportError(f"{run.run_dir}: no checkpoint to draw attention maps from")
+        model = model_from(checkpoint)
+    except ckpt.CheckpointError as err:
+        raise ReportError(str(err)) from None
     cfg = run.config
     prepared = prepare_from_config(cfg["dataset"], cfg["data_file"], cfg["data_dir"])
-    model = GPT(*ckpt.model_config(state))
-    model.load_state_dict(state["model"])
     length = min(model.cfg.block_size, 24)
     if prompt is None:
         val = prepared.tokens("val")
@@ -153,7 +146,7 @@ def attention_figure(run: RunSummary, path: Path, prompt: str | None = None, lay
         ax.set_yticks(range(len(prompt)), labels, fontsize=7)
         ax.set_xlabel("attends to (key)", fontsize=8)
         ax.set_ylabel("query", fontsize=8)
-    fig.suptitle(f"{run.name}: attention of layer {layer}, step {state['step']}", fontsize=11)
+    fig.suptitle(f"{run.name}: attention of layer {layer}, step {checkpoint.step}", fontsize=11)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

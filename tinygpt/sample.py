@@ -55,26 +55,25 @@ def main(argv: list[str] | None = None) -> int:
     from . import checkpoint as ckpt  # (after the argument checks: --help stays fast without torch)
     from .config import ConfigError, from_dict
     from .data import DataError, prepare_from_config
-    from .model import GPT
     from .precision import PrecisionError, pick_device
+    from .train_state import model_from
 
     run = Path(args.run)
     try:
         device = pick_device(args.device)
         if args.checkpoint:
-            state = ckpt.load(args.checkpoint)
+            checkpoint = ckpt.load(args.checkpoint, required=("model",))
         else:
-            _, state = ckpt.load_newest(run, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
-            if state is None:
+            checkpoint = ckpt.load_newest(run, lambda m: print(f"warning: {m}", file=sys.stderr), ("model",))
+            if checkpoint is None:
                 print(f"error: no valid checkpoint in {ckpt.checkpoint_dir(run)}; train first", file=sys.stderr)
                 return 1
-        cfg = from_dict(state["config"])
+        cfg = from_dict(checkpoint.meta["config"])
         prepared = prepare_from_config(cfg.data.dataset, cfg.data.data_file, cfg.data.data_dir)
+        model = model_from(checkpoint).to(device)
     except (ckpt.CheckpointError, DataError, ConfigError, PrecisionError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    model = GPT(*ckpt.model_config(state)).to(device)
-    model.load_state_dict(state["model"])
     unknown = sorted({ch for ch in args.prompt if ch not in set(prepared.vocab)})
     if unknown:
         print(f"warning: dropping characters the model never saw: {''.join(unknown)!r}", file=sys.stderr)

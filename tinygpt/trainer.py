@@ -1,4 +1,4 @@
-"""The training loop: a small `Trainer` (setup, train_step, evaluate, save, close) that every way of
+"""The training loop: a small `Trainer` (built whole, then fit: train_step, evaluate, save; close) that every way of
 starting a run ends in (`python -m tinygpt.train`, torchrun, srun, the launcher's backends).
 
 A step is one optimizer update; `step` in metrics and checkpoints counts completed updates. The loop:
@@ -14,23 +14,21 @@ import dataclasses
 import hashlib
 import math
 import os
-import random
 import socket
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from . import checkpoint as ckpt
 from . import config as config_mod
 from . import distributed as dist_mod
+from . import durable, provenance, tracking, train_state
 from . import precision as precision_mod
 from . import preemption as preempt_mod
 from . import progress as progress_mod
-from . import provenance, tracking
 from .config import ModelConfig, TrainConfig
 from .data import Batches, prepare_from_config
 from .metrics import MetricsLog
@@ -75,12 +73,6 @@ def make_optimizer(model: GPT, cfg: config_mod.OptimConfig, fused: bool) -> torc
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused or None)
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
 def peak_memory_mb(device: str) -> float:
     """Peak memory of this process: allocated GPU memory on CUDA, resident set size on CPU."""
     if device.startswith("cuda"):
@@ -109,90 +101,142 @@ def train(cfg: TrainConfig, requeue_hook=None, eval_hook=None) -> TrainResult:
     """
     trainer = Trainer(cfg, requeue_hook, eval_hook)
     try:
-        trainer.setup()
         return trainer.fit()
     finally:
         trainer.close()
 
 
+
+
+class Meter:
+    """Speed between logged steps (tokens/s, and MFU against a peak when one is known) and the time left."""
+
+    def __init__(self, tokens_per_step: int, flops_per_token: float, peak_flops: float | None, world: int,
+                 max_steps: int, start_step: int):
+        self.tokens_per_step, self.flops_per_token = tokens_per_step, flops_per_token
+        self.peak_flops, self.world, self.max_steps = peak_flops, world, max_steps
+        self.start(start_step)
+
+    def start(self, step: int) -> None:
+        self.t0 = self.t_last = time.perf_counter()
+        self.step0 = self.step_last = step
+
+    def read(self, step: int) -> dict[str, float]:
+        """{"tokens_per_s", "mfu"?} since the last read, and "eta_s" from this life's average pace."""
+        now = time.perf_counter()
+        tok_s = self.tokens_per_step * (step - self.step_last) / max(now - self.t_last, 1e-9)
+        self.t_last, self.step_last = now, step
+        out = {"tokens_per_s": tok_s}
+        if self.peak_flops:
+            out["mfu"] = self.flops_per_token * tok_s / (self.peak_flops * self.world)
+        out["eta_s"] = (self.max_steps - step) * (now - self.t0) / max(step - self.step0, 1)
+        return out
+
+
 class Trainer:
+    """A run, built whole by `__init__` (its directory locked, the device placed, data prepared, the model
+    and optimizer built and resumed from the newest checkpoint, signals taken over), trained by `fit`;
+    `close` gives back what `__init__` took, in the reverse order. When `__init__` fails halfway, what it
+    had taken is given back before the error leaves it.
+
+    The named parts in `self.parts` are what a checkpoint holds, each saving and loading its own state."""
+
+    PARTS = ("model", "optimizer", "scaler", "train", "streams")  # restored in this order
+
     def __init__(self, cfg: TrainConfig, requeue_hook=None, eval_hook=None):
-        self.cfg = cfg
-        self.requeue_hook = requeue_hook
-        self.eval_hook = eval_hook
+        self.requeue_hook, self.eval_hook = requeue_hook, eval_hook
         self.dist = dist_mod.detect()
         self.is_main = self.dist.is_main
         self.out_dir = Path(cfg.run.out_dir)
-        self.say = progress_mod.messenger(cfg.run.progress, self.is_main)
-        self.progress: progress_mod.Progress | None = None
-        self.metrics: MetricsLog | None = None
-        self.handler: preempt_mod.PreemptionHandler | None = None
-        self.lock: RunDirLock | None = None
-        self.step = self.start_step = 0
-        self.best_val: float | None = None
-        self.last_val: float | None = None
-        self.elapsed_before = 0.0
-        self.t_start = time.perf_counter()
+        self.progress = progress_mod.make(cfg.run.progress, self.is_main, cfg.optim.max_steps)
+        with ExitStack() as taken:
+            tracking.check_installed(cfg.track.loggers)  # on every rank, before anyone waits for rank 0
+            if self.is_main:  # before anything in the run directory is touched: one trainer per directory
+                taken.enter_context(RunDirLock(self.out_dir))
+            taken.callback(dist_mod.teardown)
+            self.device, self.policy = self._place(cfg.run)
+            self.prepared = prepare_from_config(cfg.data.dataset, cfg.data.data_file, cfg.data.data_dir,
+                                                warn=lambda m: self.say(f"warning: {m}"))
+            resume = self._find_resume(cfg.run.resume)
+            # The checkpoint's shape wins, so the config written and checkpointed is the one that runs.
+            self.cfg = cfg = dataclasses.replace(cfg, model=self._model_config(cfg.model, resume))
+
+            self.batches, self.model, self.optimizer, self.scaler = self._build(cfg)
+            self.state = train_state.TrainState()
+            self.parts = {"model": self.model, "optimizer": self.optimizer,
+                          "scaler": train_state.ScalerState(self.scaler), "train": self.state,
+                          "streams": train_state.RankStreams(self.batches, self.dist, cfg.run.seed, self.state,
+                                                             self.say)}
+            if resume is not None:
+                resume.restore(self.parts)
+                self.say(f"resumed from {resume.path} at step {self.state.step}")
+            self.start_step = self.state.step
+            self.last_val: float | None = None
+            self.train_model = self._wrap(self.model)
+
+            sinks = tracking.open_sinks(cfg, self.out_dir, self.start_step, self.say) if self.is_main else []
+            self.metrics = MetricsLog(self.out_dir / "metrics.jsonl", self.is_main, sinks)
+            taken.callback(self.metrics.close)
+            self.metrics.truncate_after(self.start_step)
+            if self.is_main:
+                durable.write(self.out_dir / "config.yaml", config_mod.dump_yaml(cfg))
+            self.meter = self._meter()
+            # The signal handlers stay until close: a signal during the final sample (the time limit's warning
+            # can come late) must not kill a finished run with the default action.
+            self.handler = preempt_mod.PreemptionHandler(cfg.run.preempt_signal).install()
+            taken.callback(self.handler.uninstall)
+            self.restarts = preempt_mod.restart_count()
+            self._record_start(resume)
+            self._taken = taken.pop_all()
+
+    def say(self, text: str) -> None:
+        """A message on rank 0 (none when progress is off)."""
+        self.progress.message(text)
 
     # ------------------------------------------------------------------------------------------------
     # setup
 
-    def setup(self) -> None:
-        tracking.check_installed(self.cfg.track.loggers)  # on every rank, before anyone waits for rank 0
-        if self.is_main:  # before anything in the run directory is touched: one trainer per directory
-            self.lock = RunDirLock(self.out_dir).acquire()
-        self._place()
-        prepared = prepare_from_config(self.cfg.data.dataset, self.cfg.data.data_file, self.cfg.data.data_dir,
-                                       warn=lambda m: self.say(f"warning: {m}"))
-        resume_path, state = self._find_resume()
-        model_cfg = self._model_config(prepared.vocab_size, state)
-        # The checkpoint's shape wins, so the config written and checkpointed is the one that runs.
-        self.cfg = dataclasses.replace(self.cfg, model=model_cfg)
-        self._build(prepared)
-        if state is not None:
-            self._restore(state)
-            self.say(f"resumed from {resume_path} at step {self.step}")
-        self._start(prepared, resume_path, fresh=state is None)
-
-    def _place(self) -> None:
+    def _place(self, run: config_mod.RunConfig) -> tuple[str, precision_mod.Policy]:
         """Threads, device, precision policy and the process group."""
-        run = self.cfg.run
         threads = run.threads or int(os.environ.get("SLURM_CPUS_PER_TASK", "0") or 0)
         if threads:
             torch.set_num_threads(threads)
-        self.device = precision_mod.pick_device(run.device, self.dist.local_rank)
-        self.policy = precision_mod.resolve_policy(self.device, run.precision, run.compile)
-        precision_mod.apply(self.policy)
-        dist_mod.init(self.dist, self.device)
+        device = precision_mod.pick_device(run.device, self.dist.local_rank)
+        policy = precision_mod.resolve_policy(device, run.precision, run.compile)
+        precision_mod.apply(policy)
+        dist_mod.init(self.dist, device)
         if self.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
+        return device, policy
 
-    def _find_resume(self):
+    def _find_resume(self, mode: str) -> ckpt.Checkpoint | None:
         if self.is_main:  # one process renames; the others wait, then all find the same newest checkpoint
-            ckpt.set_aside_unusable(self.out_dir, self.say)
+            ckpt.set_aside_unusable(self.out_dir, self.PARTS, self.say)
         dist_mod.barrier()
-        mode = self.cfg.run.resume
         if mode == "never":
-            return None, None
-        if mode == "auto":
-            return ckpt.load_newest(self.out_dir, warn=lambda m: self.say(f"warning: {m}"))
-        path = Path(mode).expanduser()
-        if not path.exists():
-            raise TrainingError(f"resume: checkpoint {path} does not exist; give an existing file, auto or never")
+            return None
         try:
-            return path, ckpt.load(path)
+            if mode == "auto":
+                return ckpt.load_newest(self.out_dir, lambda m: self.say(f"warning: {m}"), self.PARTS)
+            path = Path(mode).expanduser()
+            if not path.exists():
+                raise TrainingError(f"resume: checkpoint {path} does not exist; give an existing file, auto or never")
+            return ckpt.load(path, self.PARTS)
         except ckpt.CheckpointError as err:
             raise TrainingError(f"resume: {err}") from None
 
-    def _model_config(self, vocab_size: int, state: dict | None) -> ModelConfig:
+    def _model_config(self, wanted: ModelConfig, resume: ckpt.Checkpoint | None) -> ModelConfig:
         """The model's shape: this run's, or on resume the checkpoint's (which wins, with a note)."""
-        wanted = self.cfg.model
-        if state is None:
+        if resume is None:
             return wanted
-        saved, saved_vocab = ckpt.model_config(state)
-        if saved_vocab != vocab_size:
+        try:
+            saved, saved_vocab = train_state.model_config(resume)
+        except ckpt.CheckpointError as err:
+            raise TrainingError(f"resume: {err}; resume from another checkpoint, or start anew with --resume "
+                                f"never") from None
+        if saved_vocab != self.prepared.vocab_size:
             raise TrainingError(
-                f"the checkpoint has a vocabulary of {saved_vocab} characters, the data {vocab_size}: "
+                f"the checkpoint has a vocabulary of {saved_vocab} characters, the data {self.prepared.vocab_size}: "
                 f"it was trained on other data; use --resume never or another --out-dir"
             )
         differs = [f"{f.name}={getattr(saved, f.name)} (asked: {getattr(wanted, f.name)})"
@@ -201,82 +245,55 @@ class Trainer:
             self.say("note: the checkpoint's model settings win over this run's: " + ", ".join(differs))
         return saved
 
-    def _build(self, prepared) -> None:
-        """Batches, model, optimizer and grad scaler, seeded."""
-        cfg, rank = self.cfg, self.dist.rank
-        self.prepared = prepared
-        self.batches = Batches(prepared, cfg.model.block_size, cfg.data.batch_size, cfg.run.seed, rank,
-                               cfg.data.eval_windows)
-        seed_everything(cfg.run.seed)
-        self.model = GPT(cfg.model, prepared.vocab_size, cfg.run.activation_checkpointing).to(self.device)
+    def _build(self, cfg: TrainConfig) -> tuple[Batches, GPT, torch.optim.Optimizer, torch.amp.GradScaler]:
+        """Batches, model, optimizer and grad scaler, seeded: the same weights on every rank."""
+        batches = Batches(self.prepared, cfg.model.block_size, cfg.data.batch_size, cfg.run.seed, self.dist.rank,
+                          cfg.data.eval_windows)
+        train_state.seed_everything(cfg.run.seed)
+        model = GPT(cfg.model, self.prepared.vocab_size, cfg.run.activation_checkpointing).to(self.device)
         # Dropout noise differs per rank (the weights do not: DDP broadcasts rank 0's at start).
-        seed_everything(cfg.run.seed + 1 + rank)
-        self.optimizer = make_optimizer(self.model, cfg.optim, self.policy.fused_adamw)
-        self.scaler = torch.amp.GradScaler(self.policy.device_type, enabled=self.policy.use_scaler)
+        train_state.seed_everything(cfg.run.seed + 1 + self.dist.rank)
+        optimizer = make_optimizer(model, cfg.optim, self.policy.fused_adamw)
+        scaler = torch.amp.GradScaler(self.policy.device_type, enabled=self.policy.use_scaler)
+        return batches, model, optimizer, scaler
 
-    def _restore(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        self.step = self.start_step = int(state["step"])
-        self.best_val = state.get("best_val_loss")
-        self.elapsed_before = float(state.get("elapsed_s", 0.0))
-        rank, world = self.dist.rank, self.dist.world_size
-        if state.get("world_size") == world:
-            ckpt.restore_rng(state["rng"][rank])
-            self.batches.load_state_dict(state["data"][rank])
-        else:
-            # A different world size: every rank still gets its own, reproducible stream.
-            seed = self.cfg.run.seed
-            seed_everything(seed + 1 + rank + 7919 * self.step)
-            self.batches.generator.manual_seed(seed * 1000 + rank + 7919 * self.step)
-            self.say(f"note: the checkpoint was written by {state.get('world_size')} ranks, this run has "
-                     f"{world}; model and optimizer restored, data streams re-derived for step {self.step}")
+    def _wrap(self, model: GPT) -> torch.nn.Module:
+        """What the loop calls: the model compiled, and across ranks in DDP (which keeps the weights in sync)."""
+        compiled = torch.compile(model) if self.policy.compile else model
+        if not self.dist.is_distributed:
+            return compiled
+        from torch.nn.parallel import DistributedDataParallel as DDP
 
-    def _start(self, prepared, resume_path: Path | None, fresh: bool) -> None:
-        """Wrap the model (compile, DDP), take over the signals, and record the start."""
+        ids = [torch.cuda.current_device()] if self.policy.device_type == "cuda" else None  # set by init
+        return DDP(compiled, device_ids=ids)
+
+    def _meter(self) -> Meter:
         cfg, world = self.cfg, self.dist.world_size
-        sinks = tracking.open_sinks(cfg, self.out_dir, self.step, self.say) if self.is_main else []
-        self.metrics = MetricsLog(self.out_dir / "metrics.jsonl", self.is_main, sinks)
-        self.metrics.truncate_after(self.step)
-        if self.is_main:
-            (self.out_dir / "config.yaml").write_text(config_mod.dump_yaml(cfg))
+        peak = cfg.run.peak_flops
+        if peak is None and self.policy.device_type == "cuda":
+            peak = precision_mod.peak_flops_for(torch.cuda.get_device_name(self.device))
+        flops = precision_mod.flops_per_token(self.model.num_params(), cfg.model.n_layer, cfg.model.n_embd,
+                                              cfg.model.block_size)
+        tokens = cfg.data.batch_size * cfg.model.block_size * cfg.optim.grad_accum * world
+        return Meter(tokens, flops, peak, world, cfg.optim.max_steps, self.start_step)
 
-        self.train_model = torch.compile(self.model) if self.policy.compile else self.model
-        self.ddp_model = self.train_model
-        if self.dist.is_distributed:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-
-            ids = [torch.cuda.current_device()] if self.policy.device_type == "cuda" else None  # set by init
-            self.ddp_model = DDP(self.train_model, device_ids=ids)
-
-        self.tokens_per_step = cfg.data.batch_size * cfg.model.block_size * cfg.optim.grad_accum * world
-        self.flops_per_token = precision_mod.flops_per_token(self.model.num_params(), cfg.model.n_layer,
-                                                             cfg.model.n_embd, cfg.model.block_size)
-        self.peak = cfg.run.peak_flops
-        if self.peak is None and self.policy.device_type == "cuda":
-            self.peak = precision_mod.peak_flops_for(torch.cuda.get_device_name(self.device))
-        self.handler = preempt_mod.PreemptionHandler(cfg.run.preempt_signal).install()
-        self.restarts = preempt_mod.restart_count()
-
-        self.progress = progress_mod.make(cfg.run.progress, self.is_main, cfg.optim.max_steps, self.step)
-        self.say = self.progress.message
-        self.say(f"tinygpt: {self.model.num_params():,} parameters (non-embedding), vocab {prepared.vocab_size}, "
-                 f"{self.policy.describe()}, {world} rank(s) via {self.dist.launcher}")
+    def _record_start(self, resume: ckpt.Checkpoint | None) -> None:
+        """Say what runs, and record the start in metrics.jsonl and provenance.json."""
+        cfg, d, world = self.cfg, self.dist, self.dist.world_size
+        self.say(f"tinygpt: {self.model.num_params():,} parameters (non-embedding), vocab {self.prepared.vocab_size}, "
+                 f"{self.policy.describe()}, {world} rank(s) via {d.launcher}")
         self.say(f"global batch: {cfg.data.batch_size} x {cfg.optim.grad_accum} accum x {world} ranks = "
                  f"{cfg.data.batch_size * cfg.optim.grad_accum * world} sequences "
-                 f"({self.tokens_per_step:,} tokens) per step; data {prepared.meta['source']}")
-        hostnames = dist_mod.gather_objects(socket.gethostname(), self.dist)
+                 f"({self.meter.tokens_per_step:,} tokens) per step; data {self.prepared.meta['source']}")
+        hostnames = dist_mod.gather_objects(socket.gethostname(), d)
         if self.is_main:
-            provenance.append(self.out_dir, provenance.collect(hostnames, world, self.device), fresh=fresh)
-        d = self.dist
+            provenance.append(self.out_dir, provenance.collect(hostnames, world, self.device), fresh=resume is None)
         self.metrics.write({
-            "step": self.step, "event": "start", "resumed_from": str(resume_path) if resume_path else None,
+            "step": self.start_step, "event": "start", "resumed_from": str(resume.path) if resume else None,
             "restarts": self.restarts, "world_size": world, "launcher": d.launcher,
             "master": f"{d.master_addr}:{d.master_port}" if d.is_distributed else None, "hostnames": hostnames,
             "precision": self.policy.precision, "compile": self.policy.compile, "device": self.device,
-            "tokens_per_step": self.tokens_per_step,
+            "tokens_per_step": self.meter.tokens_per_step,
         })
 
     # ------------------------------------------------------------------------------------------------
@@ -285,44 +302,46 @@ class Trainer:
     def fit(self) -> TrainResult:
         """Train to max_steps, or until a stop request; then finish (sample, summary) or leave early."""
         o, run = self.cfg.optim, self.cfg.run
-        self.t_start = time.perf_counter()
-        self._t_last, self._step_last = self.t_start, self.step
+        self.state.start_clock()
+        self.meter.start(self.state.step)
         stop = None
-        self.ddp_model.train()
-        with self.progress:
-            while self.step < o.max_steps:
-                loss = self.train_step()
-                if self.step % run.log_interval == 0 or self.step == o.max_steps:
-                    self._log_train(loss)
+        self.train_model.train()
+        with self.progress.start(self.state.step):
+            while self.state.step < o.max_steps:
+                loss, lr = self.train_step()
+                step = self.state.step
+                if step % run.log_interval == 0 or step == o.max_steps:
+                    self._log_train(loss, lr)
                 pruned = False
-                if self.step % run.eval_interval == 0 or self.step == o.max_steps:
+                if step % run.eval_interval == 0 or step == o.max_steps:
                     self._log_eval(self.evaluate())
                     pruned = self.eval_hook is not None and dist_mod.any_rank(
-                        bool(self.eval_hook(self.step, self.last_val)), self.device)
+                        bool(self.eval_hook(step, self.last_val)), self.device)
                 # A signal is never dropped for a pruning at the same step: the run leaves saved, and the next
                 # life evaluates it again.
-                stop = self._stop_reason() or ("pruned" if pruned and self.step < o.max_steps else None)
-                if stop or self.step % run.ckpt_interval == 0 or self.step == o.max_steps:
+                stop = self._stop_reason() or ("pruned" if pruned and step < o.max_steps else None)
+                if stop or step % run.ckpt_interval == 0 or step == o.max_steps:
                     self.save()
                 if stop:
                     break
         return self._leave_early(stop) if stop else self._finish()
 
-    def train_step(self) -> torch.Tensor:
-        """One optimizer update over grad_accum micro-batches; returns the step's loss (a tensor on the device)."""
+    def train_step(self) -> tuple[torch.Tensor, float]:
+        """One optimizer update over grad_accum micro-batches; returns the step's loss (a tensor on the device)
+        and its learning rate."""
         o = self.cfg.optim
-        self.lr = lr_at(self.step, o)
+        lr = lr_at(self.state.step, o)
         for group in self.optimizer.param_groups:
-            group["lr"] = self.lr
+            group["lr"] = lr
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(o.grad_accum):
             x, y = self.batches.next_train()
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             last_micro = micro == o.grad_accum - 1
-            sync = nullcontext() if last_micro or not self.dist.is_distributed else self.ddp_model.no_sync()
+            sync = nullcontext() if last_micro or not self.dist.is_distributed else self.train_model.no_sync()
             with sync:
                 with self.policy.autocast():
-                    _, loss = self.ddp_model(x, y)
+                    _, loss = self.train_model(x, y)
                     loss = loss / o.grad_accum
                 self.scaler.scale(loss).backward()
             loss_sum += loss.detach()
@@ -332,13 +351,14 @@ class Trainer:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1
-        return loss_sum
+        self.state.step += 1
+        return loss_sum, lr
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Mean loss over the fixed windows of each split; windows are shared out across ranks."""
-        model, d = self.train_model, self.dist
+        """Mean loss over the fixed windows of each split; windows are shared out across ranks, so each rank
+        runs its own number of forwards: on the model inside DDP, whose forward would be a collective."""
+        model, d = dist_mod.unwrap_ddp(self.train_model), self.dist
         was_training = model.training
         model.eval()
         out = {}
@@ -361,57 +381,40 @@ class Trainer:
         return out
 
     def save(self) -> None:
-        """A checkpoint of everything exact continuation needs (a collective: every rank takes part)."""
-        state = {
-            "step": self.step,
-            "model": self.model.state_dict(),  # the plain module's keys, never a compiled or DDP wrapper's
-            "model_args": ckpt.model_args(self.cfg.model, self.prepared.vocab_size),
-            "optimizer": self.optimizer.state_dict(),
-            "scaler": self.scaler.state_dict() if self.policy.use_scaler else {},
-            "config": self.cfg.to_dict(),
-            "rng": dist_mod.gather_objects(ckpt.capture_rng(), self.dist),
-            "data": dist_mod.gather_objects(self.batches.state_dict(), self.dist),
-            "world_size": self.dist.world_size,
-            "best_val_loss": self.best_val,
-            "elapsed_s": self._elapsed(),
-        }
-        if self.is_main:
-            ckpt.save(self.out_dir, state, keep=self.cfg.run.keep_checkpoints)
+        """A checkpoint of every part (a collective: every rank takes part, rank 0 writes)."""
+        meta = {"model_args": train_state.model_args(self.cfg.model, self.prepared.vocab_size),
+                "config": self.cfg.to_dict()}
+        ckpt.save(self.out_dir, self.state.step, self.parts, meta, keep=self.cfg.run.keep_checkpoints,
+                  write=self.is_main)
 
-    def _elapsed(self) -> float:
-        """Seconds of training in this run's every life so far."""
-        return self.elapsed_before + time.perf_counter() - self.t_start
-
-    def _log_train(self, loss: torch.Tensor) -> None:
-        o = self.cfg.optim
+    def _log_train(self, loss: torch.Tensor, lr: float) -> None:
+        step = self.state.step
         # Averaged over ranks, so every rank sees the same value and stops together.
         train_loss = dist_mod.mean_over_ranks(loss.item(), self.device)
         if not math.isfinite(train_loss):
             raise TrainingError(
-                f"the training loss became {train_loss} at step {self.step}; the last good checkpoint is kept in "
-                f"{ckpt.checkpoint_dir(self.out_dir)}. Lower lr (now {o.lr}) or raise warmup_steps, then resume"
+                f"the training loss became {train_loss} at step {step}; the last good checkpoint is kept in "
+                f"{ckpt.checkpoint_dir(self.out_dir)}. Lower lr (now {self.cfg.optim.lr}) or raise warmup_steps, "
+                f"then resume"
             )
-        now = time.perf_counter()
-        tok_s = self.tokens_per_step * (self.step - self._step_last) / max(now - self._t_last, 1e-9)
-        self._t_last, self._step_last = now, self.step
-        record = {"step": self.step, "train_loss": train_loss, "lr": self.lr, "tokens_per_s": tok_s,
-                  "elapsed_s": self._elapsed()}
-        if self.peak:
-            record["mfu"] = self.flops_per_token * tok_s / (self.peak * self.dist.world_size)
+        speed = self.meter.read(step)
+        eta = speed.pop("eta_s")
+        record = {"step": step, "train_loss": train_loss, "lr": lr, **speed, "elapsed_s": self.state.elapsed_s()}
         self.metrics.write(record)
-        eta = (o.max_steps - self.step) * (now - self.t_start) / max(self.step - self.start_step, 1)
-        self.progress.step(self.step, {**record, "eta_s": eta})
+        self.progress.step(step, {**record, "eta_s": eta})
 
     def _log_eval(self, losses: dict[str, float]) -> None:
+        step = self.state.step
         if not math.isfinite(losses["val"]):
-            raise TrainingError(f"the validation loss became {losses['val']} at step {self.step}; "
+            raise TrainingError(f"the validation loss became {losses['val']} at step {step}; "
                                 f"the last good checkpoint is kept; lower lr and resume")
         self.last_val = losses["val"]
-        self.best_val = self.last_val if self.best_val is None else min(self.best_val, self.last_val)
-        self.metrics.write({"step": self.step, "val_loss": losses["val"], "train_loss": losses["train"],
-                            "elapsed_s": self._elapsed()})
+        best = self.state.best_val_loss
+        self.state.best_val_loss = self.last_val if best is None else min(best, self.last_val)
+        self.metrics.write({"step": step, "val_loss": losses["val"], "train_loss": losses["train"],
+                            "elapsed_s": self.state.elapsed_s()})
         max_steps = self.cfg.optim.max_steps
-        self.say(f"val    {self.step:>{len(str(max_steps))}}/{max_steps} | val loss {losses['val']:.4f} | "
+        self.say(f"val    {step:>{len(str(max_steps))}}/{max_steps} | val loss {losses['val']:.4f} | "
                  f"train loss {losses['train']:.4f}")
 
     def _stop_reason(self) -> str | None:
@@ -420,7 +423,7 @@ class Trainer:
         reason = None
         if self.handler.requested:
             reason = "signal"
-        elif stop_after and self.step - self.start_step >= stop_after:
+        elif stop_after and self.state.step - self.start_step >= stop_after:
             reason = "stop_after"
         if dist_mod.any_rank(reason is not None, self.device) and reason is None:
             reason = "signal"  # another rank was signalled
@@ -435,79 +438,53 @@ class Trainer:
             self.say(f"warning: the ranks' weights differ at the end ({digests}); DDP lost synchronisation")
         sample = None
         if self.is_main:
-            run = self.cfg.run
+            run, step, best = self.cfg.run, self.state.step, self.state.best_val_loss
             if run.sample_tokens > 0:
                 sample = sample_text(self.model, self.prepared, run.sample_prompt, run.sample_tokens, run.seed,
                                      self.device)
-                (self.out_dir / "samples.txt").write_text(sample + "\n")
+                durable.write(self.out_dir / "samples.txt", sample + "\n")
                 self.say("--- sample " + "-" * 60 + f"\n{sample}\n" + "-" * 71)
-            total_s = self._elapsed()
-            self.metrics.write({"step": self.step, "event": "finished", "best_val_loss": self.best_val,
-                                "elapsed_s": total_s, "weights_digest": digests,
-                                "peak_memory_mb": peak_memory_mb(self.device)})
-            best = f"{self.best_val:.4f}" if self.best_val is not None else "n/a"
+            total_s = self.state.elapsed_s()
+            self.metrics.write({"step": step, "event": "finished", "best_val_loss": best, "elapsed_s": total_s,
+                                "weights_digest": digests, "peak_memory_mb": peak_memory_mb(self.device)})
             newest = ckpt.list_checkpoints(self.out_dir)
-            self.say(f"done: step {self.step}, best val loss {best}, {progress_mod.format_duration(total_s)} "
-                     f"of training; run directory {self.out_dir}")
+            self.say(f"done: step {step}, best val loss {f'{best:.4f}' if best is not None else 'n/a'}, "
+                     f"{progress_mod.format_duration(total_s)} of training; run directory {self.out_dir}")
             self.say(f"  checkpoint: {newest[-1] if newest else 'none'}"
                      + (f"\n  samples:    {self.out_dir / 'samples.txt'}" if sample is not None else "")
                      + f"\n  metrics:    {self.out_dir / 'metrics.jsonl'}")
         return self._result(True, sample=sample)
 
     def _leave_early(self, reason: str) -> TrainResult:
-        """Stopped and saved: say why, and on a preemption signal requeue the job."""
+        """Stopped and saved: say why; after a signal, preemption.leave decides on a requeue."""
+        step = self.state.step
         if not self.is_main:
             return self._result(False)
         if reason == "stop_after":
-            self.metrics.write({"step": self.step, "event": "paused", "reason": "stop_after"})
-            self.say(f"stopping at step {self.step} (stop_after); run the same command again to continue")
+            self.metrics.write({"step": step, "event": "paused", "reason": "stop_after"})
+            self.say(f"stopping at step {step} (stop_after); run the same command again to continue")
             return self._result(False)
         if reason == "pruned":
-            self.metrics.write({"step": self.step, "event": "pruned", "val_loss": self.last_val})
-            self.say(f"stopping at step {self.step}: pruned by the search (val loss {self.last_val:.4f})")
+            self.metrics.write({"step": step, "event": "pruned", "val_loss": self.last_val})
+            self.say(f"stopping at step {step}: pruned by the search (val loss {self.last_val:.4f})")
             return self._result(False, pruned=True)
         request = self.handler.request
         why = request.reason if request else "a signal on another rank"
-        event = {"step": self.step, "event": "preempted", "reason": why, "restarts": self.restarts}
-        exit_code = 0
-        if request is None or self.handler.wants_requeue:
-            job = preempt_mod.slurm_job_id()
-            if self.restarts >= self.cfg.run.max_requeues:
-                event["requeue"] = f"not requeued: {self.restarts} restarts reached max_requeues"
-            elif self.requeue_hook is not None:
-                event["requeue"] = "handed over to the launcher's requeue mechanism"
-                self.metrics.write(event)
-                self.say(f"stopping at step {self.step}: {why}; checkpoint saved; requeueing through the launcher")
-                self.requeue_hook()  # may not return (submitit requeues and exits)
-                return self._result(False)
-            elif os.environ.get("TINYGPT_REQUEUE") == "script":
-                event["requeue"] = "left to the batch script (runs packed in one task requeue together)"
-                exit_code = preempt_mod.EXIT_REQUEUE
-            elif job is None:
-                event["requeue"] = "not in a Slurm job; resume by running the same command again"
-            else:
-                ok, message = preempt_mod.requeue(job)
-                event["requeue"] = message
-                if not ok:
-                    exit_code = preempt_mod.EXIT_REQUEUE
-        self.metrics.write(event)
-        self.say(f"stopping at step {self.step}: {why}; checkpoint saved. {event.get('requeue', '')}".rstrip())
+
+        def record(requeue: str | None) -> None:
+            event = {"step": step, "event": "preempted", "reason": why, "restarts": self.restarts}
+            self.metrics.write(event if requeue is None else {**event, "requeue": requeue})
+            self.say(f"stopping at step {step}: {why}; checkpoint saved. {requeue or ''}".rstrip())
+
+        exit_code = preempt_mod.leave(request, self.restarts, self.cfg.run.max_requeues, record, self.requeue_hook)
         return self._result(False, exit_code)
 
     def _result(self, finished: bool, exit_code: int = 0, sample: str | None = None,
                 pruned: bool = False) -> TrainResult:
-        return TrainResult(self.out_dir, self.step, finished, self.best_val, self.last_val, exit_code, sample,
-                           pruned)
+        return TrainResult(self.out_dir, self.state.step, finished, self.state.best_val_loss, self.last_val,
+                           exit_code, sample, pruned)
 
     def close(self) -> None:
-        """Give back what setup took. The signal handlers stay until here: a signal during the final sample
-        (the time limit's warning can come late) must not kill a finished run with the default action."""
-        if self.handler is not None:
-            self.handler.uninstall()
-        if self.metrics is not None:
-            self.metrics.close()
-        if self.progress is not None:
-            self.progress.close()
-        dist_mod.teardown()
-        if self.lock is not None:
-            self.lock.release()
+        """Give back what `__init__` took: signal handlers, trackers, the process group, the lock."""
+        self._taken.close()
+        self.progress.close()
