@@ -6,7 +6,6 @@ metrics line per step, and report the median step time after a warm-up.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import subprocess
@@ -17,6 +16,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as `python bench/x.py` from anywhere, installed or not
     sys.path.insert(0, str(ROOT))
+from tinygpt import metrics  # noqa: E402 (importable from the line above)
+
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
 
 PRESETS = {
@@ -52,7 +53,7 @@ def run_trainer(config: dict, steps: int, warmup: int, extra: list[str] | None =
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             raise SystemExit(f"trainer failed:\n{proc.stdout}\n{proc.stderr}")
-        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        records = metrics.read(out / "metrics.jsonl")
     start = next(r for r in records if r.get("event") == "start")
     finished = next(r for r in records if r.get("event") == "finished")
     steps_timed = [r for r in records if "lr" in r]

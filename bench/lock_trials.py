@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from common import ROOT
+from tinygpt import metrics
 
 TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--batch-size", "4",
         "--eval-interval", "100000", "--ckpt-interval", "100", "--log-interval", "1", "--sample-tokens", "0",
@@ -37,7 +38,7 @@ def trainer_cmd(out: Path, steps: int) -> list[str]:
 
 
 def steps_once(out: Path) -> bool:
-    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines() if '"lr"' in line]
+    steps = [r["step"] for r in metrics.read(out / "metrics.jsonl") if "lr" in r]
     return steps == sorted(set(steps)) and len(steps) > 0
 
 
@@ -104,7 +105,7 @@ def kill_and_restart(tmp: Path, trial: int, rng: random.Random) -> dict:
     first.wait()
     t0 = time.monotonic()
     again = subprocess.run(trainer_cmd(out, 300), capture_output=True, text=True, env=env, timeout=600)
-    events = [json.loads(line).get("event") for line in (out / "metrics.jsonl").read_text().splitlines()]
+    events = [r.get("event") for r in metrics.read(out / "metrics.jsonl")]
     # (killed before its first checkpoint, a run starts afresh, and its metrics with it: one start)
     ok = again.returncode == 0 and events[-1] == "finished" and steps_once(out)
     return {"trial": trial, "restart_exit_code": again.returncode, "resumed": events.count("start") == 2,

@@ -55,6 +55,15 @@ def data_dir(tmp_path: Path, monkeypatch) -> Path:
     return d
 
 
+def train_tiny(tmp_path: Path, corpus: Path, *extra: str, name: str = "run", **hooks):
+    """Train the tiny model (TINY_FLAGS, then `extra`) in this process into tmp_path/name: (out_dir, result)."""
+    from tinygpt import config, trainer
+
+    out = tmp_path / name
+    argv = [*TINY_FLAGS, "--data-file", str(corpus), "--out-dir", str(out), *extra]
+    return out, trainer.train(config.resolve(argv), **hooks)
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
 

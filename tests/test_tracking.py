@@ -13,14 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, TINY_FLAGS, read_metrics, run_module
+from conftest import ROOT, TINY_FLAGS, read_metrics, run_module, train_tiny
 from tinygpt import config, tracking, trainer
 
 
 def run(tmp_path: Path, corpus: Path, *extra: str, name: str = "run"):
-    out = tmp_path / name
-    argv = [*TINY_FLAGS, "--data-file", str(corpus), "--out-dir", str(out), "--wandb-mode", "offline", *extra]
-    return out, trainer.train(config.resolve(argv))
+    return train_tiny(tmp_path, corpus, "--wandb-mode", "offline", *extra, name=name)
 
 
 def tensorboard_scalars(out: Path) -> dict[str, list[tuple[int, float]]]:

@@ -9,16 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, TINY_FLAGS, loss_series, python_env, read_metrics, run_module
+from conftest import ROOT, TINY_FLAGS, loss_series, python_env, read_metrics, run_module, train_tiny
 from tinygpt import checkpoint as ckpt
 from tinygpt import config, trainer
 
-
-def run(tmp_path, corpus, *extra, name="run"):
-    out = tmp_path / name
-    argv = [*TINY_FLAGS, "--data-file", str(corpus), "--out-dir", str(out), *extra]
-    result = trainer.train(config.resolve(argv))
-    return out, result
+run = train_tiny
 
 
 def test_lr_schedule_warms_up_then_decays_to_min_lr():
@@ -88,7 +83,8 @@ def test_resume_drops_metrics_logged_after_the_checkpoint(tmp_path, tiny_corpus,
 
 DAMAGED_LINES = [b"\xff\xfe\x00garbage", b"[1, 2, 3]", b'"just a string"', b'{"step": "7", "train_loss": 1.0}',
                  b'{"step": -1}', b'{"step": 3, "train_loss": "low", "lr": 0.1}', b'{"step": 4, "event": 5}',
-                 b'{"train_loss": 2.0}', b'{"step": 2.5}', b'{"step": 8, "val_loss": true}', b'{"step": 9, "lr": 0.1, "t']
+                 b'{"train_loss": 2.0}', b'{"step": 2.5}', b'{"step": 8, "val_loss": true}',
+                 b'{"step": 9, "lr": 0.1, "t']
 
 
 def test_damaged_metrics_lines_are_skipped_by_every_reader(tmp_path, tiny_corpus, data_dir):
