@@ -31,7 +31,6 @@ CASES = [
     ("empty-data", "train", "--data-file {empty}", "data_file: {empty} is empty"),
     ("not-utf8", "train", "--data-file {latin1}", "is not UTF-8 text"),
     ("resume-missing", "train", "--resume {tmp}/nope.pt", "resume: checkpoint {tmp}/nope.pt does not exist"),
-    ("fp16-on-cpu", "train", "--precision fp16", "fp16 autocast is for GPUs; on CPU use bf16 or fp32"),
     ("yaml-syntax", "spec", "name: s\ntrain: {n_layer: 2\ngrid: {}\n", "YAML syntax error"),
     ("unknown-profile", "spec", "name: s\ncluster: a100\n", "unknown cluster profile `a100`"),
     ("too-many-gpus", "spec", "name: s\ncluster: a100-example\nresources: {gpus_per_node: 8}\n",

@@ -57,22 +57,30 @@ def test_batch_shell_and_single_task_steps_are_single_processes():
     assert d.detect({}).launcher == "single"
 
 
-def torchrun(tmp_path, corpus, out, *extra):
+def torchrun(tmp_path, corpus, out, *extra, **env):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "tinygpt.train", *TINY_FLAGS, "--data-file", str(corpus), "--out-dir", str(out),
            "--data-dir", str(tmp_path / "data"), *extra]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=python_env(OMP_NUM_THREADS="1"))
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                            env=python_env(OMP_NUM_THREADS="1", **env))
     assert result.returncode == 0, result.stdout + result.stderr
     return result
 
 
 @pytest.mark.distributed
-def test_two_ranks_under_torchrun_stay_in_sync_and_rank0_alone_writes(tmp_path, tiny_corpus):
+def test_two_ranks_of_ddp_around_the_compiled_model_stay_in_sync_and_rank0_alone_writes(tmp_path, tiny_corpus):
+    """The GPU's default path on gloo: DDP around the compiled model (aot_eager: Dynamo and AOTAutograd, no
+    code generation; tests/test_gpu_path.py)."""
     out = tmp_path / "ddp"
-    result = torchrun(tmp_path, tiny_corpus, out, "--dropout", "0.1")
+    result = torchrun(tmp_path, tiny_corpus, out, "--dropout", "0.1", "--compile", "on", "--compile-backend",
+                      "aot_eager", TORCH_LOGS="recompiles")
     records = read_metrics(out)
     start, finished = records[0], records[-1]
-    assert start["world_size"] == 2 and start["launcher"] == "torchrun"
+    assert start["world_size"] == 2 and start["launcher"] == "torchrun" and start["compile"]
+    # DDP's optimizer splits the graph at its buckets on purpose; what must not happen is a recompile per
+    # step. Each rank recompiles once: for evaluation (eval mode, no grad), at its first one.
+    recompiles = [line for line in result.stderr.splitlines() if "Recompiling function" in line]
+    assert len(recompiles) == 2, "\n".join(recompiles)
     assert start["tokens_per_step"] == 4 * 16 * 2  # global batch = batch_size * grad_accum * world_size
     digests = finished["weights_digest"]
     assert len(digests) == 2 and digests[0] == digests[1]

@@ -26,6 +26,8 @@ def test_auto_policy_on_cpu_is_fp32_uncompiled_whatever_the_cpu(cpu_bf16):
 
 def test_explicit_choices():
     assert choose_policy("cpu", None, "bf16", cpu_bf16=True).precision == "bf16"
+    fp16 = choose_policy("cpu", None, "fp16")  # the V100 path, tried on a CPU
+    assert (fp16.precision, fp16.use_scaler, fp16.fused_adamw) == ("fp16", True, True)
     assert choose_policy("cpu", None, compile="on").compile
     assert not choose_policy("cuda", (8, 0), compile="off").compile
     assert choose_policy("cuda", (8, 0), "fp16").use_scaler
@@ -38,7 +40,6 @@ def test_explicit_choices():
         (("cuda", (7, 0), "bf16"), "bf16 needs compute capability >= 8.0.*sm_70.*fp16"),
         (("cuda", (7, 5), "bf16"), "sm_75"),
         (("cpu", None, "bf16"), "AVX512-BF16"),
-        (("cpu", None, "fp16"), "fp16 autocast is for GPUs"),
         (("tpu", None), "unknown device type"),
     ],
 )

@@ -122,6 +122,7 @@ class OptimConfig:
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 COMPILE_MODES = ("auto", "on", "off")
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 PROGRESS_MODES = ("auto", "bar", "plain", "off")
 PREEMPT_SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "XCPU")
 
@@ -139,9 +140,14 @@ class RunConfig:
     sample_tokens: int = _f(300, "characters of text sampled at the end (0: none)")
     sample_prompt: str = _f("\n", "prompt for the final sample")
     device: str = _f("auto", "auto, cpu, cuda or cuda:N")
-    precision: str = _f("auto", "auto: bf16 on sm >= 8.0, fp16 + grad scaler on sm 7.x, fp32 on CPU "
-                                "(bf16 on CPU on request, where the CPU has native bf16)", PRECISIONS)
-    compile: str = _f("auto", "torch.compile: auto (on for CUDA, off on CPU), on or off", COMPILE_MODES)
+    precision: str = _f("auto", "auto: bf16 on sm >= 8.0, fp16 + grad scaler on sm 7.x, fp32 on CPU; on CPU "
+                                "on request bf16 (where the CPU has native bf16) and fp16 (to try the V100 path: "
+                                "fp16 autocast and its grad scaler)", PRECISIONS)
+    compile: str = _f("auto", "torch.compile: auto (on for CUDA, off on CPU), on or off; on CPU, inductor "
+                              "generates C++ with the system compiler: a minute or more before the first step",
+                      COMPILE_MODES)
+    compile_backend: str = _f("inductor", "torch.compile backend: inductor (generated kernels), or aot_eager / "
+                                          "eager to see graph breaks and recompiles in seconds", COMPILE_BACKENDS)
     activation_checkpointing: bool = _f(False, "recompute each block in backward: less memory, ~30% more compute")
     threads: int | None = _f(None, "CPU threads (default: $SLURM_CPUS_PER_TASK, else torch's choice)")
     peak_flops: float | None = _f(None, "peak FLOP/s of one device, for MFU (default: known GPUs)")

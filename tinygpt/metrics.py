@@ -15,7 +15,7 @@ from pathlib import Path
 from . import durable
 
 # The fields readers rely on, and the type each must have when present (a number: int or float, not bool).
-NUMBERS = ("train_loss", "val_loss", "lr", "tokens_per_s", "elapsed_s", "mfu", "best_val_loss")
+NUMBERS = ("train_loss", "val_loss", "lr", "tokens_per_s", "elapsed_s", "mfu", "best_val_loss", "loss_scale")
 
 
 def parse(line: str | bytes) -> dict | None:

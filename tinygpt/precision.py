@@ -76,11 +76,10 @@ def choose_policy(
         fused = True
     elif device_type in ("cpu", "mps"):
         # CPU runs are smoke tests of the GPU code: fp32 is bit-reproducible on any CPU, and whether bf16
-        # autocast is faster depends on the CPU and the shapes (docs/performance.md), so it is asked for.
+        # autocast is faster depends on the CPU and the shapes (docs/performance.md), so it is asked for;
+        # fp16 (with its grad scaler) is there to run the V100 path where there is no V100.
         if precision == "auto":
             precision = "fp32"
-        elif precision == "fp16":
-            raise PrecisionError("precision: fp16 autocast is for GPUs; on CPU use bf16 or fp32")
         elif precision == "bf16" and not cpu_bf16 and device_type == "cpu":
             raise PrecisionError(
                 "precision: bf16 on CPU needs native bf16 instructions (AVX512-BF16 or AMX), which this "

@@ -259,7 +259,7 @@ class Trainer:
 
     def _wrap(self, model: GPT) -> torch.nn.Module:
         """What the loop calls: the model compiled, and across ranks in DDP (which keeps the weights in sync)."""
-        compiled = torch.compile(model) if self.policy.compile else model
+        compiled = torch.compile(model, backend=self.cfg.run.compile_backend) if self.policy.compile else model
         if not self.dist.is_distributed:
             return compiled
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -400,6 +400,8 @@ class Trainer:
         speed = self.meter.read(step)
         eta = speed.pop("eta_s")
         record = {"step": step, "train_loss": train_loss, "lr": lr, **speed, "elapsed_s": self.state.elapsed_s()}
+        if self.scaler.is_enabled():  # fp16: the loss scale halves at each step whose gradients overflowed
+            record["loss_scale"] = self.scaler.get_scale()
         self.metrics.write(record)
         self.progress.step(step, {**record, "eta_s": eta})
 
