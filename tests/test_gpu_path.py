@@ -1,10 +1,9 @@
 """The GPU's code path as far as a CPU runs it: torch.compile with DDP around it, and fp16 with its grad scaler.
 
-Compiled runs use the aot_eager backend (Dynamo's graph capture and AOTAutograd's forward and backward,
-without code generation): graph breaks, recompiles, checkpoint keys and resume between eager and compiled
-runs are decided there, not by the kernels. Inductor itself compiles once, in bench/gpu_check.py's compile
-check (test_gpu_check_quick_passes_on_this_cpu). DDP around the compiled model runs on two gloo ranks in
-tests/test_distributed.py.
+One run trains through Inductor (C++ for this CPU: half a minute of code generation); the others use the
+aot_eager backend (Dynamo's graph capture and AOTAutograd's forward and backward, without code generation),
+since graph breaks, recompiles, checkpoint keys and resume between eager and compiled runs are decided
+there, not by the kernels. DDP around the compiled model runs on two gloo ranks in tests/test_distributed.py.
 """
 
 import json
@@ -19,7 +18,7 @@ from tinygpt import checkpoint as ckpt
 from tinygpt import config, trainer
 
 AOT = ["--compile", "on", "--compile-backend", "aot_eager"]
-LOSS_TOLERANCE = 1e-5  # aot_eager runs eager's kernels; Inductor's fused ones differ by ~1e-7 here
+LOSS_TOLERANCE = 1e-5  # aot_eager runs eager's kernels; Inductor's fused ones differed by ~2e-7 here
 
 
 def dynamo_counters():
@@ -38,8 +37,9 @@ def max_gap(a, b) -> float:
     return max(abs(x - y) for x, y in pairs if x is not None)
 
 
-def test_compiled_training_has_no_graph_break_and_no_recompile_after_the_first_evaluation(tmp_path, tiny_corpus,
+def test_inductor_training_has_no_graph_break_and_no_recompile_after_the_first_evaluation(tmp_path, tiny_corpus,
                                                                                          data_dir):
+    """The GPU's default, --compile on with Inductor, through the trainer."""
     counters = dynamo_counters()
     graphs_at_eval = []
 
@@ -47,13 +47,14 @@ def test_compiled_training_has_no_graph_break_and_no_recompile_after_the_first_e
         graphs_at_eval.append(counters["stats"]["unique_graphs"])
         return False
 
-    compiled, _ = train_tiny(tmp_path, tiny_corpus, *AOT, "--max-steps", "40", name="compiled", eval_hook=count)
-    assert dict(counters["graph_break"]) == {}
+    compiled, _ = train_tiny(tmp_path, tiny_corpus, "--compile", "on", "--max-steps", "30", name="compiled",
+                             eval_hook=count)
+    assert read_metrics(compiled)[0]["compile"] and dict(counters["graph_break"]) == {}
     # One graph for the training step, one for evaluation (eval mode, no grad): then none, however long.
-    assert graphs_at_eval == [2, 2, 2, 2], graphs_at_eval
-    eager, _ = train_tiny(tmp_path, tiny_corpus, "--max-steps", "40", name="eager")
+    assert graphs_at_eval == [2, 2, 2], graphs_at_eval
+    eager, _ = train_tiny(tmp_path, tiny_corpus, "--max-steps", "30", name="eager")
     assert max_gap(compiled, eager) <= LOSS_TOLERANCE
-    a, b = (ckpt.load(ckpt.path_for_step(out, 40)).parts for out in (compiled, eager))
+    a, b = (ckpt.load(ckpt.path_for_step(out, 30)).parts for out in (compiled, eager))
     assert list(a["model"]) == list(b["model"]) and not any(k.startswith("_orig_mod") for k in a["model"])
     assert a["optimizer"]["param_groups"] == b["optimizer"]["param_groups"]
     assert list(a["optimizer"]["state"]) == list(b["optimizer"]["state"])
@@ -138,8 +139,8 @@ def test_fp16_stopped_and_resumed_is_bit_identical_with_the_scaler_in_the_checkp
 
 
 def test_gpu_check_quick_passes_on_this_cpu(tmp_path):
-    """bench/gpu_check.py --device cpu --quick: every check's CPU counterpart passes, and what this CPU
-    cannot check (bf16 without native bf16) is named in the last line."""
+    """bench/gpu_check.py --device cpu --quick: every check's CPU counterpart passes, and what the quick mode
+    leaves out or this CPU cannot check (bf16 without native bf16) is named in the last line."""
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--device", "cpu", "--quick"],
                           capture_output=True, text=True, timeout=600, env=python_env(TMPDIR=str(tmp_path)))
     lines = [json.loads(line) for line in done.stdout.splitlines()]
