@@ -63,8 +63,8 @@ def wait_for(what: str, predicate, proc: subprocess.Popen, timeout: float = 120.
 
 
 def test_sigkill_at_chosen_moments_leaves_a_complete_checkpoint_and_an_exact_resume(tmp_path, tiny_corpus):
-    """Twelve lives, each SIGKILLed at an event: five while a checkpoint is being written (the write stalls
-    after its bytes, before the rename, so the kill surely lands there), seven a seeded number of steps into
+    """Nine lives, each SIGKILLed at an event: four while a checkpoint is being written (the write stalls
+    after its bytes, before the rename, so the kill surely lands there), five a seeded number of steps into
     training (wherever the trainer then is: a step, a log line, a write). Never at a moment a clock chose."""
     data_dir = tmp_path / "data"
     reference = tmp_path / "reference"
@@ -73,7 +73,7 @@ def test_sigkill_at_chosen_moments_leaves_a_complete_checkpoint_and_an_exact_res
     out = tmp_path / "killed"
     folder = ckpt.checkpoint_dir(out)
     rng = random.Random(20261129)
-    moments = ["mid-write"] * 5 + ["mid-training"] * 7
+    moments = ["mid-write"] * 4 + ["mid-training"] * 5
     rng.shuffle(moments)
     saved_before = False
     for moment in moments:

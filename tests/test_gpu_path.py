@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, loss_series, python_env, read_metrics, run_module, train_tiny
+from conftest import ROOT, loss_series, python_env, read_metrics, train_tiny
 from tinygpt import checkpoint as ckpt
 from tinygpt import config, trainer
 
@@ -81,11 +81,14 @@ def test_activation_checkpointing_under_compile(tmp_path, tiny_corpus, data_dir)
     assert max_gap(compiled, eager) <= LOSS_TOLERANCE
 
 
-def test_a_compiled_run_samples_at_the_end_and_from_its_checkpoint(tmp_path, tiny_corpus, data_dir):
+def test_a_compiled_run_samples_at_the_end_and_from_its_checkpoint(tmp_path, tiny_corpus, data_dir, capsys):
+    from tinygpt import sample
+
     out, result = train_tiny(tmp_path, tiny_corpus, *AOT, "--sample-tokens", "30", "--sample-prompt", "ROMEO")
     assert result.sample.startswith("ROMEO") and len(result.sample) == len("ROMEO") + 30
-    sample = run_module("tinygpt.sample", "--run", str(out), "--tokens", "30", "--prompt", "ROMEO")
-    assert sample.returncode == 0 and sample.stdout.startswith("ROMEO"), sample.stderr
+    capsys.readouterr()
+    assert sample.main(["--run", str(out), "--tokens", "30", "--prompt", "ROMEO"]) == 0
+    assert capsys.readouterr().out.startswith("ROMEO")
 
 
 def config_flags(corpus, out, tmp_path) -> list[str]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import metrics
+from . import durable, metrics
 
 
 @dataclass
@@ -99,7 +99,8 @@ def plot_losses(runs: list[RunSummary], refs: dict[str, float], path: Path, titl
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
+    with durable.replacing(path) as fh:
+        fig.savefig(fh, format="png")
     plt.close(fig)
 
 
@@ -148,7 +149,8 @@ def attention_figure(run: RunSummary, path: Path, prompt: str | None = None, lay
         ax.set_ylabel("query", fontsize=8)
     fig.suptitle(f"{run.name}: attention of layer {layer}, step {checkpoint.step}", fontsize=11)
     fig.tight_layout()
-    fig.savefig(path)
+    with durable.replacing(path) as fh:
+        fig.savefig(fh, format="png")
     plt.close(fig)
     return prompt
 
@@ -187,7 +189,7 @@ def write_report(runs: list[RunSummary], out_dir: Path, title: str, varying: lis
     if appendix:
         lines.append(appendix)
     path = out_dir / "report.md"
-    path.write_text("\n".join(lines))
+    durable.write(path, "\n".join(lines))
     return path
 
 

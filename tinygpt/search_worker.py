@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import preemption
+from . import durable, preemption
 
 
 def open_study(search: dict[str, Any], name: str, worker: int):
@@ -70,7 +70,7 @@ def next_trial(study, search: dict[str, Any], state: Path, worker: int):
             return None, False
         trial = study.ask()
     trial.set_user_attr("worker", worker)
-    state.write_text(json.dumps({"trial": trial.number}) + "\n")
+    durable.write(state, json.dumps({"trial": trial.number}) + "\n")
     return trial, False
 
 

@@ -28,6 +28,8 @@ import random
 from pathlib import Path
 from typing import Any
 
+from tinygpt import durable
+
 METHODS = ("random", "optuna")
 DISTRIBUTIONS = ("choice", "uniform", "loguniform", "int")
 KEYS = ("method", "trials", "seed", "params")
@@ -214,7 +216,8 @@ def report_section(rows: list[dict[str, Any]], out_dir: Path) -> str:
     ax.set_ylabel("validation loss")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out_dir / "search.png", dpi=110)
+    with durable.replacing(out_dir / "search.png") as fh:
+        fig.savefig(fh, format="png", dpi=110)
     plt.close(fig)
     ranked = sorted(done, key=lambda r: r["value"])
     pruned = [r for r in rows if r["state"] == "PRUNED"]
