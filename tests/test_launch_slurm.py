@@ -1,6 +1,7 @@
 """The launcher and the hand-written batch script against the real local cluster."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -213,6 +214,17 @@ def test_a_live_sweep_is_never_changed_behind_its_jobs(tmp_path, workdir, tiny_c
         assert again.returncode == 1 and "Traceback" not in again.stderr, again.stderr
         assert "sweep `live` has jobs that are still live: n_layer=1,lr=0.001 (job " in again.stderr
         assert "PENDING" in again.stderr and f"python launch.py cancel {spec}" in again.stderr
+    # A controller that does not answer (squeue fails as on a socket time-out): the guard fails closed.
+    bindir = tmp_path / "failing-bin"
+    bindir.mkdir()
+    (bindir / "squeue").write_text("#!/bin/bash\necho 'squeue: error: slurm_load_jobs error: Socket timed out on "
+                                   "send/recv operation' >&2\nexit 1\n")
+    (bindir / "squeue").chmod(0o755)
+    for extra in (["--dry-run"], []):
+        blind = launch(str(spec), *extra, "--workdir", str(workdir),
+                       env={"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"})
+        assert blind.returncode == 1 and "Traceback" not in blind.stderr, blind.stderr
+        assert "has jobs on Slurm, and squeue could not say whether they are still live" in blind.stderr
     assert checksums() == before  # every file of the queued sweep as it was
     assert launch("cancel", str(spec), "--workdir", str(workdir)).returncode == 0
     dry = wait_until(lambda: (out := launch(str(spec), "--dry-run", "--workdir", str(workdir))).returncode == 0

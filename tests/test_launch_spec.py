@@ -534,3 +534,19 @@ def test_unknown_keys_inside_a_profile_are_named(tmp_path, text, message):
     with pytest.raises(LaunchError) as err:
         profiles.from_file(prof)
     assert message in str(err.value)
+
+
+def test_a_sweep_with_jobs_on_slurm_is_left_alone_where_squeue_cannot_answer(tmp_path, monkeypatch):
+    """The live-sweep guard fails closed: no squeue on PATH (or one that errors) means nothing is written."""
+    from conftest import run_cli
+    from tinygpt.launch import manifest as manifest_mod
+
+    spec = write(tmp_path, "name: s\ntrain: {max_steps: 30}\nresources: {time: '00:10:00'}\n")
+    assert run_cli([str(spec), "--dry-run", "--workdir", str(tmp_path)])[0] == 0
+    manifest = tmp_path / "jobs" / "s" / "manifest.json"
+    manifest_mod.record_submission(manifest, "sbatch", "4242", [0], array="0", offset=0)
+    before = {p: p.read_bytes() for p in (tmp_path / "jobs").rglob("*") if p.is_file()}
+    monkeypatch.setenv("PATH", str(tmp_path / "no-slurm-here"))
+    code, err = run_cli([str(spec), "--dry-run", "--workdir", str(tmp_path)])
+    assert code == 1 and "sweep `s` has jobs on Slurm, and squeue could not say whether they are still live" in err
+    assert {p: p.read_bytes() for p in (tmp_path / "jobs").rglob("*") if p.is_file()} == before

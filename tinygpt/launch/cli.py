@@ -230,26 +230,33 @@ def _snapshot(sweep, live: bool):
 
 def _refuse_if_live(sweep, spec: str) -> None:
     """A sweep whose jobs are pending or running reads its files when each task starts: launching it again
-    (even a dry run, which rewrites its configs and scripts) would change what those jobs train."""
-    from . import status
+    (even a dry run, which rewrites its configs and scripts) would change what those jobs train. The queue
+    decides; when Slurm cannot say, nothing is written either (the guard fails closed)."""
+    from . import manifest as manifest_mod
+    from . import slurm_cli, status
 
     manifest_path = sweep.workdir / "jobs" / sweep.name / "manifest.json"
     if not manifest_path.exists():
         return
-    from . import manifest as manifest_mod
-    from . import slurm_cli
-
-    live = [f"{r.name} (job {r.job_id}, {r.state})" for r in status.collect(manifest_path)
-            if r.source != "run dir" and r.state.split()[0] not in status.TERMINAL]
-    steps = {s["job_id"]: s["role"] for s in manifest_mod.load(manifest_path).get("submissions", []) if s.get("role")}
-    queued = slurm_cli.squeue_states(list(steps)) or {} if steps else {}
-    live += [f"the chain's {steps[j]} step (job {j}, {js.state})" for j, js in queued.items()
-             if js.state not in status.TERMINAL]
+    manifest = manifest_mod.load(manifest_path)
+    names = {run["index"]: run["name"] for run in manifest["runs"]}
+    jobs = {job: f"{names.get(index, index)} (job {job}" for index, job in manifest_mod.task_job_ids(manifest).items()}
+    jobs |= {s["job_id"]: f"the chain's {s['role']} step (job {s['job_id']}" for s in manifest.get("submissions", [])
+             if s.get("role")}
+    if not jobs:
+        return
+    queued = slurm_cli.squeue_states(status.jobs_of(list(jobs)))
+    if queued is None:
+        raise LaunchError(f"sweep `{sweep.name}` has jobs on Slurm, and squeue could not say whether they are still "
+                          f"live (it is not on PATH, or it failed); they read this sweep's files when they start, "
+                          f"so nothing was written; try again when `squeue` answers, or launch the spec under "
+                          f"another `name`")
+    live = [f"{what}, {queued[job].state})" for job, what in jobs.items()
+            if job in queued and queued[job].state not in status.TERMINAL]
     if live:
-        jobs = ", ".join(live)
-        raise LaunchError(f"sweep `{sweep.name}` has jobs that are still live: {jobs}. They read this sweep's "
-                          f"files when they start, so nothing was written; wait for them to end, cancel them "
-                          f"(python launch.py cancel {spec}), or launch the spec under another `name`")
+        raise LaunchError(f"sweep `{sweep.name}` has jobs that are still live: {', '.join(live)}. They read this "
+                          f"sweep's files when they start, so nothing was written; wait for them to end, cancel "
+                          f"them (python launch.py cancel {spec}), or launch the spec under another `name`")
 
 
 def _print_plan(plan, args, steps: dict) -> None:
