@@ -550,3 +550,25 @@ def test_a_sweep_with_jobs_on_slurm_is_left_alone_where_squeue_cannot_answer(tmp
     code, err = run_cli([str(spec), "--dry-run", "--workdir", str(tmp_path)])
     assert code == 1 and "sweep `s` has jobs on Slurm, and squeue could not say whether they are still live" in err
     assert {p: p.read_bytes() for p in (tmp_path / "jobs").rglob("*") if p.is_file()} == before
+
+
+def test_one_command_at_a_time_writes_a_sweep(tmp_path, monkeypatch):
+    """While a command holds a sweep (here: this test, through the launcher's own lock), another launch, dry
+    run or --local run of it waits, then refuses naming the holder, and writes nothing; afterwards it goes."""
+    import os
+
+    from conftest import run_cli
+    from tinygpt.launch import manifest as manifest_mod
+
+    monkeypatch.setattr(manifest_mod, "LOCK_WAIT_S", 0.3)
+    spec = write(tmp_path, "name: s\ntrain: {max_steps: 30}\nresources: {time: '00:10:00'}\n")
+    assert run_cli([str(spec), "--dry-run", "--workdir", str(tmp_path)])[0] == 0
+    jobs = tmp_path / "jobs" / "s"
+    before = {p: p.read_bytes() for p in jobs.rglob("*") if p.is_file() and p.name != ".lock"}
+    with manifest_mod.sweep_lock(jobs):
+        for extra in (["--dry-run"], ["--local"]):
+            code, err = run_cli([str(spec), *extra, "--workdir", str(tmp_path)])
+            assert code == 1 and f"sweep `s` is being changed by another launch.py command (pid {os.getpid()} " in err
+            assert "nothing was written" in err
+        assert {p: p.read_bytes() for p in jobs.rglob("*") if p.is_file() and p.name != ".lock"} == before
+    assert run_cli([str(spec), "--dry-run", "--workdir", str(tmp_path)])[0] == 0

@@ -36,12 +36,20 @@ class RunDirBusy(RuntimeError):
     """Another live trainer owns the run directory; shown without a traceback."""
 
 
+class _Held(Exception):
+    """The lock is someone else's (their record attached); `RunDirLock.acquire` retries or says who."""
+
+    def __init__(self, holder: dict):
+        self.holder = holder
+
+
 def _me() -> dict:
     return {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job": slurm_job_id(),
             "restart": restart_count(), "since": time.time()}
 
 
-def _describe(holder: dict) -> str:
+def describe(holder: dict) -> str:
+    """Who holds a lock, from its record: pid, host, Slurm job, since when."""
     job = f", Slurm job {holder['slurm_job']}" if holder.get("slurm_job") else ""
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("since", 0)))
     return f"pid {holder.get('pid')} on {holder.get('host')}{job}, since {since}"
@@ -49,21 +57,35 @@ def _describe(holder: dict) -> str:
 
 def _busy(out_dir: Path, holder: dict) -> RunDirBusy:
     way_out = f"scancel {holder['slurm_job']}" if holder.get("slurm_job") else f"kill {holder.get('pid')}"
-    return RunDirBusy(f"out_dir: {out_dir} is in use by another trainer ({_describe(holder)}); wait for it to "
+    return RunDirBusy(f"out_dir: {out_dir} is in use by another trainer ({describe(holder)}); wait for it to "
                       f"end, stop it ({way_out}), or give this run another --out-dir")
 
 
 class RunDirLock:
-    """`with RunDirLock(out_dir):` or acquire()/release(). Raises RunDirBusy when a live trainer holds it."""
+    """`with RunDirLock(out_dir):` or acquire()/release(). Raises RunDirBusy when a live trainer holds it.
 
-    def __init__(self, out_dir: str | Path):
+    busy(out_dir, holder) makes the error for another kind of owner (the launcher locks a sweep's folder);
+    wait_s: how long to keep trying before raising it."""
+
+    def __init__(self, out_dir: str | Path, busy=_busy, wait_s: float = 0.0):
         self.out_dir = Path(out_dir)
         self.path = self.out_dir / LOCK_NAME
+        self.busy, self.wait_s = busy, wait_s
         self.fd: int | None = None
         self._stop = threading.Event()
         self._refresher: threading.Thread | None = None
 
     def acquire(self) -> RunDirLock:
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            try:
+                return self._try()
+            except _Held as held:
+                if time.monotonic() >= deadline:
+                    raise self.busy(self.out_dir, held.holder) from None
+            time.sleep(0.1)
+
+    def _try(self) -> RunDirLock:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -71,7 +93,7 @@ class RunDirLock:
         except BlockingIOError:
             holder = _read(fd)
             os.close(fd)
-            raise _busy(self.out_dir, holder) from None
+            raise _Held(holder) from None
         except OSError as err:
             if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
                 os.close(fd)
@@ -85,7 +107,7 @@ class RunDirLock:
         holder = _read(fd)
         if holder and not _gone(holder, os.fstat(fd).st_mtime):
             os.close(fd)
-            raise _busy(self.out_dir, holder)
+            raise _Held(holder)
         self._refresher = threading.Thread(target=self._refresh, daemon=True, name="tinygpt-lock-refresh")
         self._refresher.start()
 

@@ -144,9 +144,19 @@ def _launch(args) -> int:
         raise LaunchError(problems, str(args.spec))
     if args.hold and (args.local or (sweep.backend != "sbatch" and not args.chain)):
         raise LaunchError("--hold: only for submissions with the sbatch backend (or the data step of --chain)")
-    _refuse_if_live(sweep, args.spec)
     if not (args.dry_run or args.local or args.chain):
         plan_mod.prepare_data(sweep)  # (the data is read by every task: a corpus that fails stops us here)
+    from . import manifest as manifest_mod
+
+    # One command at a time writes a sweep: from the check that its jobs are not live to the last record.
+    with manifest_mod.sweep_lock(sweep.workdir / "jobs" / sweep.name):
+        return _launch_locked(sweep, args)
+
+
+def _launch_locked(sweep, args) -> int:
+    from . import plan as plan_mod
+
+    _refuse_if_live(sweep, args.spec)
     plan = plan_mod.build(sweep, None if args.local else _snapshot(sweep, args.no_snapshot))
     steps = {}
     if args.chain and not args.local:
@@ -391,7 +401,9 @@ def _resubmit(args) -> int:
         bad = resubmit.failed_nodes(status.collect(path), manifest_mod.load(path))
         print(f"nodes where a run ended in NODE_FAIL: {', '.join(bad) or 'none'}")
         changes = resubmit.parse_changes(args.time, args.mem, [*args.exclude, *bad])
-    ids = resubmit.resubmit(path, states, changes, args.dry_run)
+    manifest_mod.load(path)  # (a sweep never launched is an error here, before the lock makes its folder)
+    with manifest_mod.sweep_lock(path.parent):
+        ids = resubmit.resubmit(path, states, changes, args.dry_run)
     if ids:
         print(f"submitted as job array {', '.join(ids)}; follow with `python launch.py status {args.spec}`")
     return 0

@@ -14,10 +14,24 @@ from pathlib import Path
 from typing import Any
 
 from tinygpt import durable
+from tinygpt.rundir_lock import RunDirLock, describe
 
 from .errors import LaunchError
 
+LOCK_WAIT_S = 5.0  # a second command on the same sweep waits this long for the first, then refuses
+
 FORMAT = 2  # runs keep their trainer inputs (shared ones once, in "base")
+
+
+def sweep_lock(jobs_dir: Path) -> RunDirLock:
+    """One writer per sweep: held (`with sweep_lock(...)`) by every command that writes a sweep's files, submits
+    its jobs or records them. The run-directory lock's mechanism, so it holds where flock does not."""
+    return RunDirLock(jobs_dir, busy=_sweep_busy, wait_s=LOCK_WAIT_S)
+
+
+def _sweep_busy(jobs_dir: Path, holder: dict) -> LaunchError:
+    return LaunchError(f"sweep `{jobs_dir.name}` is being changed by another launch.py command ({describe(holder)}); "
+                       f"nothing was written; run this again once it has ended (or stop it: kill {holder.get('pid')})")
 
 
 def save(path: Path, manifest: dict[str, Any]) -> None:
