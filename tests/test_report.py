@@ -81,6 +81,19 @@ def test_provenance_records_code_software_and_command(tmp_path, tiny_corpus):
     assert {"cuda", "nccl", "gpus", "slurm", "world_size"} <= p.keys()
 
 
+@pytest.mark.parametrize("damage", [b"\x00\xff not json", b"[1, 2]", b'{"starts": 3}'])
+def test_a_damaged_provenance_file_is_set_aside_never_overwritten(tmp_path, damage):
+    from tinygpt import provenance
+
+    path = tmp_path / "provenance.json"
+    for life in range(2):  # damaged twice: both damaged versions are kept
+        path.write_bytes(damage + b" " * (life + 1))  # (trailing blanks keep valid JSON valid)
+        provenance.append(tmp_path, {"life": life})
+        assert json.loads(path.read_text()) == {"starts": [{"life": life}]}
+    assert (tmp_path / "provenance.json.corrupt").read_bytes() == damage + b" "
+    assert (tmp_path / "provenance.json.corrupt.1").read_bytes() == damage + b"  "
+
+
 def test_plain_progress_lines_are_greppable(capsys):
     bar = progress.PlainLines(max_steps=2000, min_interval_s=0).start(0)
     bar.step(250, {"train_loss": 2.04123, "lr": 9.7e-4, "tokens_per_s": 48113.2, "mfu": 0.312, "eta_s": 72})

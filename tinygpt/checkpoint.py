@@ -17,7 +17,6 @@ with `torch.load(..., weights_only=True)`: the parts give tensors, numbers, stri
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -154,11 +153,7 @@ def set_aside_unusable(out_dir: str | Path, required: Collection[str], say: Call
         except CheckpointFormatError:
             continue
         except CheckpointError as err:
-            target = path.with_name(path.name + ".corrupt")
-            n = 1
-            while target.exists():
-                target, n = path.with_name(f"{path.name}.corrupt.{n}"), n + 1
-            os.replace(path, target)
+            target = durable.set_aside(path)
             say(f"warning: set aside {path.name} as {target.name}; {str(err).removeprefix(str(path) + ': ')}")
             moved.append(target)
     return moved

@@ -49,6 +49,16 @@ def write(path: str | Path, data: str | bytes) -> None:
         fh.write(data.encode() if isinstance(data, str) else data)
 
 
+def set_aside(path: Path) -> Path:
+    """Rename a damaged file to `<name>.corrupt` (`.corrupt.1`, ... when that is taken), never deleting or
+    overwriting anything; returns the new path."""
+    target, n = path.with_name(path.name + ".corrupt"), 1
+    while target.exists():
+        target, n = path.with_name(f"{path.name}.corrupt.{n}"), n + 1
+    os.replace(path, target)
+    return target
+
+
 def fsync_dir(folder: str | Path) -> None:
     """Make a rename in `folder` durable. Some filesystems cannot fsync a folder; there the rename is as
     durable as that filesystem makes it, and nothing is lost by going on."""

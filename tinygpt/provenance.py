@@ -89,7 +89,7 @@ def append(out_dir: Path, record: dict, fresh: bool = False) -> None:
         except ValueError:
             data = None
         if not isinstance(data, dict) or not isinstance(data.get("starts"), list):
-            os.replace(path, path.with_name(path.name + ".corrupt"))  # kept for a reader, never deleted
+            durable.set_aside(path)  # kept for a reader, never deleted
             data = {"starts": []}
     data["starts"].append(record)
     durable.write(path, json.dumps(data, indent=1) + "\n")
