@@ -36,6 +36,7 @@ throughput run; the last line names what it left out.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -63,6 +64,7 @@ class CheckFailed(Exception):
 NOT_CHECKED: list[str] = []  # what this machine cannot show, said in the last line
 
 
+@functools.cache  # (asked by several checks; said once)
 def autocast_precisions(device: str) -> tuple[str, ...]:
     """The autocast precisions this device runs: all on CUDA; on CPU fp16, and bf16 where it is native."""
     from tinygpt.precision import cpu_has_bf16
@@ -370,7 +372,7 @@ def main() -> None:
             if not result["ok"]:
                 failed.append(name)
             print(json.dumps(result), flush=True)
-    print(json.dumps({"failed": failed, "not_checked": sorted(set(NOT_CHECKED))}), flush=True)
+    print(json.dumps({"failed": failed, "not_checked": NOT_CHECKED}), flush=True)
     sys.exit(1 if failed else 0)
 
 

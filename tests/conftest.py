@@ -55,13 +55,18 @@ def data_dir(tmp_path: Path, monkeypatch) -> Path:
     return d
 
 
-def train_tiny(tmp_path: Path, corpus: Path, *extra: str, name: str = "run", **hooks):
-    """Train the tiny model (TINY_FLAGS, then `extra`) in this process into tmp_path/name: (out_dir, result)."""
-    from tinygpt import config, trainer
+def tiny_config(tmp_path: Path, corpus: Path, *extra: str, name: str = "run"):
+    """The tiny model's config (TINY_FLAGS, then `extra`), its run directory tmp_path/name."""
+    from tinygpt import config
 
-    out = tmp_path / name
-    argv = [*TINY_FLAGS, "--data-file", str(corpus), "--out-dir", str(out), *extra]
-    return out, trainer.train(config.resolve(argv), **hooks)
+    return config.resolve([*TINY_FLAGS, "--data-file", str(corpus), "--out-dir", str(tmp_path / name), *extra])
+
+
+def train_tiny(tmp_path: Path, corpus: Path, *extra: str, name: str = "run", **hooks):
+    """Train the tiny model in this process into tmp_path/name: (out_dir, result)."""
+    from tinygpt import trainer
+
+    return tmp_path / name, trainer.train(tiny_config(tmp_path, corpus, *extra, name=name), **hooks)
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

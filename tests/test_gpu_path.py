@@ -13,9 +13,9 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, loss_series, python_env, read_metrics, train_tiny
+from conftest import ROOT, loss_series, python_env, read_metrics, tiny_config, train_tiny
 from tinygpt import checkpoint as ckpt
-from tinygpt import config, trainer
+from tinygpt import trainer
 
 AOT = ["--compile", "on", "--compile-backend", "aot_eager"]
 LOSS_TOLERANCE = 1e-5  # aot_eager runs eager's kernels; Inductor's fused ones differed by ~2e-7 here
@@ -91,19 +91,12 @@ def test_a_compiled_run_samples_at_the_end_and_from_its_checkpoint(tmp_path, tin
     assert capsys.readouterr().out.startswith("ROMEO")
 
 
-def config_flags(corpus, out, tmp_path) -> list[str]:
-    from conftest import TINY_FLAGS
-
-    return [*TINY_FLAGS, "--data-file", str(corpus), "--out-dir", str(out), "--data-dir", str(tmp_path / "data")]
-
-
 # ----------------------------------------------------------------------------------------------------
 # fp16 with its grad scaler
 
 
 def test_fp16_a_step_whose_gradients_overflow_is_skipped_and_the_scale_drops(tmp_path, tiny_corpus, data_dir):
-    cfg = config.resolve([*config_flags(tiny_corpus, tmp_path / "run", tmp_path), "--precision", "fp16"])
-    run = trainer.Trainer(cfg)
+    run = trainer.Trainer(tiny_config(tmp_path, tiny_corpus, "--precision", "fp16"))
     try:
         assert run.scaler.is_enabled() and run.policy.autocast_dtype == torch.float16
         run.train_step()  # the scaler's first step; its scale exists from here

@@ -41,15 +41,15 @@ class Progress:
     def __init__(self, max_steps: int):
         self.max_steps = max_steps
 
-    def __exit__(self, *exc):
-        self.close()
-
     def start(self, step: int) -> Progress:
         """Training begins (or resumes) at `step`; use as `with progress.start(step):`."""
         return self
 
     def __enter__(self):
         return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     def message(self, text: str) -> None:
         print(text, flush=True)

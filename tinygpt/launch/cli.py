@@ -250,9 +250,8 @@ def _refuse_if_live(sweep, spec: str) -> None:
         return
     manifest = manifest_mod.load(manifest_path)
     names = {run["index"]: run["name"] for run in manifest["runs"]}
-    jobs = {job: f"{names.get(index, index)} (job {job}" for index, job in manifest_mod.task_job_ids(manifest).items()}
-    jobs |= {s["job_id"]: f"the chain's {s['role']} step (job {s['job_id']}" for s in manifest.get("submissions", [])
-             if s.get("role")}
+    jobs = {job: names.get(index, index) for index, job in manifest_mod.task_job_ids(manifest).items()}
+    jobs |= {s["job_id"]: f"the chain's {s['role']} step" for s in manifest.get("submissions", []) if s.get("role")}
     if not jobs:
         return
     queued = slurm_cli.squeue_states(status.jobs_of(list(jobs)))
@@ -261,7 +260,7 @@ def _refuse_if_live(sweep, spec: str) -> None:
                           f"live (it is not on PATH, or it failed); they read this sweep's files when they start, "
                           f"so nothing was written; try again when `squeue` answers, or launch the spec under "
                           f"another `name`")
-    live = [f"{what}, {queued[job].state})" for job, what in jobs.items()
+    live = [f"{what} (job {job}, {queued[job].state})" for job, what in jobs.items()
             if job in queued and queued[job].state not in status.TERMINAL]
     if live:
         raise LaunchError(f"sweep `{sweep.name}` has jobs that are still live: {', '.join(live)}. They read this "

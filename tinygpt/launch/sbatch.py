@@ -20,7 +20,7 @@ from .profiles import Profile
 from .slurm_options import container_prefix, sbatch_options, setup_lines
 from .spec import Resources
 
-REQUEUE_EXIT = preemption.EXIT_REQUEUE
+REQUEUE_EXIT = preemption.EXIT_REQUEUE  # (a shorter name for the f-strings below)
 
 
 @dataclass(frozen=True)
