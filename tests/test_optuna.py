@@ -54,7 +54,12 @@ def test_bad_optuna_sections_and_resources_are_named(tmp_path, tiny_corpus):
         ({"pruner": "hyperband"}, "search.pruner: 'hyperband' is not one of asha, median, none"),
         ({"workers": 0}, "search.workers: expected a whole number from 1 to 1,000, got 0"),
         ({"params": {"lr": {"loguniform": [1.0e-4, 1.0e-2]}, "n_head": {"choice": [3]}}},
-         "search.params with every lowest value: n_embd: 32 is not divisible by n_head 3"),
+         "search.params: a trial may get lr=0.0001, n_head=3, and then n_embd: 32 is not divisible by n_head 3"),
+        # Every choice is checked, not only the first and last; every pair of values too (min_lr <= lr)
+        ({"params": {"n_head": {"choice": [2, 3, 5, 4]}}},
+         "search.params: a trial may get n_head=3, and then n_embd: 32 is not divisible by n_head 3"),
+        ({"params": {"n_head": {"int": [1, 8]}, "n_embd": {"choice": [24, 32]}}},
+         "search.params: a trial may get n_embd=24, n_head=5, and then n_embd: 24 is not divisible by n_head 5"),
     ]:
         spec.write_text(yaml.safe_dump({**data, "search": {**data["search"], **change}}))
         out = launch(str(spec), "--dry-run", "--workdir", str(tmp_path / "w"))
@@ -124,3 +129,61 @@ def test_two_workers_on_the_cluster_and_a_preempted_worker_resumes_its_trial(tmp
     assert records[-1]["event"] in ("finished", "pruned")
     assert next(r for r in rows if r["trial"] == number)["state"] in (optuna.trial.TrialState.COMPLETE.name,
                                                                      optuna.trial.TrialState.PRUNED.name)
+
+
+def test_a_trial_that_fails_is_marked_failed_even_on_resume_and_a_worker_with_only_failures_ends_non_zero(
+        tmp_path, tiny_corpus):
+    import optuna
+
+    from tinygpt.launch.manifest import load, save
+    from tinygpt.launch.search import trials
+    from tinygpt.search_worker import open_study
+
+    work = tmp_path / "w"
+    spec = optuna_spec(tmp_path, tiny_corpus, "failing", 2, 1, 5)
+    assert launch(str(spec), "--dry-run", "--workdir", str(work)).returncode == 0
+    path = work / "jobs" / "failing" / "manifest.json"
+    manifest = load(path)
+    # A trial left RUNNING by an earlier life, drawn from a space that has changed since (a third choice)
+    study = open_study(manifest["search"], "failing", 0)
+    left = study.ask()
+    left.suggest_categorical("n_head", [1, 2, 4, 8])
+    (work / "runs" / "failing" / "worker=0").mkdir(parents=True)
+    (work / "runs" / "failing" / "worker=0" / "worker.json").write_text(json.dumps({"trial": left.number}))
+    # ... and every new trial fails too: a width no head count divides, as a hand-edited manifest could say
+    manifest["base"]["n_embd"] = 31
+    save(path, manifest)
+
+    def worker() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "tinygpt.search_worker", str(path), "0"], capture_output=True,
+                              text=True, env=python_env(), cwd=ROOT, timeout=300)
+
+    out = worker()
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert f"resuming trial {left.number}" in out.stdout and "every trial this worker ran failed (2)" in out.stdout
+    rows = trials(load(path))
+    assert [r["state"] for r in rows] == [optuna.trial.TrialState.FAIL.name] * 2, rows
+    assert "dynamic value space" in optuna.load_study(study_name="failing", storage=study._storage).trials[
+        left.number].user_attrs["error"]
+    again = worker()  # the next life resumes nothing: the study has its trials
+    assert again.returncode == 0 and "the study has its 2 trials; done" in again.stdout, again.stdout
+
+
+def test_a_relaunch_with_another_search_space_is_refused_once_the_study_has_begun(tmp_path, tiny_corpus):
+    work = tmp_path / "w"
+    spec = optuna_spec(tmp_path, tiny_corpus, "space", 2, 1, 5)
+    assert launch(str(spec), "--dry-run", "--workdir", str(work)).returncode == 0
+    journal = work / "jobs" / "space" / "optuna.journal"
+    journal.write_text("")  # (a study has begun: its journal exists)
+    data = yaml.safe_load(spec.read_text())
+    data["search"]["params"]["n_head"] = {"choice": [1, 2]}
+    spec.write_text(yaml.safe_dump(data))
+    before = (work / "jobs" / "space" / "manifest.json").read_text()
+    out = launch(str(spec), "--dry-run", "--workdir", str(work))
+    assert out.returncode == 1 and "not those of the Optuna study sweep `space` has begun" in out.stderr, out.stderr
+    assert "Give the spec a new `name`" in out.stderr and "Traceback" not in out.stderr
+    assert (work / "jobs" / "space" / "manifest.json").read_text() == before
+    data["search"]["trials"] = 4  # more trials of the same space is fine
+    data["search"]["params"]["n_head"] = PARAMS["n_head"]
+    spec.write_text(yaml.safe_dump(data))
+    assert launch(str(spec), "--dry-run", "--workdir", str(work)).returncode == 0

@@ -96,3 +96,21 @@ def test_a_random_search_runs_locally(tmp_path, tiny_corpus):
                              capture_output=True, text=True, env=python_env(), cwd=ROOT, timeout=300)
         assert out.returncode == 0, out.stdout + out.stderr
         assert len(list((Path(work) / "runs" / "rs").glob("trial=*/checkpoints/*.pt"))) >= 2
+
+
+def test_an_optuna_launch_checks_every_value_and_every_pair_of_values():
+    dists = {"n_head": ("int", [1, 8]), "n_embd": ("choice", [24, 32]), "lr": ("loguniform", [1e-4, 1e-2])}
+    few = search.points_to_check({"dists": dists})
+    assert len(few) == 8 * 2 * 2 and {(p["n_head"], p["n_embd"]) for p in few} == {
+        (h, e) for h in range(1, 9) for e in (24, 32)}
+    # Too many combinations for all of them: every pair of values of every two keys, the others at their first
+    many = {**dists, "n_layer": ("int", [1, 40]), "block_size": ("int", [8, 200])}
+    points = search.points_to_check({"dists": many})
+    values = {k: search.values_to_check(*d) for k, d in many.items()}
+    assert math.prod(len(v) for v in values.values()) > search.POINTS_CHECKED and len(points) < 10_000
+    for a in many:
+        for b in many:
+            if a != b:
+                assert {(p[a], p[b]) for p in points} == {(x, y) for x in values[a] for y in values[b]}, (a, b)
+    # A range too wide to walk is checked at its ends
+    assert search.values_to_check("int", [1, 10_000]) == [1, 10_000]

@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import json
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -74,9 +75,28 @@ def next_trial(study, search: dict[str, Any], state: Path, worker: int):
     return trial, False
 
 
-def run_trial(trial, manifest: dict, run: dict, say) -> int | None:
-    """Train one trial; tell the study how it ended. Returns an exit status when the worker must stop now
-    (preempted: the job is being requeued), else None."""
+def run_trial(trial, manifest: dict, run: dict, say) -> tuple[str, int | None]:
+    """Train one trial and tell the study how it ended: (its state, an exit status when the worker must stop
+    now, preempted and being requeued, else None). A trial that fails in any way, a resumed one included, is
+    told FAIL: one left RUNNING would be resumed, and fail, in every life of the worker."""
+    import optuna
+
+    try:
+        return _train_trial(trial, manifest, run)
+    except Exception as err:  # (a bug's traceback is printed; the study moves on)
+        trial.set_user_attr("error", str(err)[:2000])
+        trial.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        if not isinstance(err, TrialError):
+            traceback.print_exc()
+        say(f"trial {trial.number} failed: {err}; marked failed")
+        return "FAIL", None
+
+
+class TrialError(Exception):
+    """A trial that cannot train: its point is not a valid config, or the trainer stopped with an error."""
+
+
+def _train_trial(trial, manifest: dict, run: dict) -> tuple[str, int | None]:
     import optuna
 
     from . import config as config_mod
@@ -89,10 +109,7 @@ def run_trial(trial, manifest: dict, run: dict, say) -> int | None:
     try:
         cfg = config_mod.build({**manifest["base"], **run["overrides"], **params, "out_dir": str(out_dir)})
     except config_mod.ConfigError as err:
-        trial.set_user_attr("error", str(err))
-        trial.study.tell(trial, state=optuna.trial.TrialState.FAIL)
-        say(f"trial {trial.number}: {params} is not a valid config ({err}); marked failed")
-        return None
+        raise TrialError(f"{params} is not a valid config ({err})") from None
     trial.set_user_attr("run_dir", str(out_dir))
 
     def report(step: int, val_loss: float) -> bool:
@@ -102,18 +119,15 @@ def run_trial(trial, manifest: dict, run: dict, say) -> int | None:
     try:
         result = trainer.train(cfg, eval_hook=report)
     except trainer.TrainingError as err:
-        trial.set_user_attr("error", str(err))
-        trial.study.tell(trial, state=optuna.trial.TrialState.FAIL)
-        say(f"trial {trial.number} failed: {err}")
-        return None
+        raise TrialError(str(err)) from None
     if result.pruned:
         trial.set_user_attr("pruned_at", result.step)
         trial.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-    elif result.finished:
+        return "PRUNED", None
+    if result.finished:
         trial.study.tell(trial, result.best_val_loss)
-    else:
-        return result.exit_code  # stopped by a signal and saved: the trial resumes in the next life
-    return None
+        return "COMPLETE", None
+    return "RUNNING", result.exit_code  # stopped by a signal and saved: the trial resumes in the next life
 
 
 def main(argv: list[str]) -> int:
@@ -132,6 +146,7 @@ def main(argv: list[str]) -> int:
     def say(message: str) -> None:
         print(f"search worker {worker}: {message}", flush=True)
 
+    ended: list[str] = []  # the states of the trials this worker ended in this life
     while True:
         if preemption.EARLY_SIGNALS:  # a signal between two trials: stop here (nothing to save)
             signal_name = preemption.EARLY_SIGNALS[0]
@@ -143,12 +158,16 @@ def main(argv: list[str]) -> int:
             return 0
         trial, resumed = next_trial(study, manifest["search"], state, worker)
         if trial is None:
+            if ended and ended.count("FAIL") == len(ended):
+                say(f"every trial this worker ran failed ({len(ended)}); see the errors above")
+                return 1
             say(f"the study has its {manifest['search']['trials']} trials; done")
             return 0
         say(f"{'resuming' if resumed else 'starting'} trial {trial.number}")
-        stop = run_trial(trial, manifest, run, say)
+        outcome, stop = run_trial(trial, manifest, run, say)
         if stop is not None:
             return stop
+        ended.append(outcome)
         state.unlink(missing_ok=True)
 
 

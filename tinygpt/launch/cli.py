@@ -156,7 +156,13 @@ def _launch(args) -> int:
 def _launch_locked(sweep, args) -> int:
     from . import plan as plan_mod
 
-    _refuse_if_live(sweep, args.spec)
+    manifest_path = sweep.workdir / "jobs" / sweep.name / "manifest.json"
+    if manifest_path.exists():  # launched before: its jobs and its study come first
+        from . import manifest as manifest_mod
+
+        previous = manifest_mod.load(manifest_path)
+        _refuse_if_live(previous, sweep, args.spec)
+        _refuse_changed_search(previous, sweep)
     plan = plan_mod.build(sweep, None if args.local else _snapshot(sweep, args.no_snapshot))
     steps = {}
     if args.chain and not args.local:
@@ -238,17 +244,13 @@ def _snapshot(sweep, live: bool):
     return snap
 
 
-def _refuse_if_live(sweep, spec: str) -> None:
+def _refuse_if_live(manifest: dict, sweep, spec: str) -> None:
     """A sweep whose jobs are pending or running reads its files when each task starts: launching it again
     (even a dry run, which rewrites its configs and scripts) would change what those jobs train. The queue
     decides; when Slurm cannot say, nothing is written either (the guard fails closed)."""
     from . import manifest as manifest_mod
     from . import slurm_cli, status
 
-    manifest_path = sweep.workdir / "jobs" / sweep.name / "manifest.json"
-    if not manifest_path.exists():
-        return
-    manifest = manifest_mod.load(manifest_path)
     names = {run["index"]: run["name"] for run in manifest["runs"]}
     jobs = {job: names.get(index, index) for index, job in manifest_mod.task_job_ids(manifest).items()}
     jobs |= {s["job_id"]: f"the chain's {s['role']} step" for s in manifest.get("submissions", []) if s.get("role")}
@@ -266,6 +268,17 @@ def _refuse_if_live(sweep, spec: str) -> None:
         raise LaunchError(f"sweep `{sweep.name}` has jobs that are still live: {', '.join(live)}. They read this "
                           f"sweep's files when they start, so nothing was written; wait for them to end, cancel "
                           f"them (python launch.py cancel {spec}), or launch the spec under another `name`")
+
+
+def _refuse_changed_search(manifest: dict, sweep) -> None:
+    """An Optuna study's trials were drawn from its space: a relaunch with other `search.params` would leave
+    them unreadable to the sampler (and a trial left running could never resume), so it is refused."""
+    before = manifest.get("search") or {}
+    after = (sweep.search or {}).get("dists")
+    if before.get("dists") is not None and Path(before["journal"]).exists() and before["dists"] != after:
+        raise LaunchError(f"search.params: not those of the Optuna study sweep `{sweep.name}` has begun "
+                          f"({before['journal']}); a study keeps its space. Give the spec a new `name` to start "
+                          f"another study, or put search.params back as they were: {before['dists']}")
 
 
 def _print_plan(plan, args, steps: dict) -> None:

@@ -17,12 +17,13 @@ like a grid point (the trainer's schema, before anything is written).
 `method: optuna` (with `workers: W`, `sampler: tpe|random`, `pruner: asha|median|none`) makes the sweep W
 array tasks, each an Optuna worker (tinygpt/search_worker.py) on one study in a journal file under the
 sweep's folder: it asks for a trial, trains it, reports the validation loss at every evaluation and stops
-the trial when the pruner says so. The trial's values are drawn by Optuna from the same `params`; the
-lowest and the highest values are checked together at launch.
+the trial when the pruner says so. The trial's values are drawn by Optuna from the same `params`; at
+launch every value a trial may get is checked, and every combination of two (points_to_check).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from pathlib import Path
@@ -144,12 +145,34 @@ def _optuna_settings(raw: dict, problems: list[str]) -> dict[str, Any] | None:
     return {"workers": workers, "sampler": sampler, "pruner": pruner}
 
 
-def extremes(settings: dict[str, Any]) -> list[dict[str, Any]]:
-    """The lowest and the highest value of every parameter together: a check of what the search may ask."""
-    def end(kind: str, args: list, last: bool) -> Any:
-        return args[-1 if last else 0]
+INT_VALUES_CHECKED = 256  # an `int` range up to this wide is checked value by value (divisibility needs it)
+POINTS_CHECKED = 5_000  # every combination up to this many, else every pair of values (each check ~0.1 ms)
 
-    return [{key: end(*dist, last) for key, dist in settings["dists"].items()} for last in (False, True)]
+
+def values_to_check(kind: str, args: list) -> list:
+    """The values of one parameter that a launch check covers: every choice, every whole number of a range
+    (up to INT_VALUES_CHECKED, else its ends), the ends of a float range."""
+    if kind == "choice":
+        return list(args)
+    if kind == "int" and args[1] - args[0] < INT_VALUES_CHECKED:
+        return list(range(args[0], args[1] + 1))
+    return [args[0], args[1]]
+
+
+def points_to_check(settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """Points that cover what an Optuna search may ask: every combination of the parameters' values when
+    there are few, else every pair of values of every two parameters (the others at their first value),
+    which covers every constraint between two keys (heads divide the width, min_lr <= lr)."""
+    values = {key: values_to_check(*dist) for key, dist in settings["dists"].items()}
+    if math.prod(len(v) for v in values.values()) <= POINTS_CHECKED:
+        return [dict(zip(values, combo)) for combo in itertools.product(*values.values())]
+    first = {key: v[0] for key, v in values.items()}
+    points = {}
+    for a, b in itertools.combinations(values, 2):
+        for x, y in itertools.product(values[a], values[b]):
+            point = {**first, a: x, b: y}
+            points[tuple(point.items())] = point
+    return list(points.values())
 
 
 def trials(manifest: dict) -> list[dict[str, Any]]:

@@ -46,6 +46,7 @@ RESOURCE_KEYS = ("nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "m
 BACKENDS = ("sbatch", "submitit")
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+-]{0,119}")
 LAUNCHER_KEYS = {"out_dir": "runs/<sweep>/<run>", "sweep": "the spec's name"}  # set by the launcher, never a spec
+SHOWN_FAILING_POINTS = 3  # an Optuna search that fails on many combinations shows this many, then a count
 
 
 @dataclass(frozen=True)
@@ -340,7 +341,8 @@ def _pack(raw: Any, backend: str, optuna: dict | None, problems: list[str]) -> i
 
 
 def _optuna(data: dict, inputs: dict[str, Any], problems: list[str]) -> dict[str, Any] | None:
-    """An Optuna search's settings, its lowest and highest values checked with the trainer's schema."""
+    """An Optuna search's settings; every value a trial may get, and every pair of values, checked with the
+    trainer's schema (search.points_to_check)."""
     if search.method(data.get("search")) != "optuna":
         return None
     if data.get("grid") is not None or data.get("runs") is not None:
@@ -348,12 +350,19 @@ def _optuna(data: dict, inputs: dict[str, Any], problems: list[str]) -> dict[str
     settings = search.check(data["search"], problems)
     if settings is None:
         return None
-    for end, point in zip(("lowest", "highest"), search.extremes(settings)):
-        flat = _check_keys(point, "search.params", problems)
+    points = search.points_to_check(settings)
+    _check_keys(points[0], "search.params", problems)  # (unknown and launcher-owned keys: said once)
+    failing = []
+    for point in points:
         try:
-            train_config.build({**inputs, **flat, "out_dir": "/"})
+            train_config.build({**inputs, **_check_keys(point, "search.params", []), "out_dir": "/"})
         except ConfigError as err:
-            problems.extend(f"search.params with every {end} value: {p}" for p in err.problems)
+            failing.append((point, err.problems))
+    for point, found in failing[:SHOWN_FAILING_POINTS]:
+        problems.extend(f"search.params: a trial may get {search.params_text(point)}, and then {p}" for p in found)
+    if len(failing) > SHOWN_FAILING_POINTS:
+        problems.append(f"search.params: {len(failing) - SHOWN_FAILING_POINTS} more combination(s) of "
+                        f"{len(points)} checked fail too; narrow the ranges or choices")
     return {**settings, "dists": {k: list(v) for k, v in settings["dists"].items()}}
 
 
