@@ -66,6 +66,10 @@ CASES = [
     ("submitit-value-backslash", "spec", "name: s\nbackend: submitit\nresources: {constraint: 'a\\b'}\n",
      "holds a backslash, which sbatch takes as an escape"),
     ("srun-args-command", "spec", "name: s\nresources: {srun_args: [hostname]}\n", "'hostname' is not an option"),
+    ("snapshot-limit", "spec", "name: s\nsnapshot_max_file_mb: 0\n",
+     "snapshot_max_file_mb: expected a number of megabytes > 0"),
+    ("search-choice-fails", "spec", "name: s\ntrain: {n_embd: 32}\nsearch: {method: optuna, trials: 2, params: "
+     "{n_head: {choice: [2, 3, 4]}}}\n", "search.params: a trial may get n_head=3, and then n_embd: 32 is not"),
     ("sample-top-k", "sample", "--top-k -3", "--top-k: must be >= 0 (0: all characters), got -3"),
     ("sample-temperature", "sample", "--temperature nan", "--temperature: must be a number > 0, got nan"),
     ("sample-device", "sample", "--device banana", "--device: must be cpu, cuda or cuda:N, got 'banana'"),

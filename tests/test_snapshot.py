@@ -110,3 +110,45 @@ def test_a_queued_job_runs_the_code_it_was_submitted_with(checkout, tmp_path, ti
     assert start["git"]["commit"] == git(checkout, "rev-parse", "HEAD").strip()
     logs = "".join(p.read_text() for p in (work / "logs" / "held").rglob("*") if p.suffix in (".out", ".err"))
     assert "the edited checkout ran" not in logs
+
+
+def test_a_snapshot_holds_only_what_is_inside_the_repository_and_shares_unchanged_files(checkout, tmp_path):
+    dest = tmp_path / "code"
+    outside = tmp_path / "outside.py"
+    outside.write_text("VALUE = 1\n")
+    (checkout / "outside_link.py").symlink_to(outside)  # a link out of the repository, to a file
+    (checkout / "inside_abs").symlink_to(checkout / "tinygpt")  # an absolute link into the repository
+    git(checkout, "add", "outside_link.py", "inside_abs")
+    first = snapshot.take(checkout, dest)
+    copied = first.path / "outside_link.py"
+    assert not copied.is_symlink() and copied.read_text() == "VALUE = 1\n"
+    outside.write_text("VALUE = 2\n")  # what the file becomes later does not reach the queued jobs
+    assert copied.read_text() == "VALUE = 1\n"
+    assert (first.path / "inside_abs").readlink() == Path("tinygpt")  # relative: the snapshot's, not the checkout's
+    assert (first.path / "inside_abs" / "model.py").is_file()
+
+    # A one-line change makes a new snapshot that shares every other file with the first (one inode each)
+    model = checkout / "tinygpt" / "model.py"
+    model.write_text(model.read_text() + "# changed\n")
+    second = snapshot.take(checkout, dest)
+    assert second.digest != first.digest
+    shared = [rel for rel in git(checkout, "ls-files").split() if (first.path / rel).is_file()
+              and not (first.path / rel).is_symlink()
+              and (first.path / rel).stat().st_ino == (second.path / rel).stat().st_ino]
+    assert "tinygpt/trainer.py" in shared and "tinygpt/model.py" not in shared
+    files = [rel for rel in git(checkout, "ls-files").split() if (first.path / rel).is_file()
+             and not (first.path / rel).is_symlink()]
+    assert sorted(shared) == sorted(set(files) - {"tinygpt/model.py", "outside_link.py"})  # all but the changed
+    assert (second.path / "hpc_lab" / "04_tinygpt" / "train.sbatch").stat().st_mode & 0o111
+
+    # Refused, naming the file and the way out: a link outside to a folder, and a file over the size limit
+    (checkout / "outside_dir").symlink_to(tmp_path)
+    git(checkout, "add", "outside_dir")
+    with pytest.raises(snapshot.LaunchError, match="outside_dir is a link to .* outside the repository and not a"):
+        snapshot.take(checkout, dest)
+    git(checkout, "rm", "-q", "--cached", "outside_dir")
+    (checkout / "big.bin").write_bytes(b"\0" * 2_000_001)
+    git(checkout, "add", "big.bin")
+    with pytest.raises(snapshot.LaunchError, match=r"big.bin is 2.0 MB, over the 2 MB .* `snapshot_max_file_mb`"):
+        snapshot.take(checkout, dest, max_file_bytes=2_000_000)
+    assert snapshot.take(checkout, dest, max_file_bytes=3_000_000).files == first.files + 1

@@ -233,7 +233,8 @@ def _snapshot(sweep, live: bool):
               f"the job starts")
         return None
     start = time.perf_counter()
-    snap = snapshot.take(plan_mod.REPO_ROOT, sweep.workdir / "jobs" / sweep.name / "code")
+    snap = snapshot.take(plan_mod.REPO_ROOT, sweep.workdir / "jobs" / sweep.name / "code",
+                         int(sweep.snapshot_max_file_mb * 1e6))
     version = f" of {snap.commit[:10]}" if snap.commit else " (not a git checkout: the package files)"
     print(f"code: snapshot {snap.digest}{version}{' with uncommitted changes' if snap.dirty else ''}, "
           f"{snap.files} files, {snap.bytes / 1e6:.2f} MB, {'reused' if snap.reused else 'taken'} in "

@@ -5,7 +5,10 @@ runs whatever the checkout holds then. So at submission the tracked files as the
 (HEAD plus uncommitted changes to tracked files; untracked files are left out, as `git stash` would) are
 copied into `<workdir>/jobs/<sweep>/code/<digest>/`, named by a hash of their paths, modes and contents,
 and the batch scripts put that folder first on PYTHONPATH. Launching unchanged code again reuses the
-folder. A checkout that is not a git repository snapshots the package (`tinygpt/`, `launch.py`,
+folder; a changed checkout makes a new one that shares its unchanged files with the earlier ones (hard
+links into `code/.objects/`, each content stored once). Only what is inside the repository is taken: a link
+that points outside is copied as the file it points to, and a tracked file over `snapshot_max_file_mb`
+(10 MB) is refused at launch. A checkout that is not a git repository snapshots the package (`tinygpt/`, `launch.py`,
 `pyproject.toml`). `SNAPSHOT.json` in the folder says what it holds; the trainer copies it into each
 run's provenance.json.
 """
@@ -27,6 +30,8 @@ from tinygpt import durable
 from .errors import LaunchError
 
 RECORD = "SNAPSHOT.json"
+OBJECTS = ".objects"  # under the sweep's code/: each file content once, which the snapshots hard-link
+MAX_FILE_BYTES = 10_000_000  # a tracked file larger than this is refused (`snapshot_max_file_mb` in a spec)
 
 
 @dataclass(frozen=True)
@@ -64,16 +69,31 @@ def source_files(root: Path) -> tuple[list[str], str | None, bool | None]:
     return [f for f in listed.split("\0") if f], commit, None if status is None else bool(status.strip())
 
 
-def _contents(root: Path, files: list[str]) -> list[tuple[str, bytes, str]]:
+def _contents(root: Path, files: list[str], max_file_bytes: int) -> list[tuple[str, bytes, str]]:
     """(path, bytes, kind) of each file: kind "file", "exec" or "link" (bytes: where the link points); tracked
-    files deleted from the tree are left out."""
+    files deleted from the tree are left out. A link stays a link when it points inside the repository; one
+    that points outside is copied as the file it points to (the jobs must not run what that file becomes),
+    and one to a folder or to nothing outside is refused. A file over `max_file_bytes` is refused."""
+    real_root = root.resolve()
     out = []
     for rel in files:
         path = root / rel
         try:
             if path.is_symlink():
-                out.append((rel, os.readlink(path).encode("utf-8", "surrogateescape"), "link"))
-            elif path.is_file():  # (not: deleted in the working tree, or a submodule's folder)
+                target = Path(os.path.realpath(path))
+                if target == real_root or real_root in target.parents:
+                    out.append((rel, _inside_link(path, rel, real_root, target), "link"))
+                    continue
+                if not target.is_file():
+                    raise LaunchError(f"code snapshot: {rel} is a link to {os.readlink(path)}, outside the repository "
+                                      f"and not a file, so the jobs could not be given what it holds; make it a file "
+                                      f"or a link inside the repository, or launch with --no-snapshot")
+            if path.is_file():  # (not: deleted in the working tree, or a submodule's folder)
+                if path.stat().st_size > max_file_bytes:
+                    raise LaunchError(f"code snapshot: {rel} is {path.stat().st_size / 1e6:.1f} MB, over the "
+                                      f"{max_file_bytes / 1e6:g} MB a snapshot copies of one file; untrack it (git rm "
+                                      f"--cached {rel}), raise `snapshot_max_file_mb` in the spec, or launch with "
+                                      f"--no-snapshot")
                 out.append((rel, path.read_bytes(), "exec" if os.access(path, os.X_OK) else "file"))
         except OSError as err:
             raise LaunchError(f"code snapshot: cannot read {path} ({err.strerror}); fix it or launch with "
@@ -81,10 +101,19 @@ def _contents(root: Path, files: list[str]) -> list[tuple[str, bytes, str]]:
     return out
 
 
-def take(root: Path, dest_dir: Path) -> Snapshot:
+def _inside_link(path: Path, rel: str, real_root: Path, target: Path) -> bytes:
+    """Where a link inside the repository points, relative to itself (an absolute link would point at the live
+    checkout, not at the snapshot)."""
+    link = os.readlink(path)
+    if not os.path.isabs(link):
+        return link.encode("utf-8", "surrogateescape")
+    return os.path.relpath(target, (real_root / rel).parent).encode("utf-8", "surrogateescape")
+
+
+def take(root: Path, dest_dir: Path, max_file_bytes: int = MAX_FILE_BYTES) -> Snapshot:
     """Snapshot the code under `root` into `dest_dir/<digest>/` (or reuse the one there)."""
     files, commit, dirty = source_files(root)
-    contents = _contents(root, files)
+    contents = _contents(root, files, max_file_bytes)
     digest = hashlib.sha256()
     for rel, data, kind in contents:
         digest.update(f"{rel}\0{len(data)}\0{kind}\0".encode("utf-8", "surrogateescape") + data)
@@ -100,18 +129,14 @@ def take(root: Path, dest_dir: Path) -> Snapshot:
     tmp = Path(tempfile.mkdtemp(dir=dest_dir, prefix=durable.temp_prefix(target), suffix=durable.TEMP_SUFFIX))
     record = {"digest": name, "commit": commit, "dirty": dirty, "source": str(root), "files": len(contents),
               "bytes": size, "taken_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    record_file = (RECORD, (json.dumps(record, indent=1) + "\n").encode(), "file")
-    for rel, data, kind in [*contents, record_file]:
+    durable.write(tmp / RECORD, json.dumps(record, indent=1) + "\n")
+    for rel, data, kind in contents:
         path = tmp / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         if kind == "link":
             path.symlink_to(data.decode("utf-8", "surrogateescape"))
-            continue
-        with open(path, "wb") as fh:  # each file on disk before the folder takes its name: a crash
-            fh.write(data)            # never leaves a snapshot that would be reused with empty files
-            os.fsync(fh.fileno())
-        if kind == "exec":
-            path.chmod(0o755)
+        else:
+            _place(_stored(dest_dir / OBJECTS, data, kind), path)
     try:
         os.replace(tmp, target)
     except OSError:  # another launch made the same snapshot first: same digest, same files
@@ -119,3 +144,20 @@ def take(root: Path, dest_dir: Path) -> Snapshot:
     durable.fsync_dir(dest_dir)
     return snap
 
+
+def _stored(objects: Path, data: bytes, kind: str) -> Path:
+    """The file holding `data` in the sweep's store of file contents (written once, read-only): snapshots
+    share their unchanged files as hard links to it, so a one-line change copies one file, not the tree."""
+    path = objects / (hashlib.sha256(data).hexdigest() + (".x" if kind == "exec" else ""))
+    if not path.is_file():  # (each on disk before it takes its name: a crash never leaves one half-written)
+        with durable.replacing(path) as fh:
+            fh.write(data)
+            os.fchmod(fh.fileno(), 0o555 if kind == "exec" else 0o444)
+    return path
+
+
+def _place(stored: Path, path: Path) -> None:
+    try:
+        os.link(stored, path)
+    except OSError:  # a filesystem without hard links: a copy of its own
+        shutil.copy2(stored, path)

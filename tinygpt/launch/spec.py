@@ -16,6 +16,7 @@
                                   # sbatch_options / srun_args passed through (see passthrough.py)
     array_parallelism: 4          # at most this many array tasks at once
     pack: 2                       # two runs at once in each array task, sharing its CPUs and GPUs
+    snapshot_max_file_mb: 10      # the code snapshot refuses a tracked file larger than this
 
 With both `grid` and `runs`, the sweep has the grid's points followed by the explicit runs. Each run's
 trainer config is checked with the trainer's own schema, and every problem in the file is reported at
@@ -40,7 +41,7 @@ from .errors import LaunchError
 from .profiles import Profile, format_time, parse_mem_mb, parse_time_min
 
 SPEC_KEYS = ("name", "description", "cluster", "backend", "train", "grid", "search", "runs", "resources",
-             "array_parallelism", "pack")
+             "array_parallelism", "pack", "snapshot_max_file_mb")
 RESOURCE_KEYS = ("nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "mem", "time", "partition", "qos",
                  "account", "constraint", "exclude", "sbatch_options", "srun_args")
 BACKENDS = ("sbatch", "submitit")
@@ -99,6 +100,7 @@ class Sweep:
     varying: list[str] = field(default_factory=list)  # keys whose value differs between runs
     search: dict[str, Any] | None = None  # an Optuna search's settings (search.py); its runs are the workers
     pack: int = 1  # runs at once in each array task, sharing its CPUs and GPUs
+    snapshot_max_file_mb: float = 10.0  # the code snapshot refuses a tracked file larger than this
 
 
 def _value_token(key: str, value: Any) -> str:
@@ -304,6 +306,11 @@ def load(path: str | Path, workdir: str | Path = ".", cluster: str | None = None
         problems.append(f"array_parallelism: expected a whole number >= 1, got {parallel!r}")
         parallel = None
 
+    max_file_mb = data.get("snapshot_max_file_mb", 10.0)
+    if isinstance(max_file_mb, bool) or not isinstance(max_file_mb, (int, float)) or not 0 < max_file_mb < 1e9:
+        problems.append(f"snapshot_max_file_mb: expected a number of megabytes > 0 (the largest tracked file a "
+                        f"code snapshot copies), got {max_file_mb!r}")
+        max_file_mb = 10.0
     base = _base(data.get("train"), profile, problems)
     forced = _check_keys(overrides or {}, "--set", problems)
     optuna = _optuna(data, {"data_dir": str(workdir / "data"), **base, **forced, "sweep": name}, problems)
@@ -322,7 +329,8 @@ def load(path: str | Path, workdir: str | Path = ".", cluster: str | None = None
     unique_problems = list(dict.fromkeys(problems))
     if unique_problems:
         raise LaunchError(unique_problems, str(path))
-    return Sweep(name, path, profile, backend, resources, parallel, workdir, runs, varying, optuna, pack)
+    return Sweep(name, path, profile, backend, resources, parallel, workdir, runs, varying, optuna, pack,
+                 float(max_file_mb))
 
 
 def _pack(raw: Any, backend: str, optuna: dict | None, problems: list[str]) -> int:
