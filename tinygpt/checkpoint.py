@@ -4,7 +4,8 @@
 
 A checkpoint is written through `durable` (a temporary file, fsynced, renamed into place, the folder
 fsynced), so a file with the final name is complete, unless the storage corrupted it afterwards (or
-something else was put there): loading checks that the file unpickles and holds every part, and a bad
+something else was put there): loading checks that the file unpickles, holds every part and matches the
+SHA-256 of its contents saved with it (a changed byte of a tensor loads without an error), and a bad
 newest checkpoint is skipped with a warning in favour of the one before. When a run starts, every file
 that does not load is set aside (renamed `<name>.corrupt`, never deleted), so the newest `keep` (at least
 2) that are kept are all usable.
@@ -17,6 +18,7 @@ with `torch.load(..., weights_only=True)`: the parts give tensors, numbers, stri
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -82,10 +84,44 @@ def save(out_dir: str | Path, step: int, parts: Mapping[str, Stateful], meta: di
     states = {name: part.state_dict() for name, part in parts.items()}
     final = path_for_step(out_dir, step)
     if write:
-        with durable.replacing(final) as fh:
-            torch.save({"format": FORMAT_VERSION, "step": step, "meta": meta, "parts": states}, fh)
+        state = {"format": FORMAT_VERSION, "step": step, "meta": meta, "parts": states}
+        try:
+            with durable.replacing(final) as fh:
+                torch.save({**state, "digest": digest(state)}, fh)
+        except RuntimeError as err:  # torch's zip writer reports the OS's refusal (a full disk) as its own
+            if isinstance(err.__context__, OSError):
+                raise OSError(err.__context__.errno, err.__context__.strerror, str(final)) from None
+            raise
         prune(out_dir, max(2, keep))
     return final
+
+
+def digest(state: Any) -> str:
+    """A SHA-256 of everything a checkpoint holds, every tensor's bytes and every other value: a changed
+    byte anywhere (a tensor's data, a number in the pickle) loads without an error, so only this shows it."""
+    h = hashlib.sha256()
+
+    def walk(x: Any) -> None:
+        if isinstance(x, torch.Tensor):
+            t = x.detach().cpu().contiguous()
+            h.update(f"T{t.dtype}{tuple(t.shape)}:".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy())
+        elif isinstance(x, dict):
+            h.update(b"{")
+            for key, value in x.items():
+                h.update(repr(key).encode() + b":")
+                walk(value)
+            h.update(b"}")
+        elif isinstance(x, (list, tuple)):
+            h.update(b"[" if isinstance(x, list) else b"(")
+            for value in x:
+                walk(value)
+            h.update(b"]")
+        else:
+            h.update(repr((type(x).__name__, x)).encode() + b",")
+
+    walk(state)
+    return h.hexdigest()
 
 
 def prune(out_dir: str | Path, keep: int) -> None:
@@ -138,6 +174,9 @@ def load(path: str | Path, required: Collection[str] = (), map_location: str = "
         raise CheckpointError(f"{path}: incomplete, missing {', '.join(missing)}")
     if type(state["step"]) is not int or not isinstance(state["meta"], dict):
         raise CheckpointError(f"{path}: damaged (its step or meta is not what tinygpt writes)")
+    saved = state.pop("digest", None)
+    if saved is not None and saved != digest(state):  # (none: written before checkpoints carried one)
+        raise CheckpointError(f"{path}: damaged (its contents no longer match the digest saved with them)")
     return Checkpoint(path, state["step"], state["meta"], parts)
 
 

@@ -102,7 +102,10 @@ def sherlock_text(data_dir: Path) -> str:
     """The Adventures of Sherlock Holmes (Gutenberg #1661), cached after the first download."""
     cached = data_dir / "sherlock" / "input.txt"
     if cached.exists():
-        return cached.read_text(encoding="utf-8")
+        try:
+            return cached.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise DataError(f"{cached}: is not UTF-8 text (damaged); delete it to download it again") from None
     raw = _download(SHERLOCK_URL).decode("utf-8-sig").replace("\r\n", "\n")
     text = strip_gutenberg(raw)
     durable.write(cached, text.encode("utf-8"))
@@ -235,15 +238,15 @@ def _locked(folder: Path) -> Iterator[None]:
 
 def _fresh(folder: Path, digest: str) -> dict | None:
     try:
-        meta = json.loads((folder / "meta.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if meta.get("sha256") != digest or meta.get("format") != FORMAT_VERSION:
-        return None
-    for split in ("train", "val"):
-        f = folder / f"{split}.bin"
-        if not f.exists() or f.stat().st_size != 2 * meta["split"][split]:
+        meta = json.loads((folder / "meta.json").read_bytes())
+        if meta.get("sha256") != digest or meta.get("format") != FORMAT_VERSION:
             return None
+        for split in ("train", "val"):
+            f = folder / f"{split}.bin"
+            if not f.exists() or f.stat().st_size != 2 * meta["split"][split]:
+                return None
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):  # (damaged: prepared again)
+        return None
     return meta
 
 

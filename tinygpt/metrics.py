@@ -10,6 +10,7 @@ whole record (a process killed mid-line, a damaged disk) is skipped, never fatal
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from . import durable
@@ -40,12 +41,27 @@ def parse(line: str | bytes) -> dict | None:
 
 
 def read(path: str | Path) -> list[dict]:
-    """Every whole record in the file, in order; [] when there is no file or it cannot be read."""
+    """Every whole record in the file, in order; [] when there is no file or it cannot be read. Each line
+    that is not a record is said once (file and line) on stderr, but for a last line without its line
+    break, which may be being written."""
     try:
         data = Path(path).read_bytes()
     except OSError:
         return []
-    return [r for r in map(parse, data.splitlines()) if r is not None]
+    records = []
+    lines = data.split(b"\n")
+    for number, line in enumerate(lines, start=1):
+        record = parse(line)
+        if record is not None:
+            records.append(record)
+        elif line.strip() and number < len(lines) and (str(path), number) not in _WARNED:
+            _WARNED.add((str(path), number))
+            print(f"warning: {path} line {number} is not a metrics record ({line[:60]!r}); skipped",
+                  file=sys.stderr)
+    return records
+
+
+_WARNED: set[tuple[str, int]] = set()  # (file, line) said already by this process
 
 
 class MetricsLog:

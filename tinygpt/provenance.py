@@ -34,7 +34,8 @@ def git_state() -> dict:
     """The code's commit and whether it had uncommitted changes; for code run from a launcher's snapshot
     (tinygpt/launch/snapshot.py), what the snapshot recorded when it was taken, and its digest."""
     try:
-        snap = json.loads((REPO / "SNAPSHOT.json").read_text())
+        snap = json.loads((REPO / "SNAPSHOT.json").read_bytes())
+        snap = snap if isinstance(snap, dict) else {}
         return {"commit": snap.get("commit"), "dirty": snap.get("dirty"), "snapshot": snap.get("digest"),
                 "snapshot_path": str(REPO)}
     except (OSError, ValueError):

@@ -53,7 +53,7 @@ def load_run(run_dir: Path, name: str | None = None) -> RunSummary:
     curve = [(rec["step"], rec["val_loss"]) for rec in metrics.read(run_dir / "metrics.jsonl")
              if rec.get("val_loss") is not None]
     sample_path = run_dir / "samples.txt"
-    sample = sample_path.read_text() if sample_path.exists() else None
+    sample = sample_path.read_text(errors="replace") if sample_path.exists() else None
     vals = [v for _, v in curve]
     return RunSummary(name or run_dir.name, run_dir, cfg, curve, vals[-1] if vals else None,
                       min(vals) if vals else None, sample)

@@ -140,7 +140,8 @@ def _gone(holder: dict, refreshed_at: float) -> bool:
             return True
         except (PermissionError, KeyError, ValueError, TypeError):
             pass
-    if holder.get("slurm_job") and holder["slurm_job"] == me["slurm_job"] and holder.get("restart", 0) < me["restart"]:
+    if holder.get("slurm_job") and holder["slurm_job"] == me["slurm_job"] and \
+            isinstance(holder.get("restart", 0), int) and holder.get("restart", 0) < me["restart"]:
         return True  # an older life of this very job: Slurm ended it before starting this one
     return time.time() - refreshed_at > STALE_S
 
@@ -148,9 +149,10 @@ def _gone(holder: dict, refreshed_at: float) -> bool:
 def _read(fd: int) -> dict:
     try:
         os.lseek(fd, 0, os.SEEK_SET)
-        return json.loads(os.read(fd, 65536) or b"{}")
+        record = json.loads(os.read(fd, 65536) or b"{}")
     except (OSError, ValueError):
         return {}
+    return record if isinstance(record, dict) else {}  # (damaged: no holder is known)
 
 
 def _write(fd: int, record: dict) -> None:

@@ -28,8 +28,10 @@ from . import durable, preemption
 def open_study(search: dict[str, Any], name: str, worker: int):
     import optuna
 
+    from . import study_journal
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(search["journal"]))
+    storage = study_journal.storage(search["journal"])
     seed = search["seed"] + worker  # (workers with the same seed would draw the same startup trials)
     sampler = (optuna.samplers.TPESampler(seed=seed) if search["sampler"] == "tpe"
                else optuna.samplers.RandomSampler(seed=seed))
@@ -60,7 +62,7 @@ def next_trial(study, search: dict[str, Any], state: Path, worker: int):
 
     try:
         number = json.loads(state.read_text())["trial"]
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, TypeError):  # (none, or damaged: no trial to resume)
         number = None
     trials = study.get_trials(deepcopy=False)
     left = [t for t in trials if t.number == number and t.state == optuna.trial.TrialState.RUNNING]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +54,61 @@ def load(path: Path) -> dict[str, Any]:
         raise LaunchError(f"{path}: not a valid manifest ({err})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
-        raise LaunchError(f"{path}: manifest format {found}, this version reads {FORMAT}; launch the spec again")
+        raise LaunchError(f"{path}: manifest format {found!r}, this version reads {FORMAT}; launch the spec again")
+    if problem := damage(manifest):
+        raise LaunchError(f"{path}: the manifest is damaged ({problem}), so the sweep's runs and jobs cannot be "
+                          f"read from it; if none of its jobs is queued or running (squeue --me), move it aside "
+                          f"(mv {path} {path}.corrupt) and launch the spec again")
     return manifest
+
+
+def _is(kind: type | tuple[type, ...]) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, kind) and not isinstance(v, bool)
+
+
+_WHOLE, _TEXT, _MAP = _is(int), _is(str), _is(dict)
+_NUMBER = _is((int, float))
+_SHAPE = {"name": _TEXT, "workdir": _TEXT, "logs_dir": _TEXT, "backend": _TEXT, "base": _MAP, "code": _MAP,
+          "resources": _MAP, "runs": _is(list), "submissions": _is(list),
+          "search": lambda v: v is None or (isinstance(v, dict) and _MAP(v.get("dists")) and _TEXT(v.get("journal"))
+                                            and all(_WHOLE(v.get(k)) for k in ("trials", "seed")))}
+_RUN = {"index": _WHOLE, "name": _TEXT, "out_dir": _TEXT, "overrides": _MAP}
+_SUBMISSION = {"backend": _TEXT, "job_id": _TEXT, "submitted_at": _NUMBER,
+               "indices": lambda v: isinstance(v, list) and all(_WHOLE(i) for i in v)}
+_SUBMISSION_OPTIONAL = {"offset": _WHOLE, "pack": lambda v: _WHOLE(v) and v >= 1, "array": _TEXT,
+                        "per_run_ids": lambda v: _MAP(v) and all(_TEXT(k) and _TEXT(i) for k, i in v.items()),
+                        "role": _TEXT, "script": _TEXT, "folder": _TEXT}
+
+
+def damage(manifest: dict[str, Any]) -> str | None:
+    """What is wrong with a manifest's shape (the first thing found), or None: every key a command reads has
+    the type it is read as, so no command meets a KeyError or a TypeError halfway."""
+    def wrong(record: dict, shape: dict, optional: dict, where: str) -> str | None:
+        for key, ok in shape.items():
+            if not ok(record.get(key)):
+                return f"{where}`{key}` is {record.get(key)!r:.60}"
+        for key, ok in optional.items():
+            if key in record and not ok(record[key]):
+                return f"{where}`{key}` is {record[key]!r:.60}"
+        return None
+
+    if problem := wrong(manifest, _SHAPE, {}, ""):
+        return problem
+    for i, run in enumerate(manifest["runs"]):
+        if not isinstance(run, dict) or run.get("index") != i:
+            return f"runs[{i}] is not run {i}"
+        if problem := wrong(run, _RUN, {}, f"runs[{i}]."):
+            return problem
+    for i, sub in enumerate(manifest["submissions"]):
+        if not isinstance(sub, dict):
+            return f"submissions[{i}] is {sub!r:.60}"
+        if problem := wrong(sub, _SUBMISSION, _SUBMISSION_OPTIONAL, f"submissions[{i}]."):
+            return problem
+        if any(not 0 <= index < len(manifest["runs"]) for index in sub["indices"]):
+            return f"submissions[{i}].indices name runs the sweep does not have"
+        if "per_run_ids" in sub and any(str(index) not in sub["per_run_ids"] for index in sub["indices"]):
+            return f"submissions[{i}].per_run_ids lack a job of a run it names"
+    return None
 
 
 def config_file(manifest_path: Path, manifest: dict[str, Any], index: int) -> Path:
@@ -66,7 +120,7 @@ def config_file(manifest_path: Path, manifest: dict[str, Any], index: int) -> Pa
     cfg = train_config.build({**manifest["base"], **run["overrides"], "out_dir": run["out_dir"]})
     path = Path(manifest_path).parent / "configs" / f"{run['name']}.yaml"
     text = train_config.dump_yaml(cfg)
-    if not path.is_file() or path.read_text() != text:
+    if not path.is_file() or path.read_bytes() != text.encode():
         durable.write(path, text)
     return path
 

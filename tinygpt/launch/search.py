@@ -179,11 +179,13 @@ def trials(manifest: dict) -> list[dict[str, Any]]:
     """The trials of an Optuna sweep's study, as rows: number, state, value, pruned at, worker, params."""
     import optuna
 
+    from tinygpt import study_journal
+
     search = manifest["search"]
     if not Path(search["journal"]).is_file():
         return []
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(search["journal"]))
+    storage = study_journal.storage(search["journal"])
     try:
         study = optuna.load_study(study_name=manifest["name"], storage=storage)
     except KeyError:  # the journal exists, the study not yet
