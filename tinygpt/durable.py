@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import IO
 
 TEMP_SUFFIX = ".tmp"
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
 
 
 def temp_prefix(path: Path) -> str:
@@ -24,23 +26,28 @@ def temp_prefix(path: Path) -> str:
 
 
 @contextlib.contextmanager
-def replacing(path: str | Path, mode: str = "wb") -> Iterator[IO]:
+def replacing(path: str | Path, mode: str = "wb", sync_dir: bool = True) -> Iterator[IO]:
     """A new file to write that takes `path`'s place, whole, when the block ends without an error; on an
-    error the temporary file is removed and `path` is as it was."""
+    error the temporary file is removed and `path` is as it was. `sync_dir=False` leaves the folder's fsync
+    to the caller (one for many files)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=temp_prefix(path), suffix=TEMP_SUFFIX)
+    os.fchmod(fd, 0o666 & ~_UMASK)  # (mkstemp's file is private: the file it replaces was not)
     try:
         with os.fdopen(fd, mode) as fh:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(err, OSError) and err.filename is None:  # (a failed write names no file: say which)
+            raise OSError(err.errno, err.strerror, str(path)) from None
         raise
-    fsync_dir(path.parent)
+    if sync_dir:
+        fsync_dir(path.parent)
 
 
 def write(path: str | Path, data: str | bytes) -> None:

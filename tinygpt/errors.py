@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 
 class ProblemsError(Exception):
     """One or more problems; `problems` holds one message each. Printed without a traceback."""
@@ -15,3 +17,19 @@ class ProblemsError(Exception):
         else:
             text = head + f"{len(self.problems)} problems:\n" + "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(text)
+
+
+_FILESYSTEM = {  # errno -> (the cause in words, the fix)
+    errno.ENOSPC: ("no space left on the device", "free space on it"),
+    errno.EDQUOT: ("the disk quota is used up", "free space within your quota (or ask for more)"),
+    errno.EROFS: ("the filesystem is read-only", "use a directory on a writable filesystem"),
+    errno.EACCES: ("permission denied", "check the owner and permissions (ls -ld), or use a directory of your own"),
+    errno.EPERM: ("not permitted", "check the owner and permissions (ls -ld), or use a directory of your own"),
+}
+FULL = (errno.ENOSPC, errno.EDQUOT)  # refusals that pass once space is freed
+
+
+def filesystem_message(err: OSError) -> str:
+    """One plain line for the filesystem's refusal of a read or write: the path, the cause, the fix."""
+    cause, fix = _FILESYSTEM.get(err.errno, (err.strerror or str(err), "check the path"))
+    return f"{err.filename or 'a file'}: {cause}; {fix}"

@@ -16,6 +16,7 @@ import sys
 
 from . import config as config_mod
 from . import preemption
+from .errors import FULL, filesystem_message
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,6 +40,11 @@ def main(argv: list[str] | None = None) -> int:
         return trainer.train(cfg).exit_code
     except (DataError, trainer.TrainingError, PrecisionError, TrackingError, RunDirBusy) as err:
         print(f"error: {err}", file=sys.stderr)
+        return 1
+    except OSError as err:  # the filesystem refused (full, read-only, permissions): what, where, and the fix
+        again = "; then run the same command again: the run resumes from its newest checkpoint" \
+            if err.errno in FULL else ""
+        print(f"error: cannot go on: {filesystem_message(err)}{again}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -119,6 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     except LaunchError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except OSError as err:  # the filesystem refused (full, read-only, permissions): nothing half-written
+        from tinygpt.errors import filesystem_message
+
+        print(f"error: {filesystem_message(err)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -137,6 +137,7 @@ def take(root: Path, dest_dir: Path, max_file_bytes: int = MAX_FILE_BYTES) -> Sn
             path.symlink_to(data.decode("utf-8", "surrogateescape"))
         else:
             _place(_stored(dest_dir / OBJECTS, data, kind), path)
+    durable.fsync_dir(dest_dir / OBJECTS)
     try:
         os.replace(tmp, target)
     except OSError:  # another launch made the same snapshot first: same digest, same files
@@ -150,7 +151,7 @@ def _stored(objects: Path, data: bytes, kind: str) -> Path:
     share their unchanged files as hard links to it, so a one-line change copies one file, not the tree."""
     path = objects / (hashlib.sha256(data).hexdigest() + (".x" if kind == "exec" else ""))
     if not path.is_file():  # (each on disk before it takes its name: a crash never leaves one half-written)
-        with durable.replacing(path) as fh:
+        with durable.replacing(path, sync_dir=False) as fh:  # (take() syncs the folder once)
             fh.write(data)
             os.fchmod(fh.fileno(), 0o555 if kind == "exec" else 0o444)
     return path
