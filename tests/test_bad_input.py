@@ -70,6 +70,15 @@ CASES = [
      "snapshot_max_file_mb: expected a number of megabytes > 0"),
     ("search-choice-fails", "spec", "name: s\ntrain: {n_embd: 32}\nsearch: {method: optuna, trials: 2, params: "
      "{n_head: {choice: [2, 3, 4]}}}\n", "search.params: a trial may get n_head=3, and then n_embd: 32 is not"),
+    ("wandb-project", "spec", "name: s\ntrain: {loggers: [wandb], wandb_project: team/runs}\n",
+     "wandb_project: 'team/runs' is not a name W&B takes: 1 to 128 characters, none of / \\ # ? % :"),
+    ("seed-range", "train", "--seed 18446744073709551616", "seed: must be a whole number from 0 to 9,007,199,"),
+    ("spec-resume-missing", "spec", "name: s\ntrain: {resume: /nonexistent/step_00000100.pt}\n",
+     "resume: /nonexistent/step_00000100.pt does not exist; check the path"),
+    ("spec-data-dir", "spec", "name: s\ntrain: {data_dir: /dev/null/data}\n",
+     "data_dir: '/dev/null/data' cannot hold the prepared data (/dev/null is not a directory)"),
+    ("optuna-seed", "spec", "name: s\nsearch: {method: optuna, trials: 2, workers: 2, seed: -1, params: "
+     "{lr: {loguniform: [1.0e-4, 1.0e-2]}}}\n", "search.seed: an Optuna search's seed must be from 0 to 2^32"),
     ("sample-top-k", "sample", "--top-k -3", "--top-k: must be >= 0 (0: all characters), got -3"),
     ("sample-temperature", "sample", "--temperature nan", "--temperature: must be a number > 0, got nan"),
     ("sample-device", "sample", "--device banana", "--device: must be cpu, cuda or cuda:N, got 'banana'"),

@@ -23,7 +23,7 @@ def test_logs_show_the_latest_life_or_all_and_status_says_why_a_run_failed(tmp_p
     work = tmp_path / "w"
     spec = tmp_path / "three.yaml"
     spec.write_text(f"name: three\ntrain: {{data_file: {tiny_corpus}, {TINY}}}\nruns:\n  - {{name: ok}}\n"
-                    "  - {name: bad, resume: /nonexistent/ckpt.pt}\n  - {name: twice, max_steps: 400}\n"
+                    f"  - {{name: bad, resume: {tiny_corpus}}}\n  - {{name: twice, max_steps: 400}}\n"
                     "resources: {time: '00:10:00'}\n")
     assert launch(str(spec), "--workdir", str(work)).returncode == 0
     from tinygpt.launch.manifest import load, task_job_ids
@@ -42,9 +42,9 @@ def test_logs_show_the_latest_life_or_all_and_status_says_why_a_run_failed(tmp_p
 
     bad = launch("logs", str(spec), "bad", "--workdir", str(work))
     assert bad.returncode == 0 and f"==> run bad (#1), job {ids[1]} on node" in bad.stdout, bad.stdout + bad.stderr
-    assert "resume: checkpoint /nonexistent/ckpt.pt does not exist" in bad.stdout
+    assert f"resume: {tiny_corpus}: unreadable: not a whole checkpoint file" in bad.stdout  # (a text file)
     status = launch("status", str(spec), "--workdir", str(work))
-    assert f"bad ({ids[1]} FAILED): error: resume: checkpoint /nonexistent/ckpt.pt does not exist" in status.stdout
+    assert f"bad ({ids[1]} FAILED): error: resume: {tiny_corpus}: unreadable" in status.stdout
     assert "ok (" not in status.stdout.split("failed")[-1]  # only the failed run is explained
 
     latest = launch("logs", str(spec), "2", "--workdir", str(work)).stdout  # by number

@@ -183,8 +183,12 @@ class RunConfig:
             problems.append(f"peak_flops: must be > 0 (or unset), got {self.peak_flops}")
         if self.max_requeues < 0:
             problems.append(f"max_requeues: must be >= 0, got {self.max_requeues}")
+        if not 0 <= self.seed <= MAX_SEED:
+            problems.append(f"seed: must be a whole number from 0 to {MAX_SEED:,} (2^53 - 1), got {self.seed}")
         _check_choices(self, problems)
 
+
+MAX_SEED = 2**53 - 1  # every rank's seeds are derived from it (seed * 1000 + ...), within torch's 64 bits
 
 LOGGERS = ("tensorboard", "wandb")
 TRACKING_EXTRA = 'pip install -e ".[tracking]"'  # what installs the trackers' packages (pyproject.toml)
@@ -202,6 +206,14 @@ class TrackConfig:
 
     def check(self, problems: list[str]) -> None:
         _check_choices(self, problems)
+        for name in ("wandb_project", "wandb_entity"):
+            value = getattr(self, name)
+            if value is not None and (not value or len(value) > 128 or set(value) & set(WANDB_FORBIDDEN)):
+                problems.append(f"{name}: {value!r} is not a name W&B takes: 1 to 128 characters, none of "
+                                f"{' '.join(c for c in WANDB_FORBIDDEN if c.isprintable())} or a line break; e.g. tinygpt-shakespeare")
+
+
+WANDB_FORBIDDEN = "/\\#?%:\n\r"  # what W&B refuses in a project (or entity) name: it is part of a URL
 
 
 def _check_choices(section: Any, problems: list[str]) -> None:

@@ -114,6 +114,9 @@ def check(raw: Any, problems: list[str]) -> dict[str, Any] | None:
     if isinstance(seed, bool) or not isinstance(seed, int):
         problems.append(f"search.seed: expected a whole number, got {seed!r}")
         seed = 0
+    if extra and not 0 <= seed <= 2**32 - extra["workers"]:  # (worker w's sampler is seeded seed + w: numpy's range)
+        problems.append(f"search.seed: an Optuna search's seed must be from 0 to 2^32 - workers "
+                        f"({2**32 - extra['workers']:,}), got {seed}")
     params = raw.get("params")
     if not isinstance(params, dict) or not params:
         problems.append("search.params: expected a mapping of trainer keys to distributions, e.g. "

@@ -380,21 +380,24 @@ def check_workdir(workdir: str | Path) -> Path:
     if "\x00" in str(workdir):
         raise LaunchError(f"--workdir: {str(workdir)!r} holds a NUL character; give a directory path")
     where = Path(os.path.abspath(workdir))
-    problem = None
-    if any(len(part.encode()) > 255 for part in where.parts) or len(str(where).encode()) > 3000:
-        problem = "a name in it is too long"
-    else:
-        existing = where
-        while not existing.exists():
-            existing = existing.parent
-        if not existing.is_dir():
-            problem = f"{existing} is not a directory"
-        elif not os.access(existing, os.W_OK | os.X_OK):
-            problem = f"{existing} is not writable"
-    if problem:
+    if problem := unwritable_dir(where):
         raise LaunchError(f"--workdir: {str(workdir)[:200]!r} cannot hold jobs/, logs/ and runs/ ({problem}); "
                           f"give a directory you can write to")
     return where.resolve()
+
+
+def unwritable_dir(where: Path) -> str | None:
+    """Why a directory (made with its parents where missing) could not be written in, or None."""
+    if any(len(part.encode()) > 255 for part in where.parts) or len(str(where).encode()) > 3000:
+        return "a name in it is too long"
+    existing = where
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    return None
 
 
 def _base(raw: Any, profile: Profile | None, problems: list[str]) -> dict[str, Any]:
@@ -471,7 +474,13 @@ def _runs(points, grid_size: int, varying: list[str], base: dict[str, Any], forc
         merged = {"data_dir": str(workdir / "data"), **base, **point, **forced,
                   "out_dir": str(workdir / "runs" / sweep / label), "sweep": sweep}
         if merged.get("data_file"):
-            merged["data_file"] = _data_file(merged["data_file"], label, problems)
+            merged["data_file"] = _input_file("data_file", merged["data_file"], label, problems)
+        if merged.get("resume") not in (None, "auto", "never"):
+            merged["resume"] = _input_file("resume", merged["resume"], label, problems)
+        if isinstance(merged["data_dir"], str) and "\x00" not in merged["data_dir"] and \
+                (problem := unwritable_dir(Path(os.path.abspath(os.path.expanduser(merged["data_dir"]))))):
+            problems.append(f"run `{label}`: data_dir: {merged['data_dir']!r} cannot hold the prepared data "
+                            f"({problem}); give a directory you can write to")
         try:
             runs.append(Run(index, label, point, train_config.build(merged), merged))
         except ConfigError as err:
@@ -479,26 +488,27 @@ def _runs(points, grid_size: int, varying: list[str], base: dict[str, Any], forc
     return runs
 
 
-def _data_file(data_file: Any, label: str, problems: list[str]) -> str:
-    """The absolute path of a run's data file (the job may start elsewhere), checked to hold text."""
+def _input_file(key: str, value: Any, label: str, problems: list[str]) -> str:
+    """The absolute path of a file a run reads (`data_file`, a `resume` checkpoint), checked to exist (a data
+    file to hold something): the job may start elsewhere, and every run would fail on it."""
     try:
-        file = Path(str(data_file)).expanduser()
+        file = Path(str(value)).expanduser()
     except RuntimeError:  # ~user of no user here: the trainer's config check says so
-        return str(data_file)
+        return str(value)
     if not file.is_absolute():
         file = Path.cwd() / file
     try:
         file.stat()
     except (OSError, ValueError) as err:  # (ValueError: a NUL character, which the config check names)
         if not isinstance(err, FileNotFoundError):
-            problems.append(f"run `{label}`: data_file: {data_file!r} cannot be used "
+            problems.append(f"run `{label}`: {key}: {value!r} cannot be used "
                             f"({getattr(err, 'strerror', None) or err}); check the path")
             return str(file)
     if not file.is_file():
-        problems.append(f"run `{label}`: data_file: {data_file} does not exist; check the path "
+        problems.append(f"run `{label}`: {key}: {value} does not exist; check the path "
                         f"(relative paths start at {Path.cwd()})")
-    elif file.stat().st_size == 0:
-        problems.append(f"run `{label}`: data_file: {data_file} is empty; give a file with text in it")
+    elif key == "data_file" and file.stat().st_size == 0:
+        problems.append(f"run `{label}`: data_file: {value} is empty; give a file with text in it")
     return str(file)
 
 
