@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # that passes did not pass by luck. `pytest --hypothesis-profile hunt` (with TINYGPT_FUZZ_EXAMPLES=N for a
 # larger budget) draws fresh random cases by hand, to find what the fixed ones miss.
 settings.register_profile("repeatable", derandomize=True, database=None, print_blob=True)
-settings.register_profile("hunt", derandomize=False, print_blob=True)
+settings.register_profile("hunt", derandomize=False, print_blob=True,
+                          max_examples=int(os.environ.get("TINYGPT_FUZZ_EXAMPLES", "1000")))
 settings.load_profile("repeatable")
 SHARED_DATA = ROOT.parent / "shared" / "data"
 

@@ -3,7 +3,7 @@ of the wrong type at any level, a file cut short, garbage lines, garbage bytes) 
 resume over them. No traceback, and nothing that was valid is lost: a damaged record is skipped with a
 warning, a damaged file that cannot be used is named with what to do.
 
-The cases are drawn the same way on every run (conftest's "repeatable" profile); TINYGPT_DAMAGE_EXAMPLES=N
+The cases are drawn the same way on every run (conftest's "repeatable" profile); TINYGPT_FUZZ_EXAMPLES=N
 with `--hypothesis-profile hunt` draws N fresh ones."""
 
 import copy
@@ -23,7 +23,7 @@ from tinygpt import checkpoint, config, metrics, trainer
 from tinygpt.launch.manifest import save
 
 # (no shrinking: each case runs every command, and the failing case is printed as drawn)
-SETTINGS = settings(max_examples=int(os.environ.get("TINYGPT_DAMAGE_EXAMPLES", "12")), deadline=None,
+SETTINGS = settings(max_examples=int(os.environ.get("TINYGPT_FUZZ_EXAMPLES", "12")), deadline=None,
                     phases=[Phase.explicit, Phase.reuse, Phase.generate],
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 

@@ -154,3 +154,43 @@ def test_a_distributed_rank_skips_python_finalisation_at_exit(monkeypatch, world
     with pytest.raises(SystemExit):
         train_mod.exit_process(75)
     assert calls == [(leaves_by, 75)]
+
+
+def one_rank(tmp_path, corpus, rank: int, world: int, port: int, timeout: float = 4, **env) -> subprocess.Popen:
+    """One rank of a torchrun-style world, started alone (its peers never come)."""
+    cmd = [sys.executable, "-m", "tinygpt.train", *TINY_FLAGS, "--data-file", str(corpus), "--out-dir",
+           str(tmp_path / f"rank{rank}"), "--data-dir", str(tmp_path / "data"), "--join-timeout", str(timeout)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1", **env))
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.distributed
+def test_a_join_that_cannot_complete_ends_in_its_time_naming_the_master_and_the_missing_ranks(tmp_path, tiny_corpus):
+    port = free_port()
+    alone = one_rank(tmp_path, tiny_corpus, 0, 3, port)  # ranks 1 and 2 never start
+    _, err = alone.communicate(timeout=120)
+    assert alone.returncode == 1 and "Traceback" not in err, err
+    assert f"rank(s) 1, 2 of 3 never arrived at the master 127.0.0.1:{port} within 4 s" in err, err
+    nobody = one_rank(tmp_path, tiny_corpus, 1, 2, free_port())  # no rank 0 serves the rendezvous
+    _, err = nobody.communicate(timeout=120)
+    assert nobody.returncode == 1 and "Traceback" not in err, err
+    assert "rank 1 on " in err and "could not reach the master at 127.0.0.1:" in err and "within 4 s" in err, err
+
+
+def test_a_loopback_master_for_a_job_on_several_nodes_is_refused_before_anything_waits(tmp_path, tiny_corpus):
+    two_nodes = one_rank(tmp_path, tiny_corpus, 0, 2, free_port(), timeout=600, LOCAL_WORLD_SIZE="1")
+    _, err = two_nodes.communicate(timeout=120)  # (it would wait 600 s if it did not refuse)
+    assert two_nodes.returncode == 1 and "Traceback" not in err, err
+    assert "the master address 127.0.0.1 is the loopback of each machine, but the job spans 2 nodes" in err, err
+    assert d.detect({"RANK": "0", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}).nodes == 2
+    assert d.detect({"SLURM_PROCID": "0", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_NNODES": "2",
+                     "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_JOB_ID": "7"}).nodes == 2

@@ -156,6 +156,9 @@ class RunConfig:
     preempt_signal: str = _f("USR2", "signal Slurm sends before the time limit (SIGTERM is always handled)",
                              PREEMPT_SIGNALS)
     max_requeues: int = _f(20, "give up requeueing after this many restarts")
+    join_timeout: float = _f(600.0, "seconds the ranks may take to find each other at start (a slow shared "
+                                    "filesystem delays their imports); then the message names the master and "
+                                    "the ranks that never arrived")
     sweep: str | None = _f(None, "the sweep this run belongs to (set by the launcher; the W&B group)")
 
     def check(self, problems: list[str]) -> None:
@@ -183,6 +186,8 @@ class RunConfig:
             problems.append(f"peak_flops: must be > 0 (or unset), got {self.peak_flops}")
         if self.max_requeues < 0:
             problems.append(f"max_requeues: must be >= 0, got {self.max_requeues}")
+        if not 0 < self.join_timeout < float("inf"):
+            problems.append(f"join_timeout: must be a number of seconds > 0, got {self.join_timeout}")
         if not 0 <= self.seed <= MAX_SEED:
             problems.append(f"seed: must be a whole number from 0 to {MAX_SEED:,} (2^53 - 1), got {self.seed}")
         _check_choices(self, problems)

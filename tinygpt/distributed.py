@@ -8,15 +8,23 @@ Detection order:
 3. otherwise one process.
 
 A Slurm batch shell itself (SLURM_JOB_ID set, SLURM_STEP_ID unset, one task) counts as one process.
+
+Joining checks itself (`init`): a job on several nodes whose master address is a loopback one is refused
+before anything waits (each node would wait for a world of its own), and the join is bounded: each rank
+says it has arrived in the rendezvous store, and when the time runs out the message names the master's
+address and port and, on rank 0, the ranks that never arrived.
 """
 
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import os
 import re
 import shutil
+import socket
 import subprocess
+import time
 from dataclasses import dataclass
 
 DEFAULT_PORT_BASE = 20000
@@ -31,6 +39,7 @@ class DistEnv:
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
     launcher: str = "single"  # "single", "torchrun" or "slurm"
+    nodes: int = 1  # how many machines the ranks are spread over
 
     @property
     def is_distributed(self) -> bool:
@@ -119,6 +128,8 @@ def detect(environ: dict[str, str] | None = None) -> DistEnv:
             master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
             master_port=int(env.get("MASTER_PORT", 29500)),
             launcher="torchrun",
+            nodes=int(env.get("GROUP_WORLD_SIZE") or env.get("NNODES") or
+                      int(env["WORLD_SIZE"]) // max(1, int(env.get("LOCAL_WORLD_SIZE") or env["WORLD_SIZE"]))),
         )
     ntasks = int(env.get("SLURM_NTASKS", env.get("SLURM_NPROCS", "1")) or 1)
     if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env and ntasks > 1:
@@ -131,27 +142,76 @@ def detect(environ: dict[str, str] | None = None) -> DistEnv:
             master_addr=env.get("MASTER_ADDR") or first_host(nodelist),
             master_port=int(env.get("MASTER_PORT") or port_for_job(job_id)),
             launcher="slurm",
+            nodes=int(env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES") or 1),
         )
     return DistEnv()
 
 
-def init(dist_env: DistEnv, device: str, timeout_s: float = 300.0) -> None:
-    """Join the process group (NCCL on CUDA, gloo on CPU) with a bounded timeout."""
+class JoinError(RuntimeError):
+    """The ranks could not form their process group: what was wrong and what to check."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name or an address) is this machine's loopback (127.0.0.0/8, ::1, localhost)."""
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):  # (a name that does not resolve here: the join will say so)
+        return False
+
+
+def check(dist_env: DistEnv) -> None:
+    """Refuse, before anything waits, a master address that cannot work for this job."""
+    if dist_env.nodes > 1 and is_loopback(dist_env.master_addr):
+        raise JoinError(
+            f"rank {dist_env.rank} on {socket.gethostname()}: the master address {dist_env.master_addr} is the "
+            f"loopback of each machine, but the job spans {dist_env.nodes} nodes, so each would wait for a world "
+            f"of its own; set MASTER_ADDR to the first node's address on the cluster network (or leave it unset "
+            f"under srun), and check that its name does not resolve to 127.0.x.x in the nodes' /etc/hosts")
+
+
+def init(dist_env: DistEnv, device: str, timeout_s: float = 600.0) -> None:
+    """Join the process group (NCCL on CUDA, gloo on CPU), within `timeout_s` or with a JoinError."""
     if not dist_env.is_distributed:
         return
     import torch
     import torch.distributed as dist
 
-    backend = "nccl" if device.startswith("cuda") else "gloo"
+    check(dist_env)
+    where = f"{dist_env.master_addr}:{dist_env.master_port}"
+    deadline = time.monotonic() + timeout_s
+    try:
+        store = dist.TCPStore(dist_env.master_addr, dist_env.master_port, dist_env.world_size,
+                              is_master=dist_env.is_main, timeout=datetime.timedelta(seconds=timeout_s),
+                              wait_for_workers=False)
+    except (RuntimeError, OSError) as err:  # (DistStoreError, DistNetworkError: RuntimeErrors)
+        raise JoinError(f"rank {dist_env.rank} on {socket.gethostname()}: could not reach the master at {where} "
+                        f"within {timeout_s:g} s ({str(err).splitlines()[0][:200]}); check that {dist_env.master_addr} "
+                        f"is the first node's address and that the nodes can reach each other on port "
+                        f"{dist_env.master_port}") from None
+    store.set(f"tinygpt/arrived/{dist_env.rank}", socket.gethostname())
+    if dist_env.is_main:
+        _wait_for_ranks(store, dist_env, deadline, where, timeout_s)
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
-    dist.init_process_group(
-        backend=backend,
-        init_method=f"tcp://{dist_env.master_addr}:{dist_env.master_port}",
-        rank=dist_env.rank,
-        world_size=dist_env.world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
-    )
+    try:
+        dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo", store=store,
+                                rank=dist_env.rank, world_size=dist_env.world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+    except (RuntimeError, OSError) as err:
+        raise JoinError(f"rank {dist_env.rank} on {socket.gethostname()}: the process group at {where} did not "
+                        f"form within {timeout_s:g} s ({str(err).splitlines()[0][:200]}); rank 0's log says "
+                        f"which ranks never arrived") from None
+
+
+def _wait_for_ranks(store, dist_env: DistEnv, deadline: float, where: str, timeout_s: float) -> None:
+    keys = [f"tinygpt/arrived/{r}" for r in range(dist_env.world_size)]
+    while not store.check(keys):
+        if time.monotonic() > deadline:
+            missing = [r for r, key in enumerate(keys) if not store.check([key])]
+            raise JoinError(f"rank 0 on {socket.gethostname()}: rank(s) {', '.join(map(str, missing))} of "
+                            f"{dist_env.world_size} never arrived at the master {where} within {timeout_s:g} s; "
+                            f"their own logs say why (they may not have started, or cannot reach {where})")
+        time.sleep(0.2)
 
 
 def teardown() -> None:

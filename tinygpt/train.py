@@ -32,13 +32,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from . import trainer  # torch, from here on
     from .data import DataError
+    from .distributed import JoinError
     from .precision import PrecisionError
     from .rundir_lock import RunDirBusy
     from .tracking import TrackingError
 
     try:
         return trainer.train(cfg).exit_code
-    except (DataError, trainer.TrainingError, PrecisionError, TrackingError, RunDirBusy) as err:
+    except (DataError, trainer.TrainingError, PrecisionError, TrackingError, RunDirBusy, JoinError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     except OSError as err:  # the filesystem refused (full, read-only, permissions): what, where, and the fix

@@ -204,7 +204,7 @@ class Trainer:
         device = precision_mod.pick_device(run.device, self.dist.local_rank)
         policy = precision_mod.resolve_policy(device, run.precision, run.compile)
         precision_mod.apply(policy)
-        dist_mod.init(self.dist, device)
+        dist_mod.init(self.dist, device, run.join_timeout)
         if self.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
         return device, policy
