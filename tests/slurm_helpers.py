@@ -170,3 +170,25 @@ def counting_shim(tmp_path: Path, command: str) -> tuple[dict[str, str], Path]:
     shim.write_text(f'#!/bin/bash\nprintf "%s\\n" "$*" >> "{count}"\nexec {real} "$@"\n')
     shim.chmod(0o755)
     return {"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}, count
+
+
+def trainer_pid(task_id: str, rank: int, timeout: float = 120) -> int:
+    """The pid of rank `rank` of array task `task_id` (`123_1`): the local cluster's nodes share this machine's
+    processes, and each trainer's environment says its job, task and rank."""
+    array, task = task_id.split("_")
+
+    def find() -> int | None:
+        for proc in Path("/proc").iterdir():
+            try:
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+                if b"tinygpt.train" not in argv or argv[0].endswith(b"srun"):  # (srun's own line names it too)
+                    continue
+                env = dict(v.split("=", 1) for v in (proc / "environ").read_text().split("\0") if "=" in v)
+            except (OSError, ValueError):
+                continue
+            if (env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID"), env.get("SLURM_PROCID")) == \
+                    (array, task, str(rank)):
+                return int(proc.name)
+        return None
+
+    return wait_until(find, timeout=timeout, what=f"rank {rank} of {task_id}")

@@ -194,3 +194,63 @@ def test_a_loopback_master_for_a_job_on_several_nodes_is_refused_before_anything
     assert d.detect({"RANK": "0", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}).nodes == 2
     assert d.detect({"SLURM_PROCID": "0", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_NNODES": "2",
                      "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_JOB_ID": "7"}).nodes == 2
+
+
+def rank_pids(launcher_pid: int, timeout: float = 120) -> dict[int, int]:
+    """{rank: pid} of the trainer processes torchrun started (read from their environment)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = {}
+        for pid in subprocess.run(["pgrep", "-P", str(launcher_pid)], capture_output=True, text=True).stdout.split():
+            try:
+                env = dict(v.split("=", 1) for v in open(f"/proc/{pid}/environ").read().split("\0") if "=" in v)
+            except OSError:
+                continue
+            if "RANK" in env:
+                found[int(env["RANK"])] = int(pid)
+        if len(found) == 2:
+            return found
+        time.sleep(0.2)
+    raise AssertionError("torchrun's two ranks did not appear")
+
+
+@pytest.mark.distributed
+def test_a_stopped_rank_ends_the_run_with_the_live_ranks_stacks_and_a_hung_record_then_it_resumes(
+        tmp_path, tiny_corpus):
+    import contextlib
+    import os
+    import signal
+    import time
+
+    from slurm_helpers import wait_until
+
+    whole, hung = tmp_path / "whole", tmp_path / "hung"
+    flags = ["--max-steps", "200", "--hang-timeout", "3", "--ckpt-interval", "20", "--eval-interval", "50"]
+    torchrun(tmp_path, tiny_corpus, whole, *flags)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "tinygpt.train", *TINY_FLAGS, "--data-file", str(tiny_corpus), "--out-dir", str(hung),
+           "--data-dir", str(tmp_path / "data"), *flags]
+    launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=python_env(OMP_NUM_THREADS="1"))
+    pids = rank_pids(launcher.pid)
+    wait_until(lambda: len([r for r in (read_metrics(hung) if (hung / "metrics.jsonl").exists() else [])
+                            if "lr" in r]) >= 8, timeout=120, what="40 steps")
+    os.kill(pids[1], signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    try:
+        _, err = launcher.communicate(timeout=180)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # (torchrun kills it when rank 0 leaves)
+            os.kill(pids[1], signal.SIGKILL)
+    print(f"\nstopped rank 1: torchrun ended {time.monotonic() - stopped_at:.1f} s later")
+    assert launcher.returncode != 0
+    assert "error: rank 0 on " in err and "for 3 s (hang_timeout)" in err and "no answer from rank(s) 1" in err, err
+    assert "Thread 0x" in err and "(most recent call first)" in err  # rank 0's stacks
+    last = read_metrics(hung)[-1]
+    assert last["event"] == "hung" and last["rank"] == 0 and last["silent_ranks"] == [1], last
+    torchrun(tmp_path, tiny_corpus, hung, *flags)  # the next life resumes from the newest checkpoint
+    resumed, uninterrupted = read_metrics(hung)[-1], read_metrics(whole)[-1]
+    assert resumed["weights_digest"] == uninterrupted["weights_digest"]
+    assert resumed["best_val_loss"] == uninterrupted["best_val_loss"]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, read_metrics
-from slurm_helpers import job_env, wait, wait_until
+from slurm_helpers import job_env, trainer_pid, wait, wait_until
 from tinygpt.launch import resubmit
 from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.manifest import task_job_ids
@@ -128,3 +128,39 @@ def test_resubmit_with_the_submitit_backend(tmp_path, tiny_corpus):
     records = read_metrics(work / "runs" / "pair" / "doomed")
     assert [r["step"] >= 10 for r in records if r.get("event") == "start"] == [False, True]
     assert records[-1]["event"] == "finished"
+
+
+@pytest.mark.slurm
+def test_a_stopped_rank_ends_its_two_node_job_as_hung_and_resubmit_finishes_the_run_exactly(tmp_path, tiny_corpus):
+    """SIGSTOP rank 0 (on node1, where the rendezvous store lives) of a two-node run mid-training: rank 1's
+    watchdog ends the job after hang_timeout with its stacks and a `hung` record; status says HUNG; resubmit
+    finishes the run from its newest checkpoint with the weights of the same run left alone. (A stopped rank
+    1 is the torchrun test's, in test_distributed.py.)"""
+    work = tmp_path / "w"
+    spec = tmp_path / "hang.yaml"
+    spec.write_text(f"name: hang\ntrain: {{data_file: {tiny_corpus}, {TINY}, max_steps: 300, hang_timeout: 3}}\n"
+                    "runs: [{name: steady}, {name: stopped}]\n"
+                    "resources: {nodes: 2, tasks_per_node: 1, time: '00:10:00'}\n")
+    assert launch(str(spec), "--workdir", str(work)).returncode == 0
+    ids = task_job_ids(manifest_of(work, "hang"))
+    metrics = work / "runs" / "hang" / "stopped" / "metrics.jsonl"
+    victim = trainer_pid(ids[1], 0)
+    wait_until(lambda: metrics.exists() and metrics.read_text().count('"lr"') >= 4, timeout=120, poll=0.05,
+               what="the run training past its first checkpoint")
+    os.kill(victim, signal.SIGSTOP)
+    assert wait(ids[1], timeout=120) == "FAILED"
+    assert wait(ids[0], timeout=300) == "COMPLETED"
+    log = (work / "logs" / "hang" / f"{ids[1]}.out").read_text()
+    assert "error: rank 1 on node2: no step, evaluation or checkpoint has completed for 3 s" in log, log[-3000:]
+    assert "no answer from rank(s) 0 (node1)" in log and "(most recent call first)" in log
+    hung = read_metrics(work / "runs" / "hang" / "stopped")[-1]
+    assert (hung["event"], hung["rank"], hung["silent_ranks"], hung["silent_nodes"]) == ("hung", 1, [0], ["node1"])
+    status = launch("status", str(spec), "--workdir", str(work)).stdout
+    assert f"HUNG at step {hung['step']}" in status and "no step, evaluation or checkpoint" in status, status
+    dry = launch("resubmit", str(spec), "--workdir", str(work), "--exclude-failed-nodes", "--dry-run").stdout
+    assert "nodes where a run ended in NODE_FAIL or HUNG: node1" in dry and "resubmitting 1 of 2 run(s): stopped" in dry
+    assert launch("resubmit", str(spec), "--workdir", str(work)).returncode == 0
+    assert wait(task_job_ids(manifest_of(work, "hang"))[1], timeout=300) == "COMPLETED"
+    steady, stopped = (read_metrics(work / "runs" / "hang" / name)[-1] for name in ("steady", "stopped"))
+    assert stopped["event"] == "finished" and stopped["weights_digest"] == steady["weights_digest"]
+    assert stopped["best_val_loss"] == steady["best_val_loss"]

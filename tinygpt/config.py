@@ -156,6 +156,8 @@ class RunConfig:
     preempt_signal: str = _f("USR2", "signal Slurm sends before the time limit (SIGTERM is always handled)",
                              PREEMPT_SIGNALS)
     max_requeues: int = _f(20, "give up requeueing after this many restarts")
+    hang_timeout: float = _f(900.0, "end the job when no step, evaluation or checkpoint completes for this many "
+                                    "seconds, with every live rank's stacks in the log (0: never)")
     join_timeout: float = _f(600.0, "seconds the ranks may take to find each other at start (a slow shared "
                                     "filesystem delays their imports); then the message names the master and "
                                     "the ranks that never arrived")
@@ -186,6 +188,8 @@ class RunConfig:
             problems.append(f"peak_flops: must be > 0 (or unset), got {self.peak_flops}")
         if self.max_requeues < 0:
             problems.append(f"max_requeues: must be >= 0, got {self.max_requeues}")
+        if not 0 <= self.hang_timeout < float("inf"):
+            problems.append(f"hang_timeout: must be a number of seconds >= 0 (0: off), got {self.hang_timeout}")
         if not 0 < self.join_timeout < float("inf"):
             problems.append(f"join_timeout: must be a number of seconds > 0, got {self.join_timeout}")
         if not 0 <= self.seed <= MAX_SEED:
@@ -214,8 +218,9 @@ class TrackConfig:
         for name in ("wandb_project", "wandb_entity"):
             value = getattr(self, name)
             if value is not None and (not value or len(value) > 128 or set(value) & set(WANDB_FORBIDDEN)):
+                forbidden = " ".join(c for c in WANDB_FORBIDDEN if c.isprintable())
                 problems.append(f"{name}: {value!r} is not a name W&B takes: 1 to 128 characters, none of "
-                                f"{' '.join(c for c in WANDB_FORBIDDEN if c.isprintable())} or a line break; e.g. tinygpt-shakespeare")
+                                f"{forbidden} or a line break; e.g. tinygpt-shakespeare")
 
 
 WANDB_FORBIDDEN = "/\\#?%:\n\r"  # what W&B refuses in a project (or entity) name: it is part of a URL

@@ -169,8 +169,10 @@ def check(dist_env: DistEnv) -> None:
             f"under srun), and check that its name does not resolve to 127.0.x.x in the nodes' /etc/hosts")
 
 
-def init(dist_env: DistEnv, device: str, timeout_s: float = 600.0) -> None:
-    """Join the process group (NCCL on CUDA, gloo on CPU), within `timeout_s` or with a JoinError."""
+def init(dist_env: DistEnv, device: str, timeout_s: float = 600.0, collective_timeout_s: float = 1800.0) -> None:
+    """Join the process group (NCCL on CUDA, gloo on CPU), within `timeout_s` or with a JoinError. A collective
+    gives up after `collective_timeout_s`: longer than the watchdog's hang_timeout, so that a hung run ends with
+    the watchdog's account of it (tinygpt/watchdog.py), not with a collective's traceback."""
     if not dist_env.is_distributed:
         return
     import torch
@@ -188,7 +190,7 @@ def init(dist_env: DistEnv, device: str, timeout_s: float = 600.0) -> None:
                         f"within {timeout_s:g} s ({str(err).splitlines()[0][:200]}); check that {dist_env.master_addr} "
                         f"is the first node's address and that the nodes can reach each other on port "
                         f"{dist_env.master_port}") from None
-    store.set(f"tinygpt/arrived/{dist_env.rank}", socket.gethostname())
+    store.set(f"tinygpt/arrived/{dist_env.rank}", f"{socket.gethostname()} {os.getpid()}")
     if dist_env.is_main:
         _wait_for_ranks(store, dist_env, deadline, where, timeout_s)
     if device.startswith("cuda"):
@@ -196,11 +198,19 @@ def init(dist_env: DistEnv, device: str, timeout_s: float = 600.0) -> None:
     try:
         dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo", store=store,
                                 rank=dist_env.rank, world_size=dist_env.world_size,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+                                timeout=datetime.timedelta(seconds=collective_timeout_s))
     except (RuntimeError, OSError) as err:
         raise JoinError(f"rank {dist_env.rank} on {socket.gethostname()}: the process group at {where} did not "
                         f"form within {timeout_s:g} s ({str(err).splitlines()[0][:200]}); rank 0's log says "
                         f"which ranks never arrived") from None
+
+
+def store_client(dist_env: DistEnv, timeout_s: float = 5.0):
+    """A new connection to the rendezvous store on rank 0 (the watchdog's: it must not wait for long)."""
+    import torch.distributed as dist
+
+    return dist.TCPStore(dist_env.master_addr, dist_env.master_port, None, is_master=False,
+                         timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
 
 
 def _wait_for_ranks(store, dist_env: DistEnv, deadline: float, where: str, timeout_s: float) -> None:

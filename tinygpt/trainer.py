@@ -35,6 +35,7 @@ from .metrics import MetricsLog
 from .model import GPT
 from .rundir_lock import RunDirLock
 from .sample import sample_text
+from .watchdog import Watchdog
 
 
 class TrainingError(RuntimeError):
@@ -153,6 +154,12 @@ class Trainer:
             tracking.check_installed(cfg.track.loggers)  # on every rank, before anyone waits for rank 0
             if self.is_main:  # before anything in the run directory is touched: one trainer per directory
                 taken.enter_context(RunDirLock(self.out_dir))
+            # (closed after the process group's teardown, whose barrier waits for every rank: it is watched too)
+            self.watchdog = Watchdog(cfg.run.hang_timeout, self.dist.rank, self.dist.world_size,
+                                     self.out_dir / "metrics.jsonl",
+                                     (lambda: dist_mod.store_client(self.dist)) if self.dist.is_distributed else None,
+                                     self.dist.master_addr)
+            taken.callback(self.watchdog.close)
             taken.callback(dist_mod.teardown)
             self.device, self.policy = self._place(cfg.run)
             self.prepared = prepare_from_config(cfg.data.dataset, cfg.data.data_file, cfg.data.data_dir,
@@ -204,7 +211,7 @@ class Trainer:
         device = precision_mod.pick_device(run.device, self.dist.local_rank)
         policy = precision_mod.resolve_policy(device, run.precision, run.compile)
         precision_mod.apply(policy)
-        dist_mod.init(self.dist, device, run.join_timeout)
+        dist_mod.init(self.dist, device, run.join_timeout, max(1800.0, 2 * run.hang_timeout))
         if self.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
         return device, policy
@@ -309,12 +316,14 @@ class Trainer:
         with self.progress.start(self.state.step):
             while self.state.step < o.max_steps:
                 loss, lr = self.train_step()
+                self.watchdog.beat(self.state.step)
                 step = self.state.step
                 if step % run.log_interval == 0 or step == o.max_steps:
                     self._log_train(loss, lr)
                 pruned = False
                 if step % run.eval_interval == 0 or step == o.max_steps:
                     self._log_eval(self.evaluate())
+                    self.watchdog.beat(self.state.step)
                     pruned = self.eval_hook is not None and dist_mod.any_rank(
                         bool(self.eval_hook(step, self.last_val)), self.device)
                 # A signal is never dropped for a pruning at the same step: the run leaves saved, and the next
@@ -322,6 +331,7 @@ class Trainer:
                 stop = self._stop_reason() or ("pruned" if pruned and step < o.max_steps else None)
                 if stop or step % run.ckpt_interval == 0 or step == o.max_steps:
                     self.save()
+                    self.watchdog.beat(self.state.step)
                 if stop:
                     break
         return self._leave_early(stop) if stop else self._finish()
@@ -445,6 +455,7 @@ class Trainer:
                 sample = sample_text(self.model, self.prepared, run.sample_prompt, run.sample_tokens, run.seed,
                                      self.device)
                 durable.write(self.out_dir / "samples.txt", sample + "\n")
+                self.watchdog.beat(self.state.step)  # (a long sample is progress too)
                 self.say("--- sample " + "-" * 60 + f"\n{sample}\n" + "-" * 71)
             total_s = self.state.elapsed_s()
             self.metrics.write({"step": step, "event": "finished", "best_val_loss": best, "elapsed_s": total_s,

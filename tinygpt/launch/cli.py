@@ -6,7 +6,7 @@
     python launch.py SPEC.yaml --chain          data job -> training array (afterok) -> report job (afterany)
     python launch.py status SPEC.yaml [--watch] a table of the sweep's runs
     python launch.py cancel SPEC.yaml           scancel the sweep's jobs
-    python launch.py resubmit SPEC.yaml         the runs that FAILED, TIMEOUT, NODE_FAIL or OUT_OF_MEMORY, again
+    python launch.py resubmit SPEC.yaml         the runs that FAILED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY or HUNG, again
                      [--time T] [--mem M] [--exclude NODES] [--exclude-failed-nodes] [--states S,...] [--dry-run]
     python launch.py report SPEC.yaml           loss curves, final losses, samples, attention maps
     python launch.py logs SPEC.yaml [RUN]       a run's Slurm log, its latest life [--tail N] [--follow] [--all]
@@ -72,7 +72,7 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
             p.add_argument("--exclude", action="append", default=[], metavar="NODES",
                            help="nodes not to run on, e.g. node3 or node[3-4] (repeatable)")
             p.add_argument("--exclude-failed-nodes", action="store_true",
-                           help="also exclude the nodes on which a run of this sweep ended in NODE_FAIL")
+                           help="also exclude the nodes on which a run of this sweep ended in NODE_FAIL or HUNG")
             p.add_argument("--dry-run", action="store_true", help="say what would be resubmitted, submit nothing")
     p.add_argument("--workdir", default=".", help="where jobs/, logs/ and runs/ go (default: here)")
     return p
@@ -417,7 +417,7 @@ def _resubmit(args) -> int:
     path = _manifest_path(args.spec, args.workdir)
     if args.exclude_failed_nodes:
         bad = resubmit.failed_nodes(status.collect(path), manifest_mod.load(path))
-        print(f"nodes where a run ended in NODE_FAIL: {', '.join(bad) or 'none'}")
+        print(f"nodes where a run ended in NODE_FAIL or HUNG: {', '.join(bad) or 'none'}")
         changes = resubmit.parse_changes(args.time, args.mem, [*args.exclude, *bad])
     manifest_mod.load(path)  # (a sweep never launched is an error here, before the lock makes its folder)
     with manifest_mod.sweep_lock(path.parent):

@@ -18,8 +18,9 @@ from . import slurm_cli, status
 from .errors import LaunchError
 from .profiles import format_time, parse_mem_mb, parse_time_min
 
-DEFAULT_STATES = ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+DEFAULT_STATES = ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "HUNG")
 STATES = (*DEFAULT_STATES, "CANCELLED", "PREEMPTED", "BOOT_FAIL", "DEADLINE")
+BAD_NODE_STATES = ("NODE_FAIL", "HUNG")  # what --exclude-failed-nodes keeps away from
 
 
 @dataclass(frozen=True)
@@ -76,11 +77,12 @@ def select(rows: list[status.Row], states: tuple[str, ...]) -> list[status.Row]:
 
 
 def failed_nodes(rows: list[status.Row], manifest: dict) -> list[str]:
-    """The nodes on which a run of the sweep ended in NODE_FAIL, now or in an earlier submission."""
-    nodes = [r.nodes for r in rows if r.state.startswith("NODE_FAIL") and r.nodes]
+    """The nodes on which a run of the sweep ended in NODE_FAIL, or HUNG (the nodes of its silent ranks), now
+    or in an earlier submission."""
+    nodes = [r.nodes for r in rows if r.state.split()[0] in BAD_NODE_STATES and r.nodes]
     for sub in manifest.get("submissions", []):
         nodes += [b["nodes"] for b in (sub.get("previous") or {}).values()
-                  if b.get("state") == "NODE_FAIL" and b.get("nodes")]
+                  if b.get("state") in BAD_NODE_STATES and b.get("nodes")]
     return list(dict.fromkeys(nodes))
 
 

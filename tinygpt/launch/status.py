@@ -2,7 +2,9 @@
 
 State comes from sacct (accounting); when accounting is off or does not know the job, from squeue; when
 Slurm knows nothing (a --local run, or a job long gone), from what the run directory says. The `from`
-column says which. Progress (step, losses, tokens/s, ETA) always comes from the run's metrics.jsonl.
+column says which. A run whose job ended after the watchdog's `hung` record (tinygpt/watchdog.py) is HUNG,
+at its step, on the nodes of the ranks that stopped answering. Progress (step, losses, tokens/s, ETA) always
+comes from the run's metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from . import manifest as manifest_mod
 from . import slurm_cli
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
-            "FINISHED", "PREEMPTED", "PRUNED"}
+            "HUNG", "FINISHED", "PREEMPTED", "PRUNED"}
 
 
 @dataclass
@@ -50,6 +52,8 @@ def read_progress(run_dir: Path) -> dict:
             info.pop("event", None)
         elif event:
             info["event"] = event
+            if event == "hung":  # (the watchdog's record: tinygpt/watchdog.py)
+                info["hung"] = rec
         if "lr" in rec:
             info.update(step=rec["step"], train_loss=rec.get("train_loss"), tokens_per_s=rec.get("tokens_per_s"),
                         elapsed_s=rec.get("elapsed_s"))
@@ -100,13 +104,19 @@ def collect(manifest_path: Path) -> list[Row]:
         else:
             state, source = state_from_run_dir(progress), "run dir"
             restart_count = restarts.get(job_id, progress.get("restarts_seen"))
+        nodes = js.nodes if js else ""
+        if progress.get("event") == "hung" and state not in ("RUNNING", "PENDING", "COMPLETING", "REQUEUED"):
+            hung = progress["hung"]  # the ranks that stopped answering, where known, else the one that said so
+            listed = hung.get("silent_nodes") if isinstance(hung.get("silent_nodes"), list) else []
+            silent = [n for n in listed if isinstance(n, str) and n and " " not in n]
+            state, nodes = f"HUNG at step {hung['step']}", ",".join(silent)
         step, max_steps = progress.get("step"), run.get("max_steps")
         eta = None
         if step and max_steps and progress.get("elapsed_s") and state not in TERMINAL and step < max_steps:
             eta = progress["elapsed_s"] / step * (max_steps - step)
         rows.append(Row(run["index"], run["name"], job_id or "-", state, source, restart_count, step, max_steps,
                         progress.get("train_loss"), progress.get("val_loss"), progress.get("tokens_per_s"), eta,
-                        str(run_dir), js.nodes if js else "", history.get(run["index"], ())))
+                        str(run_dir), nodes, history.get(run["index"], ())))
     return rows
 
 
@@ -176,7 +186,7 @@ def table(rows: list[Row], title: str, hidden: tuple[str, ...] = ()):
 
 
 STATE_COLORS = {"COMPLETED": "green", "FINISHED": "green", "RUNNING": "cyan", "PENDING": "yellow", "FAILED": "red",
-                "CANCELLED": "magenta", "TIMEOUT": "red", "REQUEUED": "yellow"}
+                "HUNG": "red", "CANCELLED": "magenta", "TIMEOUT": "red", "REQUEUED": "yellow"}
 PLAIN_ABOVE = 200  # rows; rich's layout time grows with the rows, so larger sweeps get a plain aligned table
 
 
@@ -270,7 +280,7 @@ def _print_trials(manifest_path: Path, console) -> None:
                   if rows else "no trial yet")
 
 
-FAILED = ("FAILED", "OUT_OF_MEMORY", "NODE_FAIL", "TIMEOUT", "BOOT_FAIL", "DEADLINE")
+FAILED = ("FAILED", "OUT_OF_MEMORY", "NODE_FAIL", "TIMEOUT", "BOOT_FAIL", "DEADLINE", "HUNG")
 
 
 def _print_failures(manifest_path: Path, rows: list[Row], console) -> None:
