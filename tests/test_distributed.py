@@ -177,10 +177,10 @@ def free_port() -> int:
 def test_a_join_that_cannot_complete_ends_in_its_time_naming_the_master_and_the_missing_ranks(tmp_path, tiny_corpus):
     port = free_port()
     alone = one_rank(tmp_path, tiny_corpus, 0, 3, port)  # ranks 1 and 2 never start
+    nobody = one_rank(tmp_path, tiny_corpus, 1, 2, free_port())  # no rank 0 serves the rendezvous (at once)
     _, err = alone.communicate(timeout=120)
     assert alone.returncode == 1 and "Traceback" not in err, err
     assert f"rank(s) 1, 2 of 3 never arrived at the master 127.0.0.1:{port} within 4 s" in err, err
-    nobody = one_rank(tmp_path, tiny_corpus, 1, 2, free_port())  # no rank 0 serves the rendezvous
     _, err = nobody.communicate(timeout=120)
     assert nobody.returncode == 1 and "Traceback" not in err, err
     assert "rank 1 on " in err and "could not reach the master at 127.0.0.1:" in err and "within 4 s" in err, err
@@ -227,7 +227,7 @@ def test_a_stopped_rank_ends_the_run_with_the_live_ranks_stacks_and_a_hung_recor
     from slurm_helpers import wait_until
 
     whole, hung = tmp_path / "whole", tmp_path / "hung"
-    flags = ["--max-steps", "200", "--hang-timeout", "3", "--ckpt-interval", "20", "--eval-interval", "50"]
+    flags = ["--max-steps", "100", "--hang-timeout", "3", "--ckpt-interval", "20", "--eval-interval", "50"]
     torchrun(tmp_path, tiny_corpus, whole, *flags)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "tinygpt.train", *TINY_FLAGS, "--data-file", str(tiny_corpus), "--out-dir", str(hung),

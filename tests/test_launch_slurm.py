@@ -307,11 +307,11 @@ def test_an_injection_through_a_passed_option_reaches_slurm_as_one_value(tmp_pat
 def test_a_two_node_job_whose_master_no_node_answers_on_ends_in_its_join_time_with_the_master_named(
         tmp_path, workdir, tiny_corpus):
     """MASTER_ADDR set to an address of the cluster's own subnet that no node has: both ranks give up after
-    join_timeout (15 s, of a 5-minute job) naming the master, and `status` shows it as the run's failure."""
+    join_timeout (8 s, of a 5-minute job) naming the master, and `status` shows it as the run's failure."""
     spec = tmp_path / "lost.yaml"
     spec.write_text(json.dumps({"name": "lost", "train": {"data_file": str(tiny_corpus), "n_layer": 1, "n_head": 2,
                                                           "n_embd": 32, "block_size": 16, "max_steps": 5,
-                                                          "sample_tokens": 0, "threads": 1, "join_timeout": 15},
+                                                          "sample_tokens": 0, "threads": 1, "join_timeout": 8},
                                 "resources": {"nodes": 2, "tasks_per_node": 1, "time": "00:05:00"}}))
     out = launch(str(spec), "--workdir", str(workdir), env={"MASTER_ADDR": "10.77.0.99"})
     assert out.returncode == 0, out.stdout + out.stderr
@@ -322,7 +322,7 @@ def test_a_two_node_job_whose_master_no_node_answers_on_ends_in_its_join_time_wi
     log = (workdir / "logs" / "lost" / f"{job}.out").read_text()
     for rank in (0, 1):
         assert re.search(f"error: rank {rank} on node{rank + 1}: could not reach the master at 10.77.0.99:[0-9]+ "
-                         f"within 15 s", log), log[-3000:]
+                         f"within 8 s", log), log[-3000:]
     assert "Traceback" not in log
     status = launch("status", str(spec), "--workdir", str(workdir)).stdout
     assert "could not reach the master at 10.77.0.99" in status, status

@@ -138,7 +138,7 @@ def test_a_stopped_rank_ends_its_two_node_job_as_hung_and_resubmit_finishes_the_
     1 is the torchrun test's, in test_distributed.py.)"""
     work = tmp_path / "w"
     spec = tmp_path / "hang.yaml"
-    spec.write_text(f"name: hang\ntrain: {{data_file: {tiny_corpus}, {TINY}, max_steps: 300, hang_timeout: 3}}\n"
+    spec.write_text(f"name: hang\ntrain: {{data_file: {tiny_corpus}, {TINY}, max_steps: 150, hang_timeout: 3}}\n"
                     "runs: [{name: steady}, {name: stopped}]\n"
                     "resources: {nodes: 2, tasks_per_node: 1, time: '00:10:00'}\n")
     assert launch(str(spec), "--workdir", str(work)).returncode == 0

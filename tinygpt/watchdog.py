@@ -83,7 +83,7 @@ class Watchdog:
         answer: list = []
         helper = threading.Thread(target=lambda: answer.append(self._roll_call()), daemon=True)
         helper.start()
-        helper.join(min(ROLL_CALL_S, self.timeout_s) + 10)
+        helper.join(min(ROLL_CALL_S, self.timeout_s) + 5)  # (+ a store operation's time, on a live store)
         return answer[0] if answer else ({0: self.master or "the master"}, self.rank == 1)
 
     def _roll_call(self) -> tuple[dict[int, str], bool]:
