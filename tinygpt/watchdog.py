@@ -65,7 +65,7 @@ class Watchdog:
               f"threads follow, and the job ends (resubmit it: it resumes from its newest checkpoint)",
               file=sys.stderr, flush=True)
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-        if writer:
+        if writer and not _said_already(self.metrics_path):
             record = {"step": step, "event": "hung", "node": node, "rank": self.rank,
                       "hang_timeout": self.timeout_s, "silent_ranks": sorted(silent),
                       "silent_nodes": sorted(set(silent.values()))}
@@ -102,6 +102,15 @@ class Watchdog:
             return silent, self.rank == min(answered)
         except Exception:  # noqa: BLE001 (the store lives in rank 0: stopped, or its node is gone)
             return {0: self.master or "the master"}, self.rank == 1
+
+
+def _said_already(path: Path) -> bool:
+    """Whether this life of the run has its `hung` record already: a stopped rank that Slurm wakes (SIGCONT)
+    to end it finds its peers gone and would say the opposite of what happened."""
+    from .metrics import read
+
+    records = read(path)
+    return bool(records) and records[-1].get("event") == "hung"
 
 
 def _append_line(path: Path, line: str) -> None:
