@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 
 DEFAULT_PORT_BASE = 20000
+ARRIVED = "tinygpt/arrived/{}"  # a rank's key in the rendezvous store: "<its node> <its pid>"
 PORT_RANGE = 20000
 
 
@@ -128,7 +129,7 @@ def detect(environ: dict[str, str] | None = None) -> DistEnv:
             master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
             master_port=int(env.get("MASTER_PORT", 29500)),
             launcher="torchrun",
-            nodes=int(env.get("GROUP_WORLD_SIZE") or env.get("NNODES") or
+            nodes=int(env.get("GROUP_WORLD_SIZE") or
                       int(env["WORLD_SIZE"]) // max(1, int(env.get("LOCAL_WORLD_SIZE") or env["WORLD_SIZE"]))),
         )
     ntasks = int(env.get("SLURM_NTASKS", env.get("SLURM_NPROCS", "1")) or 1)
@@ -190,7 +191,7 @@ def init(dist_env: DistEnv, device: str, timeout_s: float = 600.0, collective_ti
                         f"within {timeout_s:g} s ({str(err).splitlines()[0][:200]}); check that {dist_env.master_addr} "
                         f"is the first node's address and that the nodes can reach each other on port "
                         f"{dist_env.master_port}") from None
-    store.set(f"tinygpt/arrived/{dist_env.rank}", f"{socket.gethostname()} {os.getpid()}")
+    store.set(ARRIVED.format(dist_env.rank), f"{socket.gethostname()} {os.getpid()}")
     if dist_env.is_main:
         _wait_for_ranks(store, dist_env, deadline, where, timeout_s)
     if device.startswith("cuda"):
@@ -205,6 +206,15 @@ def init(dist_env: DistEnv, device: str, timeout_s: float = 600.0, collective_ti
                         f"which ranks never arrived") from None
 
 
+def arrival(store, rank: int) -> tuple[str, int | None]:
+    """(node, pid) that rank `rank` wrote when it arrived; ("node unknown", None) when the store cannot say."""
+    try:
+        node, _, pid = store.get(ARRIVED.format(rank)).decode().partition(" ")
+    except Exception:  # noqa: BLE001 (the store's errors: time-outs, a lost connection)
+        return "node unknown", None
+    return node, int(pid) if pid.isdigit() else None
+
+
 def store_client(dist_env: DistEnv, timeout_s: float = 5.0):
     """A new connection to the rendezvous store on rank 0 (the watchdog's: it must not wait for long)."""
     import torch.distributed as dist
@@ -214,7 +224,7 @@ def store_client(dist_env: DistEnv, timeout_s: float = 5.0):
 
 
 def _wait_for_ranks(store, dist_env: DistEnv, deadline: float, where: str, timeout_s: float) -> None:
-    keys = [f"tinygpt/arrived/{r}" for r in range(dist_env.world_size)]
+    keys = [ARRIVED.format(r) for r in range(dist_env.world_size)]
     while not store.check(keys):
         if time.monotonic() > deadline:
             missing = [r for r, key in enumerate(keys) if not store.check([key])]

@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from . import distributed as dist_mod
+
 EXIT_HUNG = 76  # (75 is EXIT_REQUEUE, preemption.py)
 ROLL_CALL_S = 10.0  # how long a stuck rank waits for the others to say they are stuck too (at most hang_timeout)
 
@@ -84,7 +86,12 @@ class Watchdog:
         helper = threading.Thread(target=lambda: answer.append(self._roll_call()), daemon=True)
         helper.start()
         helper.join(min(ROLL_CALL_S, self.timeout_s) + 5)  # (+ a store operation's time, on a live store)
-        return answer[0] if answer else ({0: self.master or "the master"}, self.rank == 1)
+        return answer[0] if answer else self._master_silent()
+
+    def _master_silent(self) -> tuple[dict[int, str], bool]:
+        """What a rank can say when the store does not answer: rank 0, which hosts it, is the silent one, and
+        rank 1 writes the record."""
+        return {0: self.master or "the master"}, self.rank == 1
 
     def _roll_call(self) -> tuple[dict[int, str], bool]:
         """({rank: node} of the ranks that did not say they are stuck, whether this rank writes the record)."""
@@ -98,10 +105,14 @@ class Watchdog:
             while not store.check(list(keys.values())) and time.monotonic() < deadline:
                 time.sleep(0.5)
             answered = [r for r, key in keys.items() if store.check([key])]
-            silent = {r: _node_of(store, r) for r in keys if r not in answered}
+            silent = {}
+            for r in (r for r in keys if r not in answered):
+                silent[r], pid = dist_mod.arrival(store, r)
+                if silent[r] == socket.gethostname() and pid is not None:
+                    _end_peer(pid)
             return silent, self.rank == min(answered)
         except Exception:  # noqa: BLE001 (the store lives in rank 0: stopped, or its node is gone)
-            return {0: self.master or "the master"}, self.rank == 1
+            return self._master_silent()
 
 
 def _said_already(path: Path) -> bool:
@@ -125,17 +136,6 @@ def _append_line(path: Path, line: str) -> None:
         fh.write(line.encode() + b"\n")
         fh.flush()
         os.fsync(fh.fileno())
-
-
-def _node_of(store, rank: int) -> str:
-    """The node a rank runs on (and, on this node, the silent rank's process is ended: see _end_peer)."""
-    try:
-        node, _, pid = store.get(f"tinygpt/arrived/{rank}").decode().partition(" ")
-    except Exception:  # noqa: BLE001
-        return "node unknown"
-    if node == socket.gethostname() and pid.isdigit():
-        _end_peer(int(pid))
-    return node
 
 
 def _end_peer(pid: int) -> None:

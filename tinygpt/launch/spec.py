@@ -36,7 +36,7 @@ from typing import Any
 from tinygpt import config as train_config
 from tinygpt.config import ConfigError, suggest
 
-from . import passthrough, search
+from . import passthrough, search, snapshot
 from .errors import LaunchError
 from .profiles import Profile, format_time, parse_mem_mb, parse_time_min
 
@@ -47,6 +47,7 @@ RESOURCE_KEYS = ("nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "m
 BACKENDS = ("sbatch", "submitit")
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+-]{0,119}")
 LAUNCHER_KEYS = {"out_dir": "runs/<sweep>/<run>", "sweep": "the spec's name"}  # set by the launcher, never a spec
+MAX_FILE_MB = snapshot.MAX_FILE_BYTES / 1e6  # the default of `snapshot_max_file_mb`
 SHOWN_FAILING_POINTS = 3  # an Optuna search that fails on many combinations shows this many, then a count
 
 
@@ -100,7 +101,7 @@ class Sweep:
     varying: list[str] = field(default_factory=list)  # keys whose value differs between runs
     search: dict[str, Any] | None = None  # an Optuna search's settings (search.py); its runs are the workers
     pack: int = 1  # runs at once in each array task, sharing its CPUs and GPUs
-    snapshot_max_file_mb: float = 10.0  # the code snapshot refuses a tracked file larger than this
+    snapshot_max_file_mb: float = MAX_FILE_MB  # the code snapshot refuses a tracked file larger than this
 
 
 def _value_token(key: str, value: Any) -> str:
@@ -306,11 +307,11 @@ def load(path: str | Path, workdir: str | Path = ".", cluster: str | None = None
         problems.append(f"array_parallelism: expected a whole number >= 1, got {parallel!r}")
         parallel = None
 
-    max_file_mb = data.get("snapshot_max_file_mb", 10.0)
+    max_file_mb = data.get("snapshot_max_file_mb", MAX_FILE_MB)
     if isinstance(max_file_mb, bool) or not isinstance(max_file_mb, (int, float)) or not 0 < max_file_mb < 1e9:
         problems.append(f"snapshot_max_file_mb: expected a number of megabytes > 0 (the largest tracked file a "
                         f"code snapshot copies), got {max_file_mb!r}")
-        max_file_mb = 10.0
+        max_file_mb = MAX_FILE_MB
     base = _base(data.get("train"), profile, problems)
     forced = _check_keys(overrides or {}, "--set", problems)
     optuna = _optuna(data, {"data_dir": str(workdir / "data"), **base, **forced, "sweep": name}, problems)
@@ -460,6 +461,7 @@ def _runs(points, grid_size: int, varying: list[str], base: dict[str, Any], forc
     --set; the launcher sets out_dir, and data_dir unless given)."""
     runs: list[Run] = []
     seen: dict[str, int] = {}
+    unwritable: dict[str, str | None] = {}  # data_dir -> why it cannot be written in
     for index, (given, point) in enumerate(points):
         label = given if given is not None else run_name({k: v for k, v in point.items() if k in varying or
                                                           len(points) == 1})
@@ -477,8 +479,10 @@ def _runs(points, grid_size: int, varying: list[str], base: dict[str, Any], forc
             merged["data_file"] = _input_file("data_file", merged["data_file"], label, problems)
         if merged.get("resume") not in (None, "auto", "never"):
             merged["resume"] = _input_file("resume", merged["resume"], label, problems)
-        if isinstance(merged["data_dir"], str) and "\x00" not in merged["data_dir"] and \
-                (problem := unwritable_dir(Path(os.path.abspath(os.path.expanduser(merged["data_dir"]))))):
+        data_dir = merged["data_dir"]
+        if isinstance(data_dir, str) and "\x00" not in data_dir and data_dir not in unwritable:
+            unwritable[data_dir] = unwritable_dir(Path(os.path.abspath(os.path.expanduser(data_dir))))
+        if isinstance(data_dir, str) and (problem := unwritable.get(data_dir)):  # (each folder checked once)
             problems.append(f"run `{label}`: data_dir: {merged['data_dir']!r} cannot hold the prepared data "
                             f"({problem}); give a directory you can write to")
         try:
