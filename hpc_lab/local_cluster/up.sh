@@ -10,7 +10,13 @@
 # Options: --nodes N (default 1), --cpus N (CPUs per node; default nproc: nodes may oversubscribe the
 # real cores), --reset (cancel every job left in the queue, e.g. by an earlier life of this machine; job
 # ids keep counting up, so accounting never sees an id twice), --no-accounting (no MariaDB and slurmdbd;
-# sacct will not answer).
+# sacct will not answer), --preemption (three more partitions over the same nodes, for jobs that are
+# preempted the two ways clusters do it: `low` (PreemptMode=REQUEUE: Slurm requeues the job itself),
+# `low-cancel` (PreemptMode=CANCEL: the job ends PREEMPTED) and `high`, whose jobs take their nodes;
+# `debug`, the default, is never preempted).
+#
+# The cluster's timers are those of a test cluster, where tests wait on every transition: see the
+# "Timers" comment in the slurm.conf below (a node that stops answering is DOWN after 10 s, not 300).
 #
 # Everything lives under one folder, $TINYGPT_SLURM_HOME (default /var/lib/tinygpt-slurm):
 #   etc/ (slurm.conf, slurmdbd.conf; /etc/slurm/*.conf link here), log/, run/ (pid files), state/, spool/
@@ -26,7 +32,8 @@ NODES=1
 CPUS=$(nproc)
 RESET=0
 ACCOUNTING=1
-usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; }
+PREEMPTION=0
+usage() { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --nodes) NODES=${2:?--nodes needs a number}; shift 2 ;;
@@ -35,6 +42,7 @@ while [ $# -gt 0 ]; do
     --cpus=*) CPUS=${1#*=}; shift ;;
     --reset) RESET=1; shift ;;
     --no-accounting) ACCOUNTING=0; shift ;;
+    --preemption) PREEMPTION=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "up.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
@@ -151,6 +159,9 @@ if [ "$NODES" -gt 1 ]; then
 fi
 
 # --- 3. configuration ---------------------------------------------------------------------------------
+options="--nodes $NODES --cpus $CPUS"
+[ "$ACCOUNTING" = 1 ] || options+=" --no-accounting"
+[ "$PREEMPTION" = 1 ] && options+=" --preemption"
 free_mb=$(awk '/MemTotal/ {print int($2 / 1024)}' /proc/meminfo)
 node_mem=$(( free_mb * 6 / 10 / NODES ))
 [ "$node_mem" -ge 256 ] || die memory "" "only ${free_mb} MB of memory; Slurm nodes need at least 256 MB each"
@@ -176,9 +187,22 @@ else
 JobAcctGatherType=jobacct_gather/none"
 fi
 
+partition_lines="PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
+if [ "$PREEMPTION" = 1 ]; then
+  # partition_prio: a pending job of a higher PriorityTier takes the nodes of running jobs of a lower one,
+  # each preempted the way its own partition's PreemptMode says. No GraceTime: the job's processes get
+  # SIGTERM at once and SIGKILL KillWait (15 s) later, the time a trainer has to save.
+  partition_lines="PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+$partition_lines PriorityTier=1 PreemptMode=OFF
+PartitionName=low Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE
+PartitionName=low-cancel Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=CANCEL
+PartitionName=high Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF"
+fi
+
 new_conf=$(mktemp)
 cat >"$new_conf" <<EOF
-# Written by hpc_lab/local_cluster/up.sh --nodes $NODES; rerun it rather than editing this file.
+# Written by hpc_lab/local_cluster/up.sh $options; rerun it rather than editing this file.
 ClusterName=$CLUSTER
 SlurmctldHost=$ctld_host
 SlurmUser=root
@@ -199,10 +223,13 @@ MpiDefault=none
 ReturnToService=2
 SchedulerType=sched/backfill
 # Timers for a cluster of a few nodes where tests wait on every transition: schedule at once on each event
-# (defaults: batch jobs may wait 3 s, the main loop every 60 s, backfill every 30 s), and hold a requeued
-# job for 6 s instead of 121 (a requeued job may start again cred_expire + 1 s after it left its nodes).
+# (defaults: batch jobs may wait 3 s, the main loop every 60 s, backfill every 30 s), hold a requeued job
+# for 6 s instead of 121 (a requeued job may start again cred_expire + 1 s after it left its nodes), and
+# call a node that stops answering DOWN after 10 s instead of 300 (slurmctld pings every third of it), so
+# that a lost node ends its jobs NODE_FAIL in seconds.
 SchedulerParameters=batch_sched_delay=0,sched_min_interval=0,sched_interval=1,bf_interval=1
 AuthInfo=cred_expire=5
+SlurmdTimeout=10
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 DefMemPerCPU=$(( node_mem / CPUS ))
@@ -211,7 +238,7 @@ MinJobAge=600
 JobCompType=jobcomp/none
 $accounting
 $node_lines
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+$partition_lines
 EOF
 conf_changed=0
 if ! cmp -s "$new_conf" "$ETC/slurm.conf"; then
@@ -332,13 +359,9 @@ if [ "$NODES" = 1 ]; then
   fi
 else
   for n in $(seq 1 "$NODES"); do
-    mkdir -p "$RUN/node$n"
     if ! alive "$RUN/node$n/slurmd.pid" slurmd; then
       say "starting slurmd (node$n, $(node_addr "$n"))"
-      mkdir -p /run/tinygpt-slurmd
-      nsenter --net="/run/netns/tgnode$n" unshare --uts --mount --propagation private sh -c \
-        "hostname node$n && mount --bind '$RUN/node$n' /run/tinygpt-slurmd && exec /usr/sbin/slurmd" \
-        >>"$LOG/slurmd.node$n.out" 2>&1 || die "slurmd (node$n)" "$LOG/slurmd.node$n.log" "did not start"
+      "$(dirname "$0")/node.sh" boot "node$n" || exit 1
     fi
   done
 fi
@@ -347,8 +370,9 @@ fi
 names=$(node_names | paste -sd, -)
 nodes_ready() {
   local states
-  states=$(sinfo -h -N -n "$names" -o '%t' 2>/dev/null) || return 1
-  [ "$(grep -cE '^(idle|mix|alloc)' <<<"$states")" = "$NODES" ]
+  # (one line per node and partition: a node in several partitions counts once)
+  states=$(sinfo -h -N -n "$names" -o '%N %t' 2>/dev/null) || return 1
+  [ "$(sort -u <<<"$states" | grep -cE ' (idle|mix|alloc)')" = "$NODES" ]
 }
 if ! wait_for 30 nodes_ready; then
   # A node remembered as down from an earlier life: bring it back.
@@ -368,5 +392,6 @@ if [ "$RESET" = 1 ]; then
     wait_for 60 sh -c '[ -z "$(squeue -h -o %i 2>/dev/null)" ]' || say "warning: some jobs are still ending"
   fi
 fi
-say "cluster '$CLUSTER' is up: $NODES node(s) ($names), $CPUS CPUs each, partition debug" \
+partitions=$(sinfo -h -o '%P' 2>/dev/null | paste -sd, -)
+say "cluster '$CLUSTER' is up: $NODES node(s) ($names), $CPUS CPUs each, partitions ${partitions:-debug}" \
     "($(awk -v t0="$T0" -v t1="$(date +%s.%N)" 'BEGIN {printf "%.1f", t1 - t0}') s)"
