@@ -6,7 +6,7 @@
     python launch.py SPEC.yaml --chain          data job -> training array (afterok) -> report job (afterany)
     python launch.py status SPEC.yaml [--watch] a table of the sweep's runs
     python launch.py cancel SPEC.yaml           scancel the sweep's jobs
-    python launch.py resubmit SPEC.yaml         the runs that FAILED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY or HUNG, again
+    python launch.py resubmit SPEC.yaml         the runs that failed, hung or were preempted, again
                      [--time T] [--mem M] [--exclude NODES] [--exclude-failed-nodes] [--states S,...] [--dry-run]
     python launch.py report SPEC.yaml           loss curves, final losses, samples, attention maps
     python launch.py logs SPEC.yaml [RUN]       a run's Slurm log, its latest life [--tail N] [--follow] [--all]

@@ -18,8 +18,10 @@ from . import slurm_cli, status
 from .errors import LaunchError
 from .profiles import format_time, parse_mem_mb, parse_time_min
 
-DEFAULT_STATES = ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "HUNG")
-STATES = (*DEFAULT_STATES, "CANCELLED", "PREEMPTED", "BOOT_FAIL", "DEADLINE")
+# PREEMPTED is Slurm's own word for a job it ended to make room (PreemptMode=CANCEL, or REQUEUE for a job that
+# may not be requeued); a user's or an admin's scancel is CANCELLED, which means stop: only --states takes it.
+DEFAULT_STATES = ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "HUNG", "PREEMPTED")
+STATES = (*DEFAULT_STATES, "CANCELLED", "BOOT_FAIL", "DEADLINE")
 BAD_NODE_STATES = ("NODE_FAIL", "HUNG")  # what --exclude-failed-nodes keeps away from
 
 

@@ -99,21 +99,25 @@ def sacct_states(job_ids: list[str], since: float | None = None) -> dict[str, Jo
     """
     if not job_ids:
         return {}
-    # -D lists every life of a requeued job (the earlier ones as REQUEUED): restarts = rows - 1.
+    # -D lists every life of a requeued job, each in the state it ended in (PREEMPTED, NODE_FAIL, REQUEUED):
+    # restarts = lives - 1, and the job's state is its latest life's, the one submitted last (a requeue
+    # submits the job again), whatever order the rows come in.
     out = _run(["sacct", "-X", "-n", "-P", "-D", *_window(since), "-j", ",".join(job_ids),
-                "-o", "JobID,State,NodeList"])
+                "-o", "JobID,State,NodeList,Submit"])
     if out is None or out.returncode != 0:
         return None
-    lives: dict[str, list[tuple[str, str]]] = {}
+    lives: dict[str, list[tuple[str, str, str]]] = {}
     for line in out.stdout.splitlines():
         parts = line.split("|")
-        if len(parts) >= 3 and parts[1]:
+        if len(parts) >= 4 and parts[1]:
             nodes = "" if parts[2].startswith("None") else parts[2]
-            lives.setdefault(parts[0], []).append((parts[1].split()[0], nodes))
+            lives.setdefault(parts[0], []).append((parts[3], parts[1].split()[0], nodes))
     states: dict[str, JobState] = {}
     for job_id, history in lives.items():
+        # (ISO times sort as text; the stable sort keeps sacct's order between lives submitted in one second)
+        _, state, nodes = sorted(history, key=lambda life: life[0])[-1]
         for one in expand_array_id(job_id):
-            states[one] = JobState(one, history[-1][0], len(history) - 1, "sacct", nodes=history[-1][1])
+            states[one] = JobState(one, state, len(history) - 1, "sacct", nodes=nodes)
     return states
 
 
