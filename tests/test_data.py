@@ -153,3 +153,16 @@ def test_more_distinct_characters_than_uint16_ids_count_is_a_clear_error(tmp_pat
     path.write_text(text, encoding="utf-8")
     with pytest.raises(DataError, match=f"holds {len(set(text)):,} distinct characters, more than the 65,536 that"):
         data.prepare_from_config("pydoc", str(path), str(tmp_path / "d"))
+
+
+def test_prepare_works_on_a_filesystem_that_does_not_take_flock(tiny_corpus, data_dir, monkeypatch):
+    """Some cluster filesystems answer flock with ENOLCK: the data is prepared all the same."""
+    import errno
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(data.fcntl, "flock", no_locks)
+    prepared = data.prepare_from_config("pydoc", str(tiny_corpus), str(data_dir))
+    assert prepared.vocab_size == len(set(tiny_corpus.read_text()))
+    assert data.prepare_from_config("pydoc", str(tiny_corpus), str(data_dir)).path == prepared.path

@@ -1,6 +1,7 @@
 """Adaptive search with Optuna: workers sharing one journal-file study, pruning, resuming a trial."""
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -187,3 +188,60 @@ def test_a_relaunch_with_another_search_space_is_refused_once_the_study_has_begu
     data["search"]["params"]["n_head"] = PARAMS["n_head"]
     spec.write_text(yaml.safe_dump(data))
     assert launch(str(spec), "--dry-run", "--workdir", str(work)).returncode == 0
+
+
+HOLD_AND_WAIT = """
+import sys, time
+from tinygpt import study_journal
+path, which = sys.argv[1], sys.argv[2]
+if which == "journal":  # the lock every append to the journal takes
+    held = study_journal.TolerantJournal(path)._lock
+    held.acquire()
+else:  # the one a worker holds from counting the trials to asking for one
+    held = study_journal.asking(path)
+    held.__enter__()
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("which", ["journal", "asking"])
+def test_a_worker_killed_while_it_holds_a_lock_delays_the_study_by_the_grace_period_only(tmp_path, which,
+                                                                                          monkeypatch):
+    """The locks are files made with O_EXCL (no flock, which some cluster filesystems do not honour): a process
+    SIGKILLed while it holds one leaves the file behind, and the next worker takes it over once it has seen it
+    untouched for the grace period (shortened here, 30 s in use), then asks for its trial as usual."""
+    import signal
+
+    import optuna
+
+    from tinygpt import search_worker, study_journal
+
+    journal = str(tmp_path / "study.journal")
+    study = optuna.create_study(study_name="s", storage=study_journal.storage(journal))
+    study.tell(study.ask({"x": optuna.distributions.FloatDistribution(0, 1)}), 0.5)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_AND_WAIT, journal, which], stdout=subprocess.PIPE,
+                              text=True, env=python_env())
+    try:
+        assert holder.stdout.readline() == "held\n"
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+    lock_file = Path(journal + {"journal": ".lock", "asking": ".asking.lock"}[which])
+    assert lock_file.exists()  # left behind by the dead holder
+    monkeypatch.setattr(study_journal, "LOCK_GRACE_S", 3)
+    said: list[logging.LogRecord] = []
+    listener = logging.Handler()
+    listener.emit = said.append  # (Optuna's loggers do not propagate to the root logger that caplog reads)
+    logging.getLogger("optuna").addHandler(listener)
+    try:
+        again = optuna.load_study(study_name="s", storage=study_journal.storage(journal))
+        trial, resumed = search_worker.next_trial(again, {"journal": journal, "trials": 3}, tmp_path / "worker.json",
+                                                  0)
+    finally:
+        logging.getLogger("optuna").removeHandler(listener)
+    assert trial is not None and not resumed and trial.number == 1
+    assert any("Forcibly releasing the lock file" in r.getMessage() for r in said), [r.getMessage() for r in said]
+    assert not lock_file.exists()  # released after use, as always
+    reread = optuna.load_study(study_name="s", storage=study_journal.storage(journal))
+    assert [t.number for t in reread.trials] == [0, 1]

@@ -17,6 +17,7 @@ Command line: `python -m tinygpt.data prepare NAME [--data-file PATH] [--data-di
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -227,9 +228,18 @@ class Prepared:
 
 @contextlib.contextmanager
 def _locked(folder: Path) -> Iterator[None]:
+    """One preparer at a time, where the filesystem takes flock. Where it does not (ENOLCK, EOPNOTSUPP: some
+    cluster filesystems), preparers may overlap, which costs time only: each file is written whole under a
+    temporary name and renamed (durable.write), and meta.json, which makes the folder count, comes last."""
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / ".lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        except OSError as err:
+            if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP):
+                raise
+            yield
+            return
         try:
             yield
         finally:

@@ -3,9 +3,10 @@
 An array task of a sweep whose spec says `search: {method: optuna, ...}` (tinygpt/launch/search.py) runs
 this instead of one trainer. Every worker shares one study, kept in a journal file under the sweep's
 folder (a file on the shared filesystem: no database server). In a loop, the worker asks the study for a
-trial (under a file lock, so the workers never start more than `trials` together), trains it with the
-real trainer in `runs/<sweep>/trial=NNN/`, reports the validation loss at every evaluation, and stops
-the trial there when the pruner says so (recorded as pruned, with its step).
+trial (under a lock, so that the workers never start more than `trials` together; the locks are
+tinygpt/study_journal.py's), trains it with the real trainer in `runs/<sweep>/trial=NNN/`, reports the
+validation loss at every evaluation, and stops the trial there when the pruner says so (recorded as
+pruned, with its step).
 
 A preemption or the time limit stops the trainer as always (checkpoint saved, job requeued); the worker
 then leaves its trial RUNNING in the study, and `worker.json` in its own run directory names it, so that
@@ -14,8 +15,6 @@ the next life of the task resumes that trial from its checkpoint instead of losi
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import sys
 import traceback
@@ -49,16 +48,11 @@ def suggest(trial, key: str, kind: str, args: list) -> Any:
     return trial.suggest_float(key, args[0], args[1], log=kind == "loguniform")
 
 
-@contextlib.contextmanager
-def _locked(path: Path):
-    with open(path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        yield
-
-
 def next_trial(study, search: dict[str, Any], state: Path, worker: int):
     """The trial this worker left running in an earlier life, else a new one while the budget lasts."""
     import optuna
+
+    from .study_journal import asking
 
     try:
         number = json.loads(state.read_text())["trial"]
@@ -68,12 +62,14 @@ def next_trial(study, search: dict[str, Any], state: Path, worker: int):
     left = [t for t in trials if t.number == number and t.state == optuna.trial.TrialState.RUNNING]
     if left:
         return optuna.trial.Trial(study, left[0]._trial_id), True
-    with _locked(Path(search["journal"] + ".ask.lock")):
+    with asking(search["journal"]):
         if len(study.get_trials(deepcopy=False)) >= search["trials"]:
             return None, False
         trial = study.ask()
+        # Named at once, before anything else takes a lock: a worker killed from here on resumes this trial in
+        # its next life instead of leaving it RUNNING for ever, counted in the budget and never finished.
+        durable.write(state, json.dumps({"trial": trial.number}) + "\n")
     trial.set_user_attr("worker", worker)
-    durable.write(state, json.dumps({"trial": trial.number}) + "\n")
     return trial, False
 
 
