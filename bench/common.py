@@ -74,3 +74,16 @@ def run_trainer(config: dict, steps: int, warmup: int, extra: list[str] | None =
     if mfus:
         result["mfu"] = round(statistics.median(mfus), 4)
     return result
+
+
+def trial_options(doc: str):
+    """The options of the fault trials (bench/*_trials.py): how many of each case, and the seed of the moments
+    drawn; (the options, a random.Random of that seed)."""
+    import argparse
+    import random
+
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--trials", type=int, default=3, help="trials of each case (default 3)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the moments drawn (default 0)")
+    args = p.parse_args()
+    return args, random.Random(args.seed)

@@ -13,7 +13,6 @@ fault (the SIGSTOP, or the job's start) to the end of the job as Slurm records i
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -24,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT
+from common import ROOT, trial_options
 from tinygpt import metrics
 
 sys.path.insert(0, str(ROOT / "tests"))
@@ -120,11 +119,7 @@ def unreachable_master(work: Path, trial: int, reference: list) -> dict:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--trials", type=int, default=3)
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args()
-    rng = random.Random(args.seed)
+    args, rng = trial_options(__doc__)
     with tempfile.TemporaryDirectory(prefix="hang-trials-") as tmp:
         work = Path(tmp)
         ended(sweep(work, "steady"))
