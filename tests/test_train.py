@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -196,6 +197,28 @@ def test_cli_help_errors_and_sample(tmp_path, tiny_corpus):
     assert again.stdout == sample.stdout
     empty = run_module("tinygpt.sample", "--run", str(tmp_path / "nothing"))
     assert empty.returncode == 1 and "no valid checkpoint" in empty.stderr
+
+
+def test_the_notebooks_train_tinygpt_py_is_the_trainer_from_its_folder_and_from_the_root(tmp_path, tiny_corpus):
+    """hpc_lab/04_tinygpt/train_tinygpt.py, as the course notebook names it: the same help, exit codes and
+    training as `python -m tinygpt.train`, run from its own folder (paths relative to it) or from the root."""
+    script = ROOT / "hpc_lab" / "04_tinygpt" / "train_tinygpt.py"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # (it must find the package itself)
+
+    def run(*args: str, cwd) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=cwd, env=env,
+                              timeout=300)
+
+    reference = run_module("tinygpt.train", "--help").stdout
+    assert run("train_tinygpt.py", "--help", cwd=script.parent).stdout == reference
+    assert run(str(script.relative_to(ROOT)), "--help", cwd=ROOT).stdout == reference
+    bad = run("train_tinygpt.py", "--n-layers", "2", cwd=script.parent)
+    assert bad.returncode == 2 and "did you mean `n_layer`" in bad.stderr and "Traceback" not in bad.stderr
+    folder = tmp_path / "course"
+    folder.mkdir()
+    done = run(str(script), *TINY_FLAGS, "--data-file", str(tiny_corpus), "--out-dir", "runs/mine", cwd=folder)
+    assert done.returncode == 0 and "done: step 20" in done.stdout, done.stderr
+    assert (folder / "runs" / "mine" / "checkpoints").is_dir() and (folder / "data").is_dir()
 
 
 def test_help_and_a_bad_flag_answer_without_importing_torch():
