@@ -49,6 +49,8 @@ class ModelConfig:
     dropout: float = _f(0.0, "dropout probability, 0 <= p < 1")
     bias: bool = _f(False, "use biases in Linear and LayerNorm layers")
     pos_emb: bool = _f(True, "learned position embeddings (false: the 'no positions' exercise)")
+    causal: bool = _f(True, "attend to earlier positions only (false: the 'remove the mask' exercise, where "
+                            "training reads the answer and generation fails)")
 
     def check(self, problems: list[str]) -> None:
         for name in ("n_layer", "n_head", "n_embd", "block_size"):
@@ -120,6 +122,10 @@ class OptimConfig:
                 problems.append(f"{name}: must be in [0, 1), got {getattr(self, name)}")
 
 
+# The sampling of the course's project page (and of `python -m tinygpt.sample`): defined here, once.
+SAMPLE_TEMPERATURE = 0.8
+SAMPLE_TOP_K = 20
+
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 COMPILE_MODES = ("auto", "on", "off")
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
@@ -139,6 +145,10 @@ class RunConfig:
     stop_after: int | None = _f(None, "leave after this many steps in this process, resumable (a time box)")
     sample_tokens: int = _f(300, "characters of text sampled at the end (0: none)")
     sample_prompt: str = _f("\n", "prompt for the final sample")
+    sample_temperature: float = _f(SAMPLE_TEMPERATURE, "temperature of the final sample, > 0 (python -m "
+                                                       "tinygpt.sample's default too)")
+    sample_top_k: int = _f(SAMPLE_TOP_K, "the final sample draws from the top K characters (0: all; python -m "
+                                         "tinygpt.sample's default too)")
     device: str = _f("auto", "auto, cpu, cuda or cuda:N")
     precision: str = _f("auto", "auto: bf16 on sm >= 8.0, fp16 + grad scaler on sm 7.x, fp32 on CPU; on CPU "
                                 "on request bf16 (where the CPU has native bf16) and fp16 (to try the V100 path: "
@@ -180,6 +190,10 @@ class RunConfig:
             problems.append(f"stop_after: must be >= 1 (or unset), got {self.stop_after}")
         if self.sample_tokens < 0:
             problems.append(f"sample_tokens: must be >= 0, got {self.sample_tokens}")
+        if not (math.isfinite(self.sample_temperature) and self.sample_temperature > 0):
+            problems.append(f"sample_temperature: must be a number > 0, got {self.sample_temperature}")
+        if self.sample_top_k < 0:
+            problems.append(f"sample_top_k: must be >= 0 (0: all characters), got {self.sample_top_k}")
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", self.device):
             problems.append(f"device: {self.device!r} is not one of auto, cpu, cuda, cuda:N")
         if self.threads is not None and self.threads < 1:

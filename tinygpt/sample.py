@@ -11,9 +11,11 @@ import re
 import sys
 from pathlib import Path
 
+from .config import SAMPLE_TEMPERATURE, SAMPLE_TOP_K
+
 
 def sample_text(model, prepared, prompt: str, tokens: int, seed: int, device: str,
-                temperature: float = 0.8, top_k: int | None = 20) -> str:
+                temperature: float = SAMPLE_TEMPERATURE, top_k: int | None = SAMPLE_TOP_K) -> str:
     """`prompt` continued by `tokens` sampled characters; characters outside the vocabulary are dropped."""
     import torch
 
@@ -35,8 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", help="a specific checkpoint file instead of the newest")
     parser.add_argument("--prompt", default="\n", help="text to continue")
     parser.add_argument("--tokens", type=int, default=400, help="characters to generate")
-    parser.add_argument("--temperature", type=float, default=0.8, help="> 0; lower is more conservative")
-    parser.add_argument("--top-k", type=int, default=20, help="sample among the k likeliest (0: all)")
+    parser.add_argument("--temperature", type=float, default=SAMPLE_TEMPERATURE,
+                        help=f"> 0; lower is more conservative (default {SAMPLE_TEMPERATURE})")
+    parser.add_argument("--top-k", type=int, default=SAMPLE_TOP_K,
+                        help=f"sample among the k likeliest (0: all; default {SAMPLE_TOP_K})")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)

@@ -287,7 +287,8 @@ class Trainer:
     def _record_start(self, resume: ckpt.Checkpoint | None) -> None:
         """Say what runs, and record the start in metrics.jsonl and provenance.json."""
         cfg, d, world = self.cfg, self.dist, self.dist.world_size
-        self.say(f"tinygpt: {self.model.num_params():,} parameters (non-embedding), vocab {self.prepared.vocab_size}, "
+        self.say(f"tinygpt: {self.model.num_params(non_embedding=False):,} parameters "
+                 f"({self.model.num_params():,} without embeddings), vocab {self.prepared.vocab_size}, "
                  f"{self.policy.describe()}, {world} rank(s) via {d.launcher}")
         self.say(f"global batch: {cfg.data.batch_size} x {cfg.optim.grad_accum} accum x {world} ranks = "
                  f"{cfg.data.batch_size * cfg.optim.grad_accum * world} sequences "
@@ -453,7 +454,7 @@ class Trainer:
             run, step, best = self.cfg.run, self.state.step, self.state.best_val_loss
             if run.sample_tokens > 0:
                 sample = sample_text(self.model, self.prepared, run.sample_prompt, run.sample_tokens, run.seed,
-                                     self.device)
+                                     self.device, run.sample_temperature, run.sample_top_k or None)
                 durable.write(self.out_dir / "samples.txt", sample + "\n")
                 self.watchdog.beat(self.state.step)  # (a long sample is progress too)
                 self.say("--- sample " + "-" * 60 + f"\n{sample}\n" + "-" * 71)
