@@ -34,6 +34,35 @@ def test_attention_is_causal(pos_emb):
     assert not torch.equal(a[0, 7:], b[0, 7:])
 
 
+def test_without_the_mask_every_position_sees_the_whole_window_in_the_model_and_its_maps():
+    model = small(causal=False).eval()
+    x = torch.randint(0, 50, (1, 10))
+    changed = x.clone()
+    changed[0, 9] = (changed[0, 9] + 1) % 50
+    a, _ = model(x)
+    b, _ = model(changed)
+    assert not torch.equal(a[0, 0], b[0, 0])  # the first position sees the last one
+    future = torch.ones(10, 10, dtype=torch.bool).triu(1)
+    maps = model.attention_maps(x[0])
+    assert maps.shape == (2, 10, 10) and bool((maps[:, future] > 0).all())  # nothing masked
+    torch.testing.assert_close(maps.sum(-1), torch.ones(2, 10))
+    assert bool((small().eval().attention_maps(x[0])[:, future] == 0).all())  # the causal model's future is 0
+
+
+def test_the_project_pages_recipe_has_exactly_its_820992_parameters():
+    """jobs/sherlock.yaml at the book's vocabulary of 88, counted as the page counts: every parameter, the tied
+    head once, biases on."""
+    from pathlib import Path
+
+    import yaml
+
+    from tinygpt import config
+
+    recipe = yaml.safe_load((Path(__file__).parent.parent / "jobs" / "sherlock.yaml").read_text())["train"]
+    model = GPT(config.build(recipe).model, vocab_size=88)
+    assert model.cfg.bias and model.num_params(non_embedding=False) == 820_992
+
+
 def test_generate_crops_context_and_appends():
     model = small(block_size=16).eval()
     out = model.generate(torch.zeros((1, 1), dtype=torch.long), 40, generator=torch.Generator().manual_seed(0))

@@ -116,3 +116,26 @@ def test_rich_progress_bar_shows_loss_speed_mfu_and_eta():
 @pytest.mark.parametrize("seconds, text", [(5, "5s"), (75, "1m15s"), (3700, "1h01m"), (None, "?")])
 def test_durations(seconds, text):
     assert progress.format_duration(seconds) == text
+
+
+def test_the_mask_exercise_section_shows_the_unmasked_run_reading_the_answer_and_failing_to_generate(tmp_path,
+                                                                                                  tiny_corpus):
+    """Two runs of one shape, with and without the causal mask: the report ranks the unmasked one but says why,
+    draws its attention maps, and scores both runs' samples with the causal model."""
+    runs = []
+    for name, causal in (("base", "true"), ("no-mask", "false")):
+        out = tmp_path / name
+        trainer.train(config.resolve([*TINY_FLAGS, "--max-steps", "60", "--data-file", str(tiny_corpus),
+                                      "--out-dir", str(out), "--data-dir", str(tmp_path / "data"), "--causal", causal]))
+        runs.append(report.load_run(out))
+    text = report.write_report(runs, tmp_path / "report", "mask", ["causal"]).read_text()
+    assert "`no-mask` (no causal mask: reads the answer)" in text
+    assert "## Attention maps of the best run (`base`)" in text  # the best causal run
+    assert "## Without the causal mask: `no-mask` against `base`" in text
+    png_content(tmp_path / "report" / "attention_no-mask.png")
+    rows = {line.split("|")[1].strip(): [float(x) for x in line.split("|")[2:4]] for line in text.splitlines()
+            if line.startswith("| training loss at step 60") or line.startswith("| `base`'s loss per character")}
+    train_unmasked, train_base = rows["training loss at step 60"]
+    on_unmasked, on_own = rows["`base`'s loss per character on a 400-character sample of each"]
+    assert train_unmasked < train_base  # it reads the answer
+    assert on_unmasked > on_own  # and what it writes is not the language the causal model learnt

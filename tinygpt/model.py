@@ -9,7 +9,7 @@ The output head shares its weight with the token embedding ("weight tying"): the
 character to a vector and a vector back to a score per character.
 
 The shape of the model is `tinygpt.config.ModelConfig` (n_layer, n_head, n_embd, block_size, dropout,
-bias, pos_emb), the one description of it that the command line, the launcher and checkpoints share;
+bias, pos_emb, causal), the one description of it that the command line, the launcher and checkpoints share;
 the vocabulary size comes from the data.
 """
 
@@ -32,6 +32,9 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.n_head = cfg.n_head
         self.dropout = cfg.dropout
+        # Without the mask (the exercise) position t also sees t+1, the very character it must predict: the
+        # training loss falls far below what the model can do when it generates, where there is no future.
+        self.causal = cfg.causal
         # One Linear produces queries, keys and values for every head at once: one big matmul is
         # faster than 3 * n_head small ones.
         self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
@@ -47,10 +50,10 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self._heads(x)
-        # Fused causal attention (flash / memory-efficient kernels where the device has them): the
-        # (T, T) weights below are never materialised. Dropout acts on the attention weights.
+        # Fused attention (flash / memory-efficient kernels where the device has them): the (T, T)
+        # weights below are never materialised. Dropout acts on the attention weights.
         p = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)  # (B, nh, T, hs)
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=self.causal)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads side by side
         return self.resid_dropout(self.proj(y))
 
@@ -60,8 +63,10 @@ class CausalSelfAttention(nn.Module):
         q, k, _ = self._heads(x)
         T = x.size(1)
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, nh, T, T)
-        future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-        return scores.masked_fill(future, float("-inf")).softmax(dim=-1)
+        if self.causal:
+            future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+            scores = scores.masked_fill(future, float("-inf"))
+        return scores.softmax(dim=-1)
 
 
 class MLP(nn.Module):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import durable, metrics
+from . import durable, mask_exercise, metrics
 
 
 @dataclass
@@ -73,12 +73,8 @@ def bigram_val_loss(prepared) -> float:
     return float(-logp[val[:-1], val[1:]].mean())
 
 
-def baselines(runs: list[RunSummary]) -> dict[str, float]:
-    """{'uniform guess': ln(vocab), 'bigram': loss} for the data of the first run (all runs of a sweep share it)."""
-    from .data import prepare_from_config
-
-    cfg = runs[0].config
-    prepared = prepare_from_config(cfg["dataset"], cfg["data_file"], cfg["data_dir"])
+def baselines(prepared) -> dict[str, float]:
+    """{'uniform guess': ln(vocab), 'bigram': loss} for the data of a sweep (all its runs share it)."""
     return {f"uniform guess, ln({prepared.vocab_size})": math.log(prepared.vocab_size),
             "count-based bigram": bigram_val_loss(prepared)}
 
@@ -104,23 +100,34 @@ def plot_losses(runs: list[RunSummary], refs: dict[str, float], path: Path, titl
     plt.close(fig)
 
 
-def attention_figure(run: RunSummary, path: Path, prompt: str | None = None, layer: int = 0) -> str:
-    """Attention weights of every head of `layer` for a prompt, one panel per head; returns the prompt."""
-    import torch
-
+def load_model(run: RunSummary):
+    """(the model of the run's newest valid checkpoint in eval mode, its step)."""
     from . import checkpoint as ckpt
-    from .data import prepare_from_config
     from .train_state import model_from
 
     try:
         checkpoint = ckpt.load_newest(run.run_dir, lambda m: print(f"warning: {m}", file=sys.stderr), ("model",))
         if checkpoint is None:
-            raise ReportError(f"{run.run_dir}: no checkpoint to draw attention maps from")
+            raise ReportError(f"{run.run_dir}: no checkpoint to draw from")
         model = model_from(checkpoint)
     except ckpt.CheckpointError as err:
         raise ReportError(str(err)) from None
+    return model.eval(), checkpoint.step
+
+
+def prepared_data(run: RunSummary):
+    from .data import prepare_from_config
+
     cfg = run.config
-    prepared = prepare_from_config(cfg["dataset"], cfg["data_file"], cfg["data_dir"])
+    return prepare_from_config(cfg["dataset"], cfg["data_file"], cfg["data_dir"])
+
+
+def attention_figure(run: RunSummary, path: Path, prompt: str | None = None, layer: int = 0) -> str:
+    """Attention weights of every head of `layer` for a prompt, one panel per head; returns the prompt."""
+    import torch
+
+    model, step = load_model(run)
+    prepared = prepared_data(run)
     length = min(model.cfg.block_size, 24)
     if prompt is None:
         val = prepared.tokens("val")
@@ -147,7 +154,7 @@ def attention_figure(run: RunSummary, path: Path, prompt: str | None = None, lay
         ax.set_yticks(range(len(prompt)), labels, fontsize=7)
         ax.set_xlabel("attends to (key)", fontsize=8)
         ax.set_ylabel("query", fontsize=8)
-    fig.suptitle(f"{run.name}: attention of layer {layer}, step {checkpoint.step}", fontsize=11)
+    fig.suptitle(f"{run.name}: attention of layer {layer}, step {step}", fontsize=11)
     fig.tight_layout()
     with durable.replacing(path) as fh:
         fig.savefig(fh, format="png")
@@ -161,7 +168,8 @@ def _table(runs: list[RunSummary], varying: list[str]) -> list[str]:
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for i, r in enumerate(ranked, 1):
         fmt = lambda x: "-" if x is None else f"{x:.4f}"  # noqa: E731
-        cells = [str(i), f"`{r.name}`", fmt(r.final_val), fmt(r.best_val), *(str(r.config.get(k)) for k in varying)]
+        name = f"`{r.name}`" if r.config.get("causal", True) else f"`{r.name}` (no causal mask: reads the answer)"
+        cells = [str(i), name, fmt(r.final_val), fmt(r.best_val), *(str(r.config.get(k)) for k in varying)]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -173,9 +181,11 @@ def write_report(runs: list[RunSummary], out_dir: Path, title: str, varying: lis
     done = [r for r in runs if r.val_curve]
     if not done:
         raise ReportError("no run has a validation loss yet; wait until the runs have evaluated once")
-    refs = baselines(done)
+    prepared = prepared_data(done[0])
+    refs = baselines(prepared)
     plot_losses(done, refs, out_dir / "val_loss.png", f"{title}: validation loss")
-    best = min(done, key=lambda r: r.best_val)
+    # The best causal run: an unmasked one scores lowest by reading the answer (tinygpt/mask_exercise.py).
+    best = min([r for r in done if r.config.get("causal", True)] or done, key=lambda r: r.best_val)
     used_prompt = attention_figure(best, out_dir / "attention.png", prompt)
     lines = [f"# {title}", "", f"{len(runs)} run(s); lower is better. Reference lines: "
              + ", ".join(f"{k} = {v:.3f}" for k, v in refs.items()) + ".", "",
@@ -186,6 +196,8 @@ def write_report(runs: list[RunSummary], out_dir: Path, title: str, varying: lis
              "![attention maps](attention.png)", "", "## Samples", ""]
     for r in runs:
         lines += [f"### {r.name}", "", "```", (r.sample or "(no sample: run not finished)").strip("\n"), "```", ""]
+    lines += mask_exercise.section(done, out_dir, lambda run: load_model(run)[0], prepared,
+                                   lambda run, path: attention_figure(run, path, used_prompt))
     if appendix:
         lines.append(appendix)
     path = out_dir / "report.md"
