@@ -76,14 +76,21 @@ def run_trainer(config: dict, steps: int, warmup: int, extra: list[str] | None =
     return result
 
 
-def trial_options(doc: str):
-    """The options of the fault trials (bench/*_trials.py): how many of each case, and the seed of the moments
-    drawn; (the options, a random.Random of that seed)."""
+def trial_options(doc: str, cases: tuple[str, ...] = ()):
+    """The options of the fault trials (bench/*_trials.py): how many of each case, the seed of the moments
+    drawn, and (given `cases`) which cases to try; (the options, a random.Random of that seed)."""
     import argparse
     import random
 
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trials", type=int, default=3, help="trials of each case (default 3)")
     p.add_argument("--seed", type=int, default=0, help="seed of the moments drawn (default 0)")
+    if cases:
+        p.add_argument("--cases", default=",".join(cases),
+                       help=f"comma-separated, of {', '.join(cases)} (default: all)")
     args = p.parse_args()
+    if cases:
+        args.cases = [c for c in args.cases.split(",") if c]
+        if not args.cases or set(args.cases) - set(cases):
+            p.error(f"--cases: choose among {', '.join(cases)}")
     return args, random.Random(args.seed)
