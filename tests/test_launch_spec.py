@@ -125,9 +125,11 @@ def test_every_shipped_spec_loads_and_renders(path, tmp_path):
         assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
 
 
-def test_exercises_spec_holds_the_classic_exercises():
-    names = [r.name for r in spec_mod.load(ROOT / "jobs" / "exercises.yaml").runs]
-    assert names == ["base", "one-head", "block-16", "block-128", "no-pos-emb", "twice-bigger"]
+def test_exercises_spec_holds_the_notebooks_exercises():
+    runs = spec_mod.load(ROOT / "jobs" / "exercises.yaml").runs
+    assert [r.name for r in runs] == ["base", "no-mask", "one-head", "block-16", "block-128", "no-pos-emb",
+                                      "twice-bigger"]
+    assert [r.config.model.causal for r in runs] == [True, False, True, True, True, True, True]
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "hpc_lab" / "clusters").glob("*.yaml")), ids=lambda p: p.name)
