@@ -24,12 +24,17 @@ SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "pos_emb", "bias")
 SAMPLE_CHARS = 400
 
 
+def is_causal(run) -> bool:
+    """Whether a run (report.RunSummary) trained with the causal mask (runs from before the key was: yes)."""
+    return run.config.get("causal", True)
+
+
 def pairs(runs: list) -> list[tuple]:
     """(unmasked run, the causal run of the same shape it is measured against) for each unmasked run that has one."""
-    causal = [r for r in runs if r.config.get("causal", True)]
+    causal = [r for r in runs if is_causal(r)]
     found = []
     for run in runs:
-        if run.config.get("causal", True):
+        if is_causal(run):
             continue
         same = [c for c in causal if all(c.config.get(k) == run.config.get(k) for k in SHAPE_KEYS)]
         if same:
@@ -48,14 +53,13 @@ def loss_per_char(model, prepared, text: str) -> float:
     import torch
     import torch.nn.functional as F
 
-    ids = torch.tensor(prepared.encode("".join(ch for ch in text if ch in set(prepared.vocab))))
+    vocab = set(prepared.vocab)
+    ids = torch.tensor(prepared.encode("".join(ch for ch in text if ch in vocab)))
     span = model.cfg.block_size + 1
     total, count = 0.0, 0
     with torch.no_grad():
-        for start in range(0, len(ids) - 1, span - 1):
+        for start in range(0, len(ids) - 1, span - 1):  # (each window holds at least two characters)
             window = ids[start:start + span]
-            if len(window) < 2:
-                break
             logits, _ = model(window[None, :-1])
             total += F.cross_entropy(logits[0].float(), window[1:], reduction="sum").item()
             count += len(window) - 1
@@ -74,7 +78,6 @@ def section(runs: list, out_dir: Path, load_model: Callable, prepared, draw_atte
         seed = int(causal.config.get("seed", 0))
         text_u = sample_text(model_u, prepared, "\n", SAMPLE_CHARS, seed, "cpu")
         text_c = sample_text(model_c, prepared, "\n", SAMPLE_CHARS, seed, "cpu")
-        model_c.eval()
         on_own, on_unmasked = loss_per_char(model_c, prepared, text_c), loss_per_char(model_c, prepared, text_u)
         figure = f"attention_{unmasked.name}.png"
         prompt = draw_attention(unmasked, out_dir / figure)

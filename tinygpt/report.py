@@ -168,7 +168,7 @@ def _table(runs: list[RunSummary], varying: list[str]) -> list[str]:
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for i, r in enumerate(ranked, 1):
         fmt = lambda x: "-" if x is None else f"{x:.4f}"  # noqa: E731
-        name = f"`{r.name}`" if r.config.get("causal", True) else f"`{r.name}` (no causal mask: reads the answer)"
+        name = f"`{r.name}`" if mask_exercise.is_causal(r) else f"`{r.name}` (no causal mask: reads the answer)"
         cells = [str(i), name, fmt(r.final_val), fmt(r.best_val), *(str(r.config.get(k)) for k in varying)]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
@@ -185,7 +185,7 @@ def write_report(runs: list[RunSummary], out_dir: Path, title: str, varying: lis
     refs = baselines(prepared)
     plot_losses(done, refs, out_dir / "val_loss.png", f"{title}: validation loss")
     # The best causal run: an unmasked one scores lowest by reading the answer (tinygpt/mask_exercise.py).
-    best = min([r for r in done if r.config.get("causal", True)] or done, key=lambda r: r.best_val)
+    best = min([r for r in done if mask_exercise.is_causal(r)] or done, key=lambda r: r.best_val)
     used_prompt = attention_figure(best, out_dir / "attention.png", prompt)
     lines = [f"# {title}", "", f"{len(runs)} run(s); lower is better. Reference lines: "
              + ", ".join(f"{k} = {v:.3f}" for k, v in refs.items()) + ".", "",
