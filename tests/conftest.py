@@ -93,6 +93,14 @@ def python_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def launch(*args: str, cwd: Path = ROOT, timeout: float = 180, env: dict[str, str] | None = None,
+           columns: int = 250) -> subprocess.CompletedProcess:
+    """`python launch.py ARGS` as a user runs it, in a COLUMNS-wide terminal: the repository importable, offline,
+    `env` on top (it is also what a submitted job inherits: sbatch exports it)."""
+    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args], capture_output=True, text=True, cwd=cwd,
+                          env=python_env(COLUMNS=str(columns), **(env or {})), timeout=timeout)
+
+
 def run_cli(argv: list[str]) -> tuple[int, str]:
     """`launch.py ARGV` in this process: (exit status, what it printed to stderr)."""
     import contextlib

@@ -1,22 +1,15 @@
 """A job chain from one call: data preparation, the training array after it, the sweep report after that."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
-from slurm_helpers import job_env, job_fields, wait, wait_until
+from conftest import launch
+from slurm_helpers import job_fields, wait, wait_until
 
 TINY = ("n_layer: 1, n_head: 2, n_embd: 32, block_size: 16, batch_size: 4, max_steps: 20, eval_interval: 10, "
         "sample_tokens: 40, eval_windows: 8, threads: 1")
-
-
-def launch(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args], capture_output=True, text=True,
-                          env=job_env(COLUMNS="250"), cwd=ROOT, timeout=180)
 
 
 def chain_spec(tmp_path: Path, corpus: Path, name: str) -> Path:

@@ -77,7 +77,7 @@ def test_missing_config_file_is_a_clear_error(tmp_path):
 
 
 def test_wrong_types_are_named():
-    with pytest.raises(ConfigError, match="n_layer: expected an integer, got '2.5'"):
+    with pytest.raises(ConfigError, match="n_layer: expected a whole number, got '2.5'"):
         config.resolve(["--n-layer", "2.5"])
     with pytest.raises(ConfigError, match="bias: expected true or false"):
         config.build({"bias": "maybe"})

@@ -64,10 +64,10 @@ def set_path(mapping: dict, path: tuple[str, ...], value) -> dict:
     return mapping
 
 
-SPEC_PATHS = ([("name",), ("cluster",), ("backend",), ("array_parallelism",), ("train",), ("grid",), ("runs",),
-               ("resources",), ("description",)]
+# Every key the schema declares (a key added later is fuzzed without a new test), and a few unknown ones.
+SPEC_PATHS = ([(key,) for key in spec_mod.SpecFile.model_fields if key != "search"]
               + [("train", key) for key in config.field_info() if key not in spec_mod.LAUNCHER_KEYS]
-              + [("resources", key) for key in spec_mod.RESOURCE_KEYS]
+              + [("resources", key) for key in spec_mod.ResourcesRequest.model_fields]
               + [("grid", "lr"), ("grid", "n_layer")])
 
 
@@ -91,10 +91,10 @@ def test_any_value_at_any_key_of_a_spec(path, value):
 
 
 PROFILE_BASE = yaml.safe_load((profiles.PROFILE_DIR / "local.yaml").read_text())
-PROFILE_PATHS = ([(key,) for key in profiles.KEYS]
-                 + [("partitions", "debug"), ("partitions", "debug", "max_time"), ("partitions", "debug", "max_nodes"),
-                    ("node", "gpus"), ("node", "cpus"), ("node", "mem"), ("node", "gpu_type"),
-                    ("container", "image"), ("container", "args"), ("container", "runtime"), ("env", "SOME_VAR"),
+PROFILE_PATHS = ([(key,) for key in profiles.Profile.model_fields]
+                 + [("partitions", "debug")] + [("partitions", "debug", key) for key in profiles.Partition.model_fields]
+                 + [("node", key) for key in profiles.Node.model_fields]
+                 + [("container", key) for key in profiles.Container.model_fields] + [("env", "SOME_VAR"),
                     ("node", "gpu"), ("container", "imge"), ("partitions", "debug", "max_tme")])  # unknown keys
 
 

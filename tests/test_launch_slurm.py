@@ -4,25 +4,17 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, read_metrics
-from slurm_helpers import cancel, counting_shim, job_env, sbatch, wait, wait_until
+from conftest import ROOT, launch, read_metrics
+from slurm_helpers import cancel, counting_shim, sbatch, wait, wait_until
 
 pytestmark = pytest.mark.slurm
 
 TINY_TRAIN = ("n_layer: 1, n_head: 2, n_embd: 32, block_size: 16, batch_size: 4, max_steps: 20, eval_interval: 10, "
               "sample_tokens: 0, eval_windows: 8, threads: 1")
-
-
-def launch(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    base = job_env(COLUMNS="250")
-    base.update(env or {})
-    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args], capture_output=True, text=True,
-                          env=base, cwd=ROOT, timeout=180)
 
 
 def manifest_of(workdir: Path, name: str) -> dict:

@@ -5,17 +5,12 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, launch
 from slurm_helpers import job_env, run_to_completion, signal_when_training, wait
 from tinygpt.launch import logs
 
 TINY = ("n_layer: 1, n_head: 2, n_embd: 32, block_size: 16, batch_size: 4, eval_interval: 10, sample_tokens: 0, "
         "eval_windows: 8, threads: 1, max_steps: 20")
-
-
-def launch(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args], capture_output=True, text=True,
-                          env=job_env(COLUMNS="250"), cwd=ROOT, timeout=180)
 
 
 @pytest.mark.slurm

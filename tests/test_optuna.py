@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, TINY_FLAGS, python_env, read_metrics
-from slurm_helpers import job_env, run_to_completion, signal_when_training
+from conftest import ROOT, TINY_FLAGS, launch, python_env, read_metrics
+from slurm_helpers import run_to_completion, signal_when_training
 from tinygpt import config, trainer
 
 TRAIN = {"n_layer": 1, "n_embd": 32, "block_size": 16, "batch_size": 4, "eval_interval": 5, "sample_tokens": 0,
@@ -26,11 +26,6 @@ def optuna_spec(tmp_path: Path, corpus: Path, name: str, trials: int, workers: i
                    "seed": 1, "params": PARAMS},
         "resources": {"time": "00:10:00"}}))
     return spec
-
-
-def launch(*args: str, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args], capture_output=True, text=True,
-                          env=env or python_env(COLUMNS="200"), cwd=ROOT, timeout=600)
 
 
 def test_a_true_eval_hook_answer_stops_the_run_saved_as_pruned(tmp_path, tiny_corpus, data_dir):
@@ -52,8 +47,8 @@ def test_bad_optuna_sections_and_resources_are_named(tmp_path, tiny_corpus):
     spec = optuna_spec(tmp_path, tiny_corpus, "bad", 4, 2, 20)
     data = yaml.safe_load(spec.read_text())
     for change, message in [
-        ({"pruner": "hyperband"}, "search.pruner: 'hyperband' is not one of asha, median, none"),
-        ({"workers": 0}, "search.workers: expected a whole number from 1 to 1,000, got 0"),
+        ({"pruner": "hyperband"}, "search.pruner: expected one of asha, median or none, got 'hyperband'"),
+        ({"workers": 0}, "search.workers: must be from 1 to 1,000, got 0"),
         ({"params": {"lr": {"loguniform": [1.0e-4, 1.0e-2]}, "n_head": {"choice": [3]}}},
          "search.params: a trial may get lr=0.0001, n_head=3, and then n_embd: 32 is not divisible by n_head 3"),
         # Every choice is checked, not only the first and last; every pair of values too (min_lr <= lr)
@@ -73,7 +68,7 @@ def test_bad_optuna_sections_and_resources_are_named(tmp_path, tiny_corpus):
 def test_workers_share_one_study_locally_and_the_report_ranks_the_trials(tmp_path, tiny_corpus):
     work = tmp_path / "w"
     spec = optuna_spec(tmp_path, tiny_corpus, "local-search", 6, 2, 30)
-    out = launch(str(spec), "--local", "--workdir", str(work))
+    out = launch(str(spec), "--local", "--workdir", str(work), timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "=== 2 search worker(s) at once" in out.stdout
     status = launch("status", str(spec), "--workdir", str(work)).stdout
@@ -100,7 +95,7 @@ def test_two_workers_on_the_cluster_and_a_preempted_worker_resumes_its_trial(tmp
     data = yaml.safe_load(spec.read_text())
     data["train"].update(eval_interval=100, ckpt_interval=10)  # (no pruning before step 100: the signal lands first)
     spec.write_text(yaml.safe_dump(data))
-    out = launch(str(spec), "--workdir", str(work), env=job_env(COLUMNS="200"))
+    out = launch(str(spec), "--workdir", str(work), timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     manifest = load(work / "jobs" / "asha" / "manifest.json")
     ids = task_job_ids(manifest)

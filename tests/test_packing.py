@@ -66,7 +66,7 @@ def test_a_packed_task_starts_its_runs_and_requeues_when_one_asks(tmp_path, tiny
 
 
 def test_pack_is_checked(tmp_path, tiny_corpus):
-    for pack, backend, message in [(0, "sbatch", "pack: expected a whole number >= 1"),
+    for pack, backend, message in [(0, "sbatch", "pack: must be >= 1, got 0"),
                                    (2, "submitit", "pack: packing runs into one task is for the sbatch backend"),
                                    (2, "sbatch", "pack: packed runs are one process each")]:
         extra = {"resources": {"nodes": 2}} if "one process" in message else {}

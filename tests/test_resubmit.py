@@ -9,24 +9,18 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, read_metrics
-from slurm_helpers import job_env, trainer_pid, wait, wait_until
+from conftest import launch, read_metrics
+from slurm_helpers import trainer_pid, wait, wait_until
 from tinygpt.launch import resubmit
 from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.manifest import task_job_ids
 
 TINY = ("n_layer: 1, n_head: 2, n_embd: 32, block_size: 16, batch_size: 4, eval_interval: 50, ckpt_interval: 10, "
         "sample_tokens: 0, eval_windows: 8, threads: 1, log_interval: 5")
-
-
-def launch(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args], capture_output=True, text=True,
-                          env=job_env(COLUMNS="250"), cwd=ROOT, timeout=180)
 
 
 def sacct_view(job_ids: list[str]) -> str:

@@ -9,6 +9,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tinygpt import schema
 from tinygpt.launch import search
 from tinygpt.launch import spec as spec_mod
 from tinygpt.launch.errors import LaunchError
@@ -45,16 +46,17 @@ def test_search_combines_with_explicit_runs_but_not_with_a_grid(tmp_path):
 
 
 @pytest.mark.parametrize("section, message", [
-    ({**SEARCH, "method": "grid"}, "search.method: 'grid' is not one of random"),
-    ({**SEARCH, "trials": 0}, "search.trials: expected a whole number from 1 to 100,000, got 0"),
+    ({**SEARCH, "method": "grid"}, "search.method: expected one of random or optuna, got 'grid'"),
+    ({**SEARCH, "trials": 0}, "search.trials: must be from 1 to 100,000, got 0"),
     ({**SEARCH, "seed": "x"}, "search.seed: expected a whole number, got 'x'"),
-    ({**SEARCH, "params": {}}, "search.params: expected a mapping of trainer keys to distributions"),
+    ({**SEARCH, "params": {}}, "search.params: expected at least 1 item(s) (trainer keys and their distributions"),
     ({**SEARCH, "params": {"lr": [1, 2]}}, "search.params.lr: expected one of choice, uniform, loguniform, int"),
-    ({**SEARCH, "params": {"lr": {"loguniform": [0, 1]}}}, "search.params.lr.loguniform: expected two numbers 0 < low"),
-    ({**SEARCH, "params": {"n_layer": {"int": [1.5, 3]}}}, "search.params.n_layer.int: expected two whole numbers"),
-    ({**SEARCH, "params": {"lr": {"uniform": [3, 1]}}}, "search.params.lr.uniform: expected two numbers [low, high]"),
+    ({**SEARCH, "params": {"lr": {"loguniform": [0, 1]}}},
+     "search.params.lr: loguniform: expected two numbers 0 < low"),
+    ({**SEARCH, "params": {"n_layer": {"int": [1.5, 3]}}}, "search.params.n_layer: int: expected two whole numbers"),
+    ({**SEARCH, "params": {"lr": {"uniform": [3, 1]}}}, "search.params.lr: uniform: expected two numbers [low, high]"),
     ({**SEARCH, "params": {"n_layers": {"choice": [1]}}}, "search.params: unknown key `n_layers` (did you mean"),
-    ({**SEARCH, "budget": 3}, "search: unknown key `budget`"),
+    ({**SEARCH, "budget": 3}, "unknown key `search.budget`; valid keys of `search` are"),
 ])
 def test_bad_search_sections_are_named(tmp_path, section, message):
     with pytest.raises(LaunchError) as err:
@@ -69,9 +71,8 @@ def test_every_draw_is_in_its_range_and_the_same_for_the_same_seed(seed, trials,
     raw = {"trials": trials, "seed": seed, "params": {
         "a": {"loguniform": [low, low * span]}, "b": {"uniform": [-low, low * span]},
         "c": {"int": [ints[0], ints[0] + ints[1]]}, "d": {"choice": ["x", 3, None]}}}
-    problems: list[str] = []
-    drawn = search.points(raw, problems)
-    assert not problems and len(drawn) == trials and drawn == search.points(raw, [])
+    drawn = search.points(schema.validate(search.Search, raw).settings())
+    assert len(drawn) == trials and drawn == search.points(schema.validate(search.Search, raw).settings())
     for point in drawn:
         assert low * (1 - 1e-3) <= point["a"] <= low * span * (1 + 1e-3) and math.isfinite(point["b"])
         assert -low * (1 + 1e-3) <= point["b"] <= low * span * (1 + 1e-3)

@@ -8,7 +8,6 @@ gives is loadable with `torch.load(..., weights_only=True)`: tensors, numbers, s
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import time
 from collections.abc import Callable
@@ -101,7 +100,7 @@ def seed_everything(seed: int) -> None:
 
 def model_args(cfg: ModelConfig, vocab_size: int) -> dict[str, Any]:
     """What a checkpoint stores of the model's shape: the ModelConfig's fields and the vocabulary size."""
-    return {**dataclasses.asdict(cfg), "vocab_size": vocab_size}
+    return {**cfg.model_dump(), "vocab_size": vocab_size}
 
 
 def model_config(checkpoint: ckpt.Checkpoint) -> tuple[ModelConfig, int]:

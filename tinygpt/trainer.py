@@ -10,7 +10,6 @@ A step is one optimizer update; `step` in metrics and checkpoints counts complet
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import math
 import os
@@ -166,7 +165,7 @@ class Trainer:
                                                 warn=lambda m: self.say(f"warning: {m}"))
             resume = self._find_resume(cfg.run.resume)
             # The checkpoint's shape wins, so the config written and checkpointed is the one that runs.
-            self.cfg = cfg = dataclasses.replace(cfg, model=self._model_config(cfg.model, resume))
+            self.cfg = cfg = cfg.model_copy(update={"model": self._model_config(cfg.model, resume)})
 
             self.batches, self.model, self.optimizer, self.scaler = self._build(cfg)
             self.state = train_state.TrainState()
@@ -246,8 +245,8 @@ class Trainer:
                 f"the checkpoint has a vocabulary of {saved_vocab} characters, the data {self.prepared.vocab_size}: "
                 f"it was trained on other data; use --resume never or another --out-dir"
             )
-        differs = [f"{f.name}={getattr(saved, f.name)} (asked: {getattr(wanted, f.name)})"
-                   for f in dataclasses.fields(saved) if getattr(saved, f.name) != getattr(wanted, f.name)]
+        differs = [f"{name}={getattr(saved, name)} (asked: {getattr(wanted, name)})"
+                   for name in type(saved).model_fields if getattr(saved, name) != getattr(wanted, name)]
         if differs:
             self.say("note: the checkpoint's model settings win over this run's: " + ", ".join(differs))
         return saved

@@ -26,68 +26,22 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, PrivateAttr, ValidationInfo, WithJsonSchema, field_validator
+
+from tinygpt import schema
+from tinygpt.config import PREEMPT_SIGNALS
+from tinygpt.schema import Int, OptInt, OptText, Text
 
 from . import passthrough
 from .errors import LaunchError
 
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "hpc_lab" / "clusters"
 GPU_REQUESTS = ("gpus-per-node", "gres", "none")
-SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "XCPU")
-
-
-@dataclass(frozen=True)
-class Partition:
-    name: str
-    max_time_min: int | None  # None: no limit
-    max_nodes: int | None
-
-
-@dataclass(frozen=True)
-class Container:
-    runtime: str
-    image: str
-    args: str = ""
-
-
-@dataclass(frozen=True)
-class Profile:
-    name: str
-    path: str
-    cluster_name: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    partitions: dict[str, Partition] = field(default_factory=dict)
-    default_partition: str | None = None
-    node_gpus: int = 0
-    gpu_type: str | None = None
-    node_cpus: int | None = None
-    node_mem_mb: int | None = None
-    gpu_request: str = "gpus-per-node"
-    cpus_per_gpu: int | None = None
-    mem_per_gpu_mb: int | None = None
-    max_array_size: int = 1001
-    modules: tuple[str, ...] = ()
-    env: dict[str, str] = field(default_factory=dict)
-    setup: tuple[str, ...] = ()
-    python: str | None = None
-    container: Container | None = None
-    signal: str = "USR2"
-    signal_lead_s: int = 120
-    trainer_defaults: dict[str, Any] = field(default_factory=dict)  # trainer keys (TRAINER_KEYS) for every run
-    sbatch_options: dict[str, str | None] = field(default_factory=dict)  # extra #SBATCH options for every job
-    srun_args: tuple[str, ...] = ()  # extra srun arguments for every job
-
-
-NODE_KEYS = ("gpus", "gpu_type", "cpus", "mem")
-CONTAINER_KEYS = ("runtime", "image", "args")
 # Trainer keys a profile may set for every run on its cluster (checked with the trainer's own schema).
 TRAINER_KEYS = ("precision", "compile", "peak_flops", "loggers", "wandb_mode", "wandb_project", "wandb_entity")
-KEYS = ("name", "cluster_name", "account", "qos", "partitions", "default_partition", "node", "gpu_request",
-        "cpus_per_gpu", "mem_per_gpu", "max_array_size", "modules", "env", "setup", "python", "container",
-        "signal", "signal_lead_s", "sbatch_options", "srun_args", *TRAINER_KEYS, "description")
 
 
 def parse_time_min(value: Any) -> int | None:
@@ -141,14 +95,151 @@ def parse_mem_mb(value: Any) -> int:
     return int(number * {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}[unit])
 
 
+def _minutes(value: Any) -> int | None:
+    try:
+        return parse_time_min(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a Slurm time; use HH:MM:SS, D-HH:MM:SS, minutes or INFINITE") from None
+
+
+def _megabytes(value: Any) -> int | None:
+    try:
+        return None if value is None else parse_mem_mb(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a memory size; use e.g. 4G, 500M or 2048 (MB)") from None
+
+
+_TIME_SCHEMA = {"type": ["string", "integer", "null"],
+                "description": "a Slurm time: MM, HH:MM:SS, D-HH:MM:SS or INFINITE",
+                "pattern": r"^((\d+-)?\d+(:\d+){0,2}|INFINITE|UNLIMITED)$"}
+_MEM_SCHEMA = {"type": ["string", "integer", "null"], "description": "a memory size: 4G, 500M, 1T, or MB as a number",
+               "pattern": r"^\s*\d+(\.\d+)?\s*[KMGTkmgt]?[Bb]?\s*$"}
+# Both read into whole minutes (None: no limit) and megabytes: what the launcher compares and writes.
+SlurmTime = Annotated[int | None, BeforeValidator(_minutes), WithJsonSchema(_TIME_SCHEMA)]
+MemMB = Annotated[int | None, BeforeValidator(_megabytes), WithJsonSchema(_MEM_SCHEMA)]
+
+
+class Partition(schema.Schema):
+    max_time: SlurmTime = Field(None, description="the partition's MaxTime (INFINITE: none)")
+    max_nodes: OptInt = Field(None, ge=1, description="the most nodes one job may have")
+
+    @field_validator("max_time")
+    @classmethod
+    def _a_minute_at_least(cls, minutes: int | None) -> int | None:
+        if minutes is not None and minutes < 1:
+            raise ValueError("must be at least one minute (or INFINITE)")
+        return minutes
+
+
+class Node(schema.Schema):
+    gpus: Int = Field(0, ge=0, description="GPUs in one node")
+    gpu_type: OptText = Field(None, description="the GPU's GRES type (a100), for gpu_request: gres")
+    cpus: OptInt = Field(None, ge=0, description="CPUs in one node")
+    mem: MemMB = Field(None, description="memory of one node")
+
+
+class Container(schema.Schema):
+    runtime: Text = Field("apptainer", description="the container runtime on the nodes")
+    image: Text = Field(description="the image's path on the nodes")
+    args: Text = Field("", description="arguments to `RUNTIME exec`, e.g. --nv --bind /scratch")
+
+    @field_validator("args")
+    @classmethod
+    def _words(cls, args: str) -> str:
+        try:
+            shlex.split(args)  # the scripts pass them on word by word
+        except ValueError as err:
+            raise ValueError(f"{args!r} cannot be split into words ({err}); balance its quotes") from None
+        return args
+
+
+def _signal(value: Any) -> Any:
+    return value.removeprefix("SIG") if isinstance(value, str) else value
+
+
+class Profile(schema.Schema):
+    """A cluster profile as its file says it (times in minutes and sizes in MB once read)."""
+
+    name: OptText = Field(None, description="the profile's name (default: the file's name)")
+    description: OptText = Field(None, description="what the cluster is")
+    cluster_name: OptText = Field(None, description="Slurm's ClusterName, for --cluster auto")
+    account: OptText = Field(None, description="the account every job is charged to")
+    qos: OptText = Field(None, description="the QOS of every job")
+    partitions: dict[str, Partition] = Field(default_factory=dict, description="{name: {max_time, max_nodes}}")
+    default_partition: OptText = Field(None, description="one of partitions (default: the first)")
+    node: Node = Field(default_factory=Node, description="what one node holds")
+    gpu_request: Literal[GPU_REQUESTS] = Field(
+        "gpus-per-node", description="how GPUs are asked for: --gpus-per-node=N, --gres=gpu:TYPE:N or not at all")
+    cpus_per_gpu: OptInt = Field(None, ge=0, description="CPUs a GPU brings along when a spec does not say")
+    mem_per_gpu: MemMB = Field(None, description="memory a GPU brings along when a spec does not say")
+    max_array_size: Int = Field(1001, ge=1, description="Slurm's MaxArraySize (longer sweeps are split)")
+    modules: list[Text] = Field(default_factory=list, description="`module load` lines")
+    env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], Text] = Field(
+        default_factory=dict, description="variables exported in every job")
+    setup: list[Text] = Field(default_factory=list, description="shell lines run first (venv activation)")
+    python: OptText = Field(None, description="the interpreter on the nodes (default: the one running launch.py)")
+    container: Container | None = Field(None, description="run the trainer inside this container")
+    signal: Annotated[Literal[PREEMPT_SIGNALS], BeforeValidator(_signal)] = Field(
+        "USR2", description="the signal Slurm sends before the time limit")
+    signal_lead_s: Int = Field(120, ge=0, description="how many seconds before the time limit it is sent")
+    sbatch_options: dict[str, str | None] = Field(default_factory=dict, description=(
+        "extra #SBATCH options for every job ({reservation: x, exclusive: true}); see launch/passthrough.py"))
+    srun_args: tuple[str, ...] = Field([], description="extra srun options for every job, e.g. [--cpu-bind=cores]")
+    # The trainer's own keys, set for every run on this cluster (TRAINER_KEYS): typed by the trainer's schema.
+    precision: Any = None
+    compile: Any = None
+    peak_flops: Any = None
+    loggers: Any = None
+    wandb_mode: Any = None
+    wandb_project: Any = None
+    wandb_entity: Any = None
+
+    _path: str = PrivateAttr("")
+
+    @field_validator("default_partition")
+    @classmethod
+    def _among_partitions(cls, name: str | None, info: ValidationInfo) -> str | None:
+        partitions = info.data.get("partitions") or {}
+        if name is not None and partitions and name not in partitions:
+            raise ValueError(f"`{name}` is not among partitions ({', '.join(partitions)})")
+        return name
+
+    @field_validator("sbatch_options", mode="before")
+    @classmethod
+    def _sbatch_options(cls, raw: Any) -> dict[str, str | None]:
+        return schema.collected(lambda problems: passthrough.sbatch_options(raw, "sbatch_options", problems))
+
+    @field_validator("srun_args", mode="before")
+    @classmethod
+    def _srun_args(cls, raw: Any) -> tuple[str, ...]:
+        return schema.collected(lambda problems: passthrough.srun_args(raw, "srun_args", problems))
+
+    @field_validator(*TRAINER_KEYS)
+    @classmethod
+    def _a_trainer_value(cls, value: Any, info: ValidationInfo) -> Any:
+        from tinygpt.config import ConfigError, build
+
+        try:
+            return None if value is None else build({info.field_name: value}).flat()[info.field_name]
+        except ConfigError as err:
+            raise schema.problem("\n".join(err.problems)) from None
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @property
+    def trainer_defaults(self) -> dict[str, Any]:
+        """The trainer keys this profile sets, typed by the trainer's schema."""
+        return {key: getattr(self, key) for key in TRAINER_KEYS if getattr(self, key) is not None}
+
+
 def available() -> list[str]:
     return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
 
 
 def load(name_or_path: str) -> Profile:
     """A profile by name (`hpc_lab/clusters/<name>.yaml`) or by path; `auto` asks Slurm for the cluster name."""
-    from tinygpt.config import suggest
-
     if name_or_path == "auto":
         return detect()
     if "/" in name_or_path or name_or_path.endswith((".yaml", ".yml")):
@@ -164,7 +255,7 @@ def load(name_or_path: str) -> Profile:
     path = PROFILE_DIR / f"{name_or_path}.yaml"
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", name_or_path) or not path.is_file():
         raise LaunchError(
-            f"cluster: unknown cluster profile `{name_or_path}`{suggest(name_or_path, available())}; "
+            f"cluster: unknown cluster profile `{name_or_path}`{schema.suggest(name_or_path, available())}; "
             f"available: {', '.join(available()) or 'none'} (files in {PROFILE_DIR}), "
             f"or `auto`, or a path to a profile YAML"
         )
@@ -173,7 +264,7 @@ def load(name_or_path: str) -> Profile:
 
 def from_file(path: Path) -> Profile:
     """A profile read and checked; every problem in the file is reported at once (LaunchError)."""
-    from tinygpt.config import ConfigError, load_yaml, suggest
+    from tinygpt.config import ConfigError, load_yaml
 
     try:
         data = load_yaml(path)
@@ -181,173 +272,11 @@ def from_file(path: Path) -> Profile:
         raise LaunchError(err.problems) from None
     if not isinstance(data, dict):
         raise LaunchError(f"{path}: a profile is a mapping of keys to values")
-    problems: list[str] = []
-    for key in data:
-        if key not in KEYS:
-            problems.append(f"unknown profile key `{key}`{suggest(str(key), KEYS)}; valid keys: {', '.join(KEYS)}")
-    partitions = _partitions(data.get("partitions"), problems)
-    default_partition = _get(data, "default_partition", str, problems, next(iter(partitions), None))
-    if default_partition is not None and partitions and default_partition not in partitions:
-        problems.append(f"default_partition: `{default_partition}` is not among partitions "
-                        f"({', '.join(partitions)})")
-    node = data.get("node") or {}
-    if not isinstance(node, dict):
-        problems.append("node: expected a mapping {gpus, gpu_type, cpus, mem}")
-        node = {}
-    _known(node, "node", NODE_KEYS, problems)
-    gpu_request = _get(data, "gpu_request", str, problems, "gpus-per-node")
-    if gpu_request not in GPU_REQUESTS:
-        problems.append(f"gpu_request: {gpu_request!r} is not one of {', '.join(GPU_REQUESTS)}")
-    signal = _get(data, "signal", str, problems, "USR2").removeprefix("SIG")
-    if signal not in SIGNALS:
-        problems.append(f"signal: {signal!r} is not one of {', '.join(SIGNALS)}")
-    profile = Profile(
-        name=str(data.get("name") or path.stem),
-        path=str(path),
-        cluster_name=_get(data, "cluster_name", str, problems),
-        account=_get(data, "account", str, problems),
-        qos=_get(data, "qos", str, problems),
-        partitions=partitions,
-        default_partition=default_partition,
-        node_gpus=get_int(node, "gpus", problems, 0),
-        gpu_type=str(node["gpu_type"]) if node.get("gpu_type") else None,
-        node_cpus=get_int(node, "cpus", problems, None),
-        node_mem_mb=_mem(node.get("mem"), "node.mem", "512G", problems),
-        gpu_request=gpu_request,
-        cpus_per_gpu=_get(data, "cpus_per_gpu", int, problems),
-        mem_per_gpu_mb=_mem(data.get("mem_per_gpu"), "mem_per_gpu", "120G", problems),
-        max_array_size=_get(data, "max_array_size", int, problems, 1001) or 1001,
-        modules=_strings(data, "modules", problems),
-        env=_env(data.get("env"), problems),
-        setup=_strings(data, "setup", problems),
-        python=_get(data, "python", str, problems),
-        container=_container(data.get("container"), problems),
-        signal=signal,
-        signal_lead_s=_get(data, "signal_lead_s", int, problems, 120),
-        trainer_defaults=_trainer_defaults(data, problems),
-        sbatch_options=passthrough.sbatch_options(data.get("sbatch_options"), "sbatch_options", problems),
-        srun_args=passthrough.srun_args(data.get("srun_args"), "srun_args", problems),
-    )
-    if problems:
-        raise LaunchError(problems, str(path))
+    profile = schema.validate(Profile, data, str(path), LaunchError)
+    profile.name = profile.name or path.stem
+    profile.default_partition = profile.default_partition or next(iter(profile.partitions), None)
+    profile._path = str(path)
     return profile
-
-
-def _known(mapping: dict, where: str, keys: tuple[str, ...], problems: list[str]) -> None:
-    from tinygpt.config import suggest
-
-    for key in mapping:
-        if key not in keys:
-            problems.append(f"{where}: unknown key `{key}`{suggest(str(key), keys)}; valid keys: {', '.join(keys)}")
-
-
-def _get(data: dict, key: str, kind: type, problems: list[str], default: Any = None) -> Any:
-    """A whole number >= 0 (kind int) or a single value as text (kind str); `default` when unset or wrong."""
-    value = data.get(key, default)
-    if value is None:
-        return default
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        problems.append(f"{key}: expected a whole number >= 0, got {value!r}")
-        return default
-    if kind is str and not isinstance(value, (str, int, float)):
-        problems.append(f"{key}: expected a single value, got {value!r}")
-        return default
-    return str(value) if kind is str else value
-
-
-def get_int(mapping: dict, key: str, problems: list[str], default):
-    value = mapping.get(key, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        problems.append(f"node.{key}: expected a whole number >= 0, got {value!r}")
-        return default
-    return value
-
-
-def _mem(value: Any, name: str, example: str, problems: list[str]) -> int | None:
-    if value is None:
-        return None
-    try:
-        return parse_mem_mb(value)
-    except ValueError:
-        problems.append(f"{name}: {value!r} is not a memory size (e.g. {example})")
-        return None
-
-
-def _strings(data: dict, key: str, problems: list[str]) -> tuple[str, ...]:
-    value = data.get(key) or []
-    if not isinstance(value, list):
-        problems.append(f"{key}: expected a list of strings")
-        return ()
-    return tuple(str(item) for item in value)
-
-
-def _partitions(raw: Any, problems: list[str]) -> dict[str, Partition]:
-    if not isinstance(raw or {}, dict):
-        problems.append("partitions: expected a mapping {name: {max_time: ..., max_nodes: ...}}")
-        return {}
-    partitions: dict[str, Partition] = {}
-    for name, spec in (raw or {}).items():
-        spec = spec or {}
-        if not isinstance(spec, dict):
-            problems.append(f"partitions.{name}: expected a mapping such as {{max_time: '2-00:00:00', max_nodes: 4}}, "
-                            f"got {spec!r}")
-            continue
-        _known(spec, f"partitions.{name}", ("max_time", "max_nodes"), problems)
-        try:
-            max_time = parse_time_min(spec.get("max_time"))
-        except ValueError:
-            problems.append(f"partitions.{name}.max_time: {spec.get('max_time')!r} is not a Slurm time "
-                            f"(e.g. 2-00:00:00, 04:00:00 or INFINITE)")
-            max_time = None
-        if max_time is not None and max_time < 1:
-            problems.append(f"partitions.{name}.max_time: must be at least one minute (or INFINITE), got "
-                            f"{spec.get('max_time')!r}")
-            max_time = None
-        max_nodes = spec.get("max_nodes")
-        if max_nodes is not None and (isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1):
-            problems.append(f"partitions.{name}.max_nodes: expected a whole number >= 1, got {max_nodes!r}")
-            max_nodes = None
-        partitions[str(name)] = Partition(str(name), max_time, max_nodes)
-    return partitions
-
-
-def _env(raw: Any, problems: list[str]) -> dict[str, str]:
-    env = raw or {}
-    if not isinstance(env, dict) or not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(k)) for k in env):
-        problems.append("env: expected a mapping of variable names (letters, digits, _) to values")
-        return {}
-    return {str(k): str(v) for k, v in env.items()}
-
-
-def _container(raw: Any, problems: list[str]) -> Container | None:
-    if not raw:
-        return None
-    if not isinstance(raw, dict) or not raw.get("image"):
-        problems.append("container: expected {runtime: apptainer, image: PATH, args: ...}")
-        return None
-    _known(raw, "container", CONTAINER_KEYS, problems)
-    args = str(raw.get("args", ""))
-    try:
-        shlex.split(args)  # the scripts pass them on word by word
-    except ValueError as err:
-        problems.append(f"container.args: {args!r} cannot be split into words ({err}); balance its quotes")
-        return None
-    return Container(str(raw.get("runtime", "apptainer")), str(raw["image"]), args)
-
-
-def _trainer_defaults(data: dict, problems: list[str]) -> dict[str, Any]:
-    """The trainer keys the profile sets, typed and checked with the trainer's own schema."""
-    from tinygpt.config import ConfigError, build
-
-    given = {key: data[key] for key in TRAINER_KEYS if data.get(key) is not None}
-    try:
-        typed = build(given).flat()
-    except ConfigError as err:
-        problems.extend(err.problems)
-        return {}
-    return {key: typed[key] for key in given}
 
 
 def detect() -> Profile:

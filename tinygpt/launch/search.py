@@ -27,17 +27,20 @@ import itertools
 import math
 import random
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from tinygpt import durable
+from pydantic import BeforeValidator, Field, ValidationInfo, WithJsonSchema, field_validator
+
+from tinygpt import durable, schema
+from tinygpt.schema import Int, OptInt
 
 METHODS = ("random", "optuna")
 DISTRIBUTIONS = ("choice", "uniform", "loguniform", "int")
-KEYS = ("method", "trials", "seed", "params")
-OPTUNA_KEYS = (*KEYS, "workers", "sampler", "pruner")
+OPTUNA_KEYS = ("workers", "sampler", "pruner")  # the keys of method optuna alone
 SAMPLERS = ("tpe", "random")
 PRUNERS = ("asha", "median", "none")
 MAX_TRIALS = 100_000
+MAX_WORKERS = 1000
 OPTUNA_EXTRA = 'Optuna is not installed here: pip install -e ".[search]"'
 
 
@@ -45,17 +48,15 @@ def _number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def _distribution(key: str, raw: Any, problems: list[str]) -> tuple[str, list] | None:
-    where = f"search.params.{key}"
+def _distribution(raw: Any) -> tuple[str, list]:
+    """{loguniform: [1e-4, 1e-2]} -> ("loguniform", [1e-4, 1e-2]), checked."""
     if not isinstance(raw, dict) or len(raw) != 1 or next(iter(raw)) not in DISTRIBUTIONS:
-        problems.append(f"{where}: expected one of {', '.join(DISTRIBUTIONS)}, e.g. {{loguniform: [1.0e-4, 1.0e-2]}} "
-                        f"or {{choice: [2, 4]}}; got {raw!r}")
-        return None
+        raise ValueError(f"expected one of {', '.join(DISTRIBUTIONS)}, e.g. {{loguniform: [1.0e-4, 1.0e-2]}} or "
+                         f"{{choice: [2, 4]}}; got {raw!r}")
     kind, args = next(iter(raw.items()))
     if kind == "choice":
         if not isinstance(args, list) or not args:
-            problems.append(f"{where}.choice: expected a non-empty list of values")
-            return None
+            raise ValueError("choice: expected a non-empty list of values")
         return kind, args
     ok = isinstance(args, list) and len(args) == 2 and all(_number(a) for a in args) and args[0] <= args[1]
     if ok and kind == "int":
@@ -65,9 +66,68 @@ def _distribution(key: str, raw: Any, problems: list[str]) -> tuple[str, list] |
     if not ok:
         need = {"uniform": "two numbers [low, high]", "loguniform": "two numbers 0 < low <= high",
                 "int": "two whole numbers [low, high]"}[kind]
-        problems.append(f"{where}.{kind}: expected {need}, got {args!r}")
-        return None
+        raise ValueError(f"{kind}: expected {need}, got {args!r}")
     return kind, args
+
+
+_RANGE = {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2}
+_DISTRIBUTION_SCHEMA = {"oneOf": [
+    {"type": "object", "properties": {"choice": {"type": "array", "minItems": 1}}, "required": ["choice"],
+     "additionalProperties": False},
+    *({"type": "object", "properties": {kind: _RANGE}, "required": [kind], "additionalProperties": False}
+      for kind in ("uniform", "loguniform")),
+    {"type": "object", "properties": {"int": {**_RANGE, "items": {"type": "integer"}}}, "required": ["int"],
+     "additionalProperties": False},
+], "description": "one of {choice: [values]}, {uniform: [low, high]}, {loguniform: [low, high]}, {int: [low, high]}"}
+Distribution = Annotated[tuple[str, list], BeforeValidator(_distribution), WithJsonSchema(_DISTRIBUTION_SCHEMA)]
+
+
+class Search(schema.Schema):
+    """A spec's `search` section (each check on one field, so that one problem hides no other)."""
+
+    method: Literal[METHODS] = Field("random", description="random: drawn here; optuna: adaptive, run by the jobs")
+    trials: Int = Field(ge=1, le=MAX_TRIALS, description="how many trials")
+    workers: OptInt = Field(None, ge=1, le=MAX_WORKERS, description="optuna: array tasks asking for trials")
+    sampler: Literal[SAMPLERS] | None = Field(None, description="optuna: tpe (default) or random")
+    pruner: Literal[PRUNERS] | None = Field(None, description="optuna: asha (default), median or none")
+    seed: Int = Field(0, description="the same spec and seed give the same trials")
+    params: dict[str, Distribution] = Field(min_length=1, description="trainer keys and their distributions",
+                                            json_schema_extra={"hint": "trainer keys and their distributions, e.g. "
+                                                                       "{lr: {loguniform: [1.0e-4, 1.0e-2]}}"})
+
+    @field_validator("method")
+    @classmethod
+    def _optuna_installed(cls, method: str) -> str:
+        if method == "optuna":
+            try:
+                import optuna  # noqa: F401
+            except ImportError:
+                raise ValueError(f"optuna: {OPTUNA_EXTRA}") from None
+        return method
+
+    @field_validator(*OPTUNA_KEYS)
+    @classmethod
+    def _of_optuna(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None and info.data.get("method", "optuna") != "optuna":
+            raise ValueError("is a key of method optuna; remove it, or set method: optuna")
+        return value
+
+    @field_validator("seed")
+    @classmethod
+    def _in_numpys_range(cls, seed: int, info: ValidationInfo) -> int:
+        workers = info.data.get("workers") or 1
+        if info.data.get("method") == "optuna" and not 0 <= seed <= 2**32 - workers:
+            # (worker w's sampler is seeded seed + w, in numpy's range)
+            raise ValueError(f"an Optuna search's seed must be from 0 to 2^32 - workers ({2**32 - workers:,}), "
+                             f"got {seed}")
+        return seed
+
+    def settings(self) -> dict[str, Any]:
+        """What the launcher and the workers keep of it: {method, trials, seed, dists[, workers, sampler,
+        pruner]}."""
+        extra = {"workers": self.workers or 1, "sampler": self.sampler or "tpe", "pruner": self.pruner or "asha"} \
+            if self.method == "optuna" else {}
+        return {"method": self.method, "trials": self.trials, "seed": self.seed, "dists": dict(self.params), **extra}
 
 
 def _draw(rng: random.Random, kind: str, args: list) -> Any:
@@ -80,72 +140,10 @@ def _draw(rng: random.Random, kind: str, args: list) -> Any:
     return float(f"{value:.4g}")
 
 
-def method(raw: Any) -> str | None:
-    return raw.get("method", "random") if isinstance(raw, dict) else None
-
-
-def points(raw: Any, problems: list[str]) -> list[dict[str, Any]]:
-    """The point of each trial of a valid random `search` section, in trial order; problems named otherwise."""
-    settings = check(raw, problems)
-    if settings is None:
-        return []
+def points(settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """The point of each trial of a random search, in trial order."""
     rng = random.Random(settings["seed"])
     return [{key: _draw(rng, *dist) for key, dist in settings["dists"].items()} for _ in range(settings["trials"])]
-
-
-def check(raw: Any, problems: list[str]) -> dict[str, Any] | None:
-    """A `search` section's settings, typed ({method, trials, seed, dists, ...}); None and problems when bad."""
-    if not isinstance(raw, dict):
-        problems.append("search: expected a mapping {method: random, trials: N, seed: S, params: {...}}")
-        return None
-    kind = method(raw)
-    if kind not in METHODS:
-        problems.append(f"search.method: {kind!r} is not one of {', '.join(METHODS)}")
-        return None
-    keys = OPTUNA_KEYS if kind == "optuna" else KEYS
-    for key in raw:
-        if key not in keys:
-            problems.append(f"search: unknown key `{key}` for method {kind}; valid keys: {', '.join(keys)}")
-    extra = _optuna_settings(raw, problems) if kind == "optuna" else {}
-    trials, seed = raw.get("trials"), raw.get("seed", 0)
-    if isinstance(trials, bool) or not isinstance(trials, int) or not 1 <= trials <= MAX_TRIALS:
-        problems.append(f"search.trials: expected a whole number from 1 to {MAX_TRIALS:,}, got {trials!r}")
-        trials = 0
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        problems.append(f"search.seed: expected a whole number, got {seed!r}")
-        seed = 0
-    if extra and not 0 <= seed <= 2**32 - extra["workers"]:  # (worker w's sampler is seeded seed + w: numpy's range)
-        problems.append(f"search.seed: an Optuna search's seed must be from 0 to 2^32 - workers "
-                        f"({2**32 - extra['workers']:,}), got {seed}")
-    params = raw.get("params")
-    if not isinstance(params, dict) or not params:
-        problems.append("search.params: expected a mapping of trainer keys to distributions, e.g. "
-                        "{lr: {loguniform: [1.0e-4, 1.0e-2]}}")
-        return None
-    dists = {str(k): _distribution(str(k), v, problems) for k, v in params.items()}
-    if any(d is None for d in dists.values()) or not trials or extra is None:
-        return None
-    return {"method": kind, "trials": trials, "seed": seed, "dists": dists, **extra}
-
-
-def _optuna_settings(raw: dict, problems: list[str]) -> dict[str, Any] | None:
-    workers = raw.get("workers", 1)
-    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 1000:
-        problems.append(f"search.workers: expected a whole number from 1 to 1,000, got {workers!r}")
-        return None
-    sampler, pruner = raw.get("sampler", "tpe"), raw.get("pruner", "asha")
-    if sampler not in SAMPLERS:
-        problems.append(f"search.sampler: {sampler!r} is not one of {', '.join(SAMPLERS)}")
-        return None
-    if pruner not in PRUNERS:
-        problems.append(f"search.pruner: {pruner!r} is not one of {', '.join(PRUNERS)}")
-        return None
-    try:
-        import optuna  # noqa: F401
-    except ImportError:
-        problems.append(f"search.method: optuna: {OPTUNA_EXTRA}")
-        return None
-    return {"workers": workers, "sampler": sampler, "pruner": pruner}
 
 
 INT_VALUES_CHECKED = 256  # an `int` range up to this wide is checked value by value (divisibility needs it)

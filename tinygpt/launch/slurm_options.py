@@ -35,7 +35,7 @@ def sbatch_options(r: Resources, prof: Profile, workdir: Path) -> dict[str, str 
             opts[key] = getattr(r, key)
     if r.gpus_per_node:
         if prof.gpu_request == "gres":
-            kind = f"gpu:{prof.gpu_type}" if prof.gpu_type else "gpu"
+            kind = f"gpu:{prof.node.gpu_type}" if prof.node.gpu_type else "gpu"
             opts["gres"] = f"{kind}:{r.gpus_per_node}"
         elif prof.gpu_request == "gpus-per-node":
             opts["gpus-per-node"] = str(r.gpus_per_node)

@@ -31,24 +31,100 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
 
 from tinygpt import config as train_config
+from tinygpt import schema
 from tinygpt.config import ConfigError, suggest
+from tinygpt.schema import OptFloat, OptInt, OptText
 
 from . import passthrough, search, snapshot
 from .errors import LaunchError
-from .profiles import Profile, format_time, parse_mem_mb, parse_time_min
+from .profiles import MemMB, Profile, SlurmTime, format_time
+from .search import Search
 
-SPEC_KEYS = ("name", "description", "cluster", "backend", "train", "grid", "search", "runs", "resources",
-             "array_parallelism", "pack", "snapshot_max_file_mb")
-RESOURCE_KEYS = ("nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "mem", "time", "partition", "qos",
-                 "account", "constraint", "exclude", "sbatch_options", "srun_args")
 BACKENDS = ("sbatch", "submitit")
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+-]{0,119}")
 LAUNCHER_KEYS = {"out_dir": "runs/<sweep>/<run>", "sweep": "the spec's name"}  # set by the launcher, never a spec
 MAX_FILE_MB = snapshot.MAX_FILE_BYTES / 1e6  # the default of `snapshot_max_file_mb`
 SHOWN_FAILING_POINTS = 3  # an Optuna search that fails on many combinations shows this many, then a count
+DEFAULT_TIME_MIN = 60
+
+
+def name_problem(value: str) -> str | None:
+    """Why `value` cannot name a sweep or a run (a file, folder and job name), or None."""
+    if not SAFE_NAME.fullmatch(value) or ".." in value:
+        return (f"{value!r} cannot be used as a file or job name; use letters, digits and . _ = , + - (starting "
+                f"with a letter or digit, at most 120 characters, no '..')")
+    return None
+
+
+class ResourcesRequest(schema.Schema):
+    """A spec's `resources`: what each job asks for (unset: from the cluster profile)."""
+
+    nodes: OptInt = Field(None, ge=1, description="nodes per job (default 1)")
+    gpus_per_node: OptInt = Field(None, ge=0, description="GPUs per node (default: the profile's node.gpus)")
+    tasks_per_node: OptInt = Field(None, ge=1, description="processes per node (default: one per GPU, else 1)")
+    cpus_per_task: OptInt = Field(None, ge=1, description="CPUs per process (default: the profile's cpus_per_gpu)")
+    mem: MemMB = Field(None, description="memory per node, e.g. 4G (default: the profile's mem_per_gpu per GPU)")
+    time: SlurmTime = Field(DEFAULT_TIME_MIN, description="time limit per job, e.g. 01:00:00 (default one hour)")
+    partition: OptText = Field(None, description="the partition (default: the profile's default_partition)")
+    qos: OptText = Field(None, description="the QOS (default: the profile's)")
+    account: OptText = Field(None, description="the account (default: the profile's)")
+    constraint: OptText = Field(None, description="node features (sbatch --constraint)")
+    exclude: OptText = Field(None, description="nodes not to run on (sbatch --exclude)")
+    sbatch_options: dict[str, str | None] = Field(default_factory=dict, description=(
+        "extra #SBATCH options ({reservation: x, exclusive: true}); see launch/passthrough.py"))
+    srun_args: tuple[str, ...] = Field([], description="extra srun options, e.g. [--cpu-bind=cores]")
+
+    @field_validator("time")
+    @classmethod
+    def _finite(cls, minutes: int | None) -> int:
+        if minutes is None or minutes < 1:
+            raise ValueError("give a finite time limit of at least one minute (e.g. '00:30:00')")
+        return minutes
+
+    @field_validator("sbatch_options", mode="before")
+    @classmethod
+    def _sbatch_options(cls, raw: Any) -> dict[str, str | None]:
+        return schema.collected(lambda p: passthrough.sbatch_options(raw, "resources.sbatch_options", p))
+
+    @field_validator("srun_args", mode="before")
+    @classmethod
+    def _srun_args(cls, raw: Any) -> tuple[str, ...]:
+        return schema.collected(lambda p: passthrough.srun_args(raw, "resources.srun_args", p))
+
+
+class SpecFile(schema.Schema):
+    """A job or sweep spec as its file says it; `train`, `grid` and `runs` hold trainer keys, checked per run
+    by the trainer's schema."""
+
+    name: OptText = Field(None, description="the sweep's name: jobs/<name>/, runs/<name>/, logs/<name>/ "
+                                            "(default: the file's name)")
+    description: OptText = Field(None, description="what the sweep is for")
+    cluster: OptText = Field(None, description="a profile in hpc_lab/clusters/, a profile's path, or auto "
+                                               "(default: local)")
+    backend: Literal[BACKENDS] | None = Field(None, description="sbatch (default) or submitit")
+    train: dict[str, Any] | None = Field(None, description="the base trainer config: the trainer's own keys")
+    grid: dict[str, Any] | None = Field(None, description="trainer keys and their lists of values: every "
+                                                          "combination is a run")
+    search: Search | None = Field(None, description="instead of a grid: random or Optuna search")
+    runs: list[dict[str, Any]] | None = Field(None, description="explicit runs: trainer keys and an optional name")
+    resources: ResourcesRequest = Field(default_factory=ResourcesRequest, description="what each job asks for")
+    array_parallelism: OptInt = Field(None, ge=1, description="at most this many array tasks at once")
+    pack: OptInt = Field(None, ge=1, description="runs at once in each array task, sharing its CPUs and GPUs")
+    snapshot_max_file_mb: OptFloat = Field(None, gt=0, lt=1e9, description=(
+        "the code snapshot refuses a tracked file larger than this"),
+        json_schema_extra={"hint": "megabytes: the largest tracked file a code snapshot copies"})
+
+    @field_validator("name")
+    @classmethod
+    def _a_safe_name(cls, name: str | None) -> str | None:
+        if name is not None and (why := name_problem(name)):
+            raise ValueError(why)
+        return name
 
 
 @dataclass(frozen=True)
@@ -123,11 +199,8 @@ def run_name(point: dict[str, Any]) -> str:
     return ",".join(f"{key}={_value_token(key, value)}" for key, value in point.items())
 
 
-def _expand_grid(grid: Any, problems: list[str]) -> list[dict[str, Any]]:
+def _expand_grid(grid: dict[str, Any] | None, problems: list[str]) -> list[dict[str, Any]]:
     if grid is None:
-        return []
-    if not isinstance(grid, dict):
-        problems.append("grid: expected a mapping of keys to lists of values, e.g. {n_layer: [2, 4]}")
         return []
     if not grid:
         problems.append("grid: is empty; give at least one key with a list of values, or remove `grid`")
@@ -161,65 +234,16 @@ def _check_keys(mapping: dict, where: str, problems: list[str]) -> dict[str, Any
     return flat
 
 
-def _resources(raw: Any, profile: Profile, problems: list[str]) -> Resources | None:
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        problems.append("resources: expected a mapping such as {nodes: 1, time: '01:00:00'}")
-        return None
-    for key in raw:
-        if key not in RESOURCE_KEYS:
-            problems.append(f"resources: unknown key `{key}`{suggest(str(key), RESOURCE_KEYS)}; "
-                            f"valid keys: {', '.join(RESOURCE_KEYS)}")
-
-    def whole(key: str, default: int, minimum: int) -> int:
-        value = raw.get(key, default)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            problems.append(f"resources.{key}: expected a whole number >= {minimum}, got {value!r}")
-            return default
-        return value
-
-    def text(key: str, default: str | None) -> str | None:
-        value = raw.get(key)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)) or not str(value).strip():
-            problems.append(f"resources.{key}: expected a name such as 'gpu', got {value!r}")
-            return default
-        return str(value)
-
-    nodes = whole("nodes", 1, 1)
-    gpus = whole("gpus_per_node", profile.node_gpus if profile.node_gpus else 0, 0)
-    tasks = whole("tasks_per_node", gpus or 1, 1)
-    default_cpus = profile.cpus_per_gpu if (gpus and profile.cpus_per_gpu) else 1
-    cpus = whole("cpus_per_task", default_cpus, 1)
-    partition = text("partition", profile.default_partition)
-    try:
-        time_min = parse_time_min(raw.get("time", "01:00:00"))
-    except ValueError:
-        problems.append(f"resources.time: {raw.get('time')!r} is not a Slurm time; use HH:MM:SS, D-HH:MM:SS "
-                        f"or minutes")
-        time_min = 60
-    if time_min is None or time_min < 1:
-        problems.append("resources.time: give a finite time limit of at least one minute (e.g. '00:30:00')")
-        time_min = 60
-    mem_mb = None
-    if raw.get("mem") is not None:
-        try:
-            mem_mb = parse_mem_mb(raw["mem"])
-        except ValueError:
-            problems.append(f"resources.mem: {raw['mem']!r} is not a memory size; use e.g. 4G or 500M")
-    elif gpus and profile.mem_per_gpu_mb:
-        mem_mb = gpus * profile.mem_per_gpu_mb
-
-    extra = {**profile.sbatch_options,
-             **passthrough.sbatch_options(raw.get("sbatch_options"), "resources.sbatch_options", problems)}
-    srun = profile.srun_args + passthrough.srun_args(raw.get("srun_args"), "resources.srun_args", problems)
-    resources = Resources(nodes, gpus, tasks, cpus, mem_mb, time_min, str(partition) if partition else None,
-                          text("qos", profile.qos), text("account", profile.account), text("constraint", None),
-                          text("exclude", None), extra, srun)
+def _resources(asked: ResourcesRequest, profile: Profile, problems: list[str]) -> Resources:
+    """What each job asks Slurm for: the spec's `resources`, the profile's defaults where it is silent."""
+    gpus = profile.node.gpus if asked.gpus_per_node is None else asked.gpus_per_node
+    cpus = asked.cpus_per_task or (profile.cpus_per_gpu if (gpus and profile.cpus_per_gpu) else 1)
+    mem_mb = asked.mem if asked.mem is not None else (gpus * profile.mem_per_gpu if gpus and profile.mem_per_gpu
+                                                      else None)
+    resources = Resources(asked.nodes or 1, gpus, asked.tasks_per_node or gpus or 1, cpus, mem_mb, asked.time,
+                          asked.partition or profile.default_partition, asked.qos or profile.qos,
+                          asked.account or profile.account, asked.constraint, asked.exclude,
+                          {**profile.sbatch_options, **asked.sbatch_options}, profile.srun_args + asked.srun_args)
     _check_limits(resources, profile, problems)
     return resources
 
@@ -227,14 +251,15 @@ def _resources(raw: Any, profile: Profile, problems: list[str]) -> Resources | N
 def _check_limits(r: Resources, profile: Profile, problems: list[str]) -> None:
     """Refuse before submission what the cluster could never give: the profile's node and partition limits."""
     where = f"cluster profile `{profile.name}`"
-    if r.gpus_per_node > profile.node_gpus:
+    node = profile.node
+    if r.gpus_per_node > node.gpus:
         problems.append(f"resources.gpus_per_node: {r.gpus_per_node} GPUs asked, but a node of {where} has "
-                        f"{profile.node_gpus}; ask for at most {profile.node_gpus} and more nodes instead")
-    if profile.node_cpus and r.tasks_per_node * r.cpus_per_task > profile.node_cpus:
+                        f"{node.gpus}; ask for at most {node.gpus} and more nodes instead")
+    if node.cpus and r.tasks_per_node * r.cpus_per_task > node.cpus:
         problems.append(f"resources.tasks_per_node x cpus_per_task: {r.tasks_per_node} x {r.cpus_per_task} CPUs "
-                        f"per node is more than the {profile.node_cpus} CPUs of a node of {where}")
-    if profile.node_mem_mb and r.mem_mb and r.mem_mb > profile.node_mem_mb:
-        problems.append(f"resources.mem: {r.mem_mb} MB is more than the {profile.node_mem_mb} MB of a node of {where}")
+                        f"per node is more than the {node.cpus} CPUs of a node of {where}")
+    if node.mem and r.mem_mb and r.mem_mb > node.mem:
+        problems.append(f"resources.mem: {r.mem_mb} MB is more than the {node.mem} MB of a node of {where}")
     if not profile.partitions:
         return
     partition = r.partition
@@ -246,9 +271,9 @@ def _check_limits(r: Resources, profile: Profile, problems: list[str]) -> None:
         problems.append(f"resources.partition: unknown partition `{partition}`"
                         f"{suggest(partition, profile.partitions)}; {where} has {', '.join(profile.partitions)}")
     else:
-        if part.max_time_min is not None and r.time_min > part.max_time_min:
+        if part.max_time is not None and r.time_min > part.max_time:
             problems.append(f"resources.time: {format_time(r.time_min)} is over the maximum "
-                            f"{format_time(part.max_time_min)} of partition `{partition}`; ask for less "
+                            f"{format_time(part.max_time)} of partition `{partition}`; ask for less "
                             f"(the job resumes from its checkpoint when requeued)")
         if part.max_nodes is not None and r.nodes > part.max_nodes:
             problems.append(f"resources.nodes: {r.nodes} nodes asked, partition `{partition}` has at most "
@@ -256,11 +281,8 @@ def _check_limits(r: Resources, profile: Profile, problems: list[str]) -> None:
 
 
 def check_safe_name(value: str, field_name: str, problems: list[str]) -> bool:
-    if not SAFE_NAME.fullmatch(value) or ".." in value:
-        problems.append(
-            f"{field_name}: {value!r} cannot be used as a file or job name; use letters, digits and . _ = , + - "
-            f"(starting with a letter or digit, at most 120 characters, no '..')"
-        )
+    if why := name_problem(value):
+        problems.append(f"{field_name}: {why}")
         return False
     return True
 
@@ -287,78 +309,65 @@ def load(path: str | Path, workdir: str | Path = ".", cluster: str | None = None
     if not isinstance(data, dict):
         raise LaunchError(f"{path}: a spec is a mapping with keys such as name, train, grid, resources")
     problems: list[str] = []
-    for key in data:
-        if key not in SPEC_KEYS:
-            problems.append(f"unknown key `{key}`{suggest(str(key), SPEC_KEYS)}; valid keys: {', '.join(SPEC_KEYS)}")
-
-    name = str(data.get("name") or path.stem)
+    spec = _spec_file(data, problems)
+    name = spec.name or path.stem
     check_safe_name(name, "name", problems)
-    backend = backend or data.get("backend") or "sbatch"
+    backend = backend or spec.backend or "sbatch"
     if backend not in BACKENDS:
         problems.append(f"backend: {backend!r} is not one of {', '.join(BACKENDS)}")
     profile = None
     try:
-        profile = profiles.load(str(cluster or data.get("cluster") or "local"))
+        profile = profiles.load(str(cluster or spec.cluster or "local"))
     except LaunchError as err:  # (a profile's own problems are named with its file)
         problems.extend(f"cluster profile {err.source}: {p}" if err.source else p for p in err.problems)
-
-    parallel = data.get("array_parallelism")
-    if parallel is not None and (isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1):
-        problems.append(f"array_parallelism: expected a whole number >= 1, got {parallel!r}")
-        parallel = None
-
-    max_file_mb = data.get("snapshot_max_file_mb", MAX_FILE_MB)
-    if isinstance(max_file_mb, bool) or not isinstance(max_file_mb, (int, float)) or not 0 < max_file_mb < 1e9:
-        problems.append(f"snapshot_max_file_mb: expected a number of megabytes > 0 (the largest tracked file a "
-                        f"code snapshot copies), got {max_file_mb!r}")
-        max_file_mb = MAX_FILE_MB
-    base = _base(data.get("train"), profile, problems)
+    base = _base(spec.train, profile, problems)
     forced = _check_keys(overrides or {}, "--set", problems)
-    optuna = _optuna(data, {"data_dir": str(workdir / "data"), **base, **forced, "sweep": name}, problems)
+    optuna = _optuna(spec, {"data_dir": str(workdir / "data"), **base, **forced, "sweep": name}, problems)
     points, grid_size = ([(f"worker={w}", {}) for w in range(optuna["workers"])], optuna["workers"]) if optuna \
-        else _points(data, problems)
+        else _points(spec, problems)
     varying = _varying(points, base)
     runs = _runs(points, grid_size, varying, base, forced, workdir, name, problems)
-    resources = _resources(data.get("resources"), profile, problems) if profile is not None else None
+    resources = _resources(spec.resources, profile, problems) if profile is not None else None
     if optuna and resources and (resources.nodes, resources.tasks_per_node) != (1, 1):
         problems.append("resources: an Optuna worker trains one trial at a time in one process; ask for nodes: 1, "
                         "tasks_per_node: 1 (and search.workers for more at once)")
-    pack = _pack(data.get("pack"), backend, optuna, problems)
+    pack = _pack(spec.pack or 1, backend, optuna, problems)
     if pack > 1 and resources and (resources.nodes, resources.tasks_per_node) != (1, 1):
         problems.append("pack: packed runs are one process each; ask for resources nodes: 1, tasks_per_node: 1 "
                         "(their CPUs and GPUs are shared among the packed runs)")
     unique_problems = list(dict.fromkeys(problems))
     if unique_problems:
         raise LaunchError(unique_problems, str(path))
-    return Sweep(name, path, profile, backend, resources, parallel, workdir, runs, varying, optuna, pack,
-                 float(max_file_mb))
+    return Sweep(name, path, profile, backend, resources, spec.array_parallelism, workdir, runs, varying, optuna,
+                 pack, spec.snapshot_max_file_mb or MAX_FILE_MB)
 
 
-def _pack(raw: Any, backend: str, optuna: dict | None, problems: list[str]) -> int:
-    if raw is None:
-        return 1
-    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
-        problems.append(f"pack: expected a whole number >= 1 (runs at once in each array task), got {raw!r}")
-        return 1
-    if raw > 1 and backend != "sbatch":
+def _spec_file(data: dict, problems: list[str]) -> SpecFile:
+    """The spec checked with its schema; what has problems is named and left at its default, so that the rest
+    is checked too (every problem at once)."""
+    spec, found = schema.validate_what_can_be(SpecFile, data)
+    problems.extend(found)
+    return spec
+
+
+def _pack(pack: int, backend: str, optuna: dict | None, problems: list[str]) -> int:
+    if pack > 1 and backend != "sbatch":
         problems.append("pack: packing runs into one task is for the sbatch backend; remove pack or use "
                         "backend: sbatch")
-    if raw > 1 and optuna:
+    if pack > 1 and optuna:
         problems.append("pack: an Optuna search's workers train one trial each; remove pack (more workers "
                         "instead)")
-    return raw
+    return pack
 
 
-def _optuna(data: dict, inputs: dict[str, Any], problems: list[str]) -> dict[str, Any] | None:
+def _optuna(spec: SpecFile, inputs: dict[str, Any], problems: list[str]) -> dict[str, Any] | None:
     """An Optuna search's settings; every value a trial may get, and every pair of values, checked with the
     trainer's schema (search.points_to_check)."""
-    if search.method(data.get("search")) != "optuna":
+    if spec.search is None or spec.search.method != "optuna":
         return None
-    if data.get("grid") is not None or data.get("runs") is not None:
+    if spec.grid is not None or spec.runs is not None:
         problems.append("search: an Optuna search makes the sweep's runs (its workers); remove grid and runs")
-    settings = search.check(data["search"], problems)
-    if settings is None:
-        return None
+    settings = spec.search.settings()
     points = search.points_to_check(settings)
     _check_keys(points[0], "search.params", problems)  # (unknown and launcher-owned keys: said once)
     failing = []
@@ -401,11 +410,8 @@ def unwritable_dir(where: Path) -> str | None:
     return None
 
 
-def _base(raw: Any, profile: Profile | None, problems: list[str]) -> dict[str, Any]:
+def _base(raw: dict[str, Any] | None, profile: Profile | None, problems: list[str]) -> dict[str, Any]:
     """The spec's `train` keys, with the profile's trainer defaults under them."""
-    if not isinstance(raw or {}, dict):
-        problems.append("train: expected a mapping of trainer keys, e.g. {max_steps: 2000, n_layer: 4}")
-        raw = {}
     base = _check_keys(raw or {}, "train", problems)
     if profile is not None:
         for key, value in profile.trainer_defaults.items():
@@ -414,34 +420,28 @@ def _base(raw: Any, profile: Profile | None, problems: list[str]) -> dict[str, A
     return base
 
 
-def _points(data: dict, problems: list[str]) -> tuple[list[tuple[str | None, dict[str, Any]]], int]:
+def _points(spec: SpecFile, problems: list[str]) -> tuple[list[tuple[str | None, dict[str, Any]]], int]:
     """The sweep's points, (given name or None, flat trainer keys): the grid's, then the explicit runs; and
     how many came from the grid."""
     points: list[tuple[str | None, dict[str, Any]]] = []
-    grid_points = _expand_grid(data.get("grid"), problems)
+    grid_points = _expand_grid(spec.grid, problems)
     for point in grid_points:
         points.append((None, _check_keys(point, "grid", problems)))  # repeats are dropped at the end
-    if data.get("search") is not None:
+    if spec.search is not None:
         if grid_points:
             problems.append("search: a spec has a grid or a search, not both; remove one")
-        drawn = search.points(data["search"], problems)
+        drawn = search.points(spec.search.settings())
         width = len(str(len(drawn) - 1))
         for trial, point in enumerate(drawn):
             points.append((f"trial={trial:0{width}d},{run_name(point)}", _check_keys(point, "search.params", problems)))
         grid_points = drawn  # (counted like grid points: the explicit runs come after)
-    explicit = data.get("runs")
-    if explicit is not None and not isinstance(explicit, list):
-        problems.append("runs: expected a list of mappings, e.g. [{name: one-head, n_head: 1}]")
-        explicit = []
+    explicit = spec.runs
     for i, entry in enumerate(explicit or []):
-        if not isinstance(entry, dict):
-            problems.append(f"runs[{i}]: expected a mapping of trainer keys (and an optional name)")
-            continue
         entry = dict(entry)
         given = entry.pop("name", None)
         flat = _check_keys(entry, f"runs[{i}]", problems)
         points.append((str(given) if given is not None else None, flat))
-    if data.get("grid") is None and data.get("search") is None and explicit is None:
+    if spec.grid is None and spec.search is None and explicit is None:
         points.append((None, {}))  # a single job
     elif not points and not problems:
         problems.append("the spec defines no run: give a non-empty grid or runs list")
