@@ -11,6 +11,7 @@
     python launch.py report SPEC.yaml           loss curves, final losses, samples, attention maps
     python launch.py logs SPEC.yaml [RUN]       a run's Slurm log, its latest life [--tail N] [--follow] [--all]
     python launch.py sync SPEC.yaml             upload the sweep's offline W&B runs (wandb sync), from a login node
+    python launch.py schema [spec|profile]      the JSON Schema of a spec or a cluster profile [--write: schemas/]
 
 Errors in the spec are all reported at once, and nothing is submitted; the exit status is 1.
 """
@@ -23,17 +24,23 @@ from pathlib import Path
 
 from .errors import LaunchError
 
-COMMANDS = ("status", "cancel", "report", "sync", "resubmit", "logs")
+COMMANDS = ("status", "cancel", "report", "sync", "resubmit", "logs", "schema")
 
 
 def _parser(command: str | None) -> argparse.ArgumentParser:
+    if command == "schema":
+        p = argparse.ArgumentParser(prog="launch.py schema", description="The JSON Schema that specs (jobs/*.yaml) "
+                                    "or cluster profiles (hpc_lab/clusters/*.yaml) are checked with, for editors.")
+        p.add_argument("kind", nargs="?", choices=("spec", "profile"), default="spec", help="default: spec")
+        p.add_argument("--write", action="store_true", help="write both into schemas/ (what a test compares)")
+        return p
     if command is None:
         p = argparse.ArgumentParser(prog="launch.py", description=__doc__,
                                     formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("spec", help="a job or sweep YAML (see jobs/)")
         p.add_argument("--cluster", help="profile name in hpc_lab/clusters/, a profile path, or auto "
                                          "(overrides the spec's `cluster`)")
-        p.add_argument("--backend", choices=("sbatch", "submitit"), help="overrides the spec's `backend`")
+        p.add_argument("--backend", help="sbatch or submitit (overrides the spec's `backend`)")
         p.add_argument("--dry-run", action="store_true", help="write scripts and manifest, submit nothing")
         p.add_argument("--local", action="store_true", help="run here on CPU instead of submitting")
         p.add_argument("--hold", action="store_true",
@@ -78,6 +85,21 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
     return p
 
 
+def _schema(args: argparse.Namespace) -> int:
+    from tinygpt import durable
+
+    from . import json_schema
+
+    if not args.write:
+        print(json_schema.text(args.kind), end="")
+        return 0
+    for kind in json_schema.KINDS:
+        json_schema.path(kind).parent.mkdir(exist_ok=True)
+        durable.write(json_schema.path(kind), json_schema.text(kind))
+        print(f"wrote {json_schema.path(kind)}")
+    return 0
+
+
 def _manifest_path(spec: str, workdir: str) -> Path:
     """The manifest of the sweep that SPEC launched; SPEC may also be that manifest itself."""
     from .spec import load_name
@@ -115,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
             return _resubmit(args)
         if command == "logs":
             return _logs(args)
+        if command == "schema":
+            return _schema(args)
         return _launch(args)
     except LaunchError as err:
         print(f"error: {err}", file=sys.stderr)
