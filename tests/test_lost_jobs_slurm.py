@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, TINY_FLAGS, loss_series, read_metrics
+from conftest import ROOT, TINY_FLAGS, launch, loss_series, read_metrics
 from slurm_helpers import cancel, job_env, run_to_completion, sbatch, unique_name, wait, wait_until
 from tinygpt import config, trainer
 from tinygpt.launch import manifest as manifest_mod
@@ -39,11 +39,6 @@ def reference(tmp_path: Path, keys: dict, max_steps: int) -> Path:
     out = tmp_path / "reference"
     trainer.train(config.build({**keys, "max_steps": max_steps, "out_dir": str(out)}))
     return out
-
-
-def launch(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args], capture_output=True, text=True,
-                          env=job_env(COLUMNS="250"), cwd=ROOT, timeout=180)
 
 
 def launched(tmp_path: Path, name: str, keys: dict, resources: dict, runs: tuple[str, ...] = ("run",)):
@@ -91,7 +86,7 @@ def status_of(work: Path, name: str, want: str) -> status.Row:
     rows: list[status.Row] = []
 
     def says() -> bool:
-        rows[:] = status.collect(path)
+        rows[:] = status.collect(manifest_mod.load(path))
         return rows[0].state == want
 
     try:
@@ -187,8 +182,9 @@ def test_a_node_lost_mid_job_ends_it_node_fail_and_it_comes_back_from_its_newest
                    poll=0.05, what="the run training past its first checkpoint")
         node("crash", "node2")
         try:
-            wait_until(lambda: status.collect(work / "jobs" / "lost" / "manifest.json")[0].restarts == 1, timeout=120,
-                       poll=0.5, what="Slurm requeueing the job of the lost node")
+            manifest = manifest_mod.load(work / "jobs" / "lost" / "manifest.json")
+            wait_until(lambda: status.collect(manifest)[0].restarts == 1, timeout=120, poll=0.5,
+                       what="Slurm requeueing the job of the lost node")
         finally:
             node("boot", "node2")
         checkpoints = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*.pt"))

@@ -422,12 +422,11 @@ def _logs(args) -> int:
         index = logs.find_run(manifest, args.run)[0]["index"]
 
         def ended() -> bool:
-            row = status.collect(path)[index]
-            return row.state.split()[0] in status.TERMINAL
+            return status.collect(manifest_mod.load(path))[index].state.ended
 
         logs.follow(manifest, args.run or str(index), ended)
         return 0
-    nodes = {r.index: r.nodes for r in status.collect(path)}
+    nodes = {r.index: r.nodes for r in status.collect(manifest)}
     logs.show(manifest, args.run, args.tail, args.all, nodes)
     return 0
 
@@ -440,7 +439,8 @@ def _resubmit(args) -> int:
     changes = resubmit.parse_changes(args.time, args.mem, args.exclude)
     path = _manifest_path(args.spec, args.workdir)
     if args.exclude_failed_nodes:
-        bad = resubmit.failed_nodes(status.collect(path), manifest_mod.load(path))
+        manifest = manifest_mod.load(path)
+        bad = resubmit.failed_nodes(status.collect(manifest), manifest)
         print(f"nodes where a run ended in NODE_FAIL or HUNG: {', '.join(bad) or 'none'}")
         changes = resubmit.parse_changes(args.time, args.mem, [*args.exclude, *bad])
     manifest_mod.load(path)  # (a sweep never launched is an error here, before the lock makes its folder)

@@ -73,7 +73,7 @@ def select(rows: list[status.Row], states: tuple[str, ...]) -> list[status.Row]:
     """The runs whose latest job ended in one of `states`; a run whose directory says it finished never."""
     chosen = []
     for row in rows:
-        if row.state.split()[0] in states and status.read_progress(Path(row.run_dir)).get("event") != "finished":
+        if row.state.name in states and status.read_progress(Path(row.run_dir)).get("event") != "finished":
             chosen.append(row)
     return chosen
 
@@ -81,7 +81,7 @@ def select(rows: list[status.Row], states: tuple[str, ...]) -> list[status.Row]:
 def failed_nodes(rows: list[status.Row], manifest: dict) -> list[str]:
     """The nodes on which a run of the sweep ended in NODE_FAIL, or HUNG (the nodes of its silent ranks), now
     or in an earlier submission."""
-    nodes = [r.nodes for r in rows if r.state.split()[0] in BAD_NODE_STATES and r.nodes]
+    nodes = [r.nodes for r in rows if r.state.name in BAD_NODE_STATES and r.nodes]
     for sub in manifest.get("submissions", []):
         nodes += [b["nodes"] for b in (sub.get("previous") or {}).values()
                   if b.get("state") in BAD_NODE_STATES and b.get("nodes")]
@@ -94,14 +94,14 @@ def resubmit(manifest_path: Path, states: tuple[str, ...], changes: Changes, dry
     if manifest["backend"] not in ("sbatch", "submitit") or not manifest_mod.slurm_submissions(manifest):
         raise LaunchError("resubmit: no job of this sweep was submitted to Slurm; launch it first (runs of "
                           "--local are run again with --local)")
-    rows = collect_rows(manifest_path)
+    rows = collect_rows(manifest)
     chosen = select(rows, states)
     if not chosen:
         print(f"nothing to resubmit: no run's latest job ended in {', '.join(states)}")
         return []
-    previous = {str(r.index): {"job_id": r.job_id, "state": r.state.split()[0], "nodes": r.nodes} for r in chosen}
+    previous = {str(r.index): {"job_id": r.job_id, "state": r.state.name, "nodes": r.nodes} for r in chosen}
     print(f"resubmitting {len(chosen)} of {len(rows)} run(s): "
-          + ", ".join(f"{r.name} ({r.job_id} {r.state.split()[0]}{' on ' + r.nodes if r.nodes else ''})"
+          + ", ".join(f"{r.name} ({r.job_id} {r.state.name}{' on ' + r.nodes if r.nodes else ''})"
                       for r in chosen)
           + (f"; with {' '.join(changes.sbatch_args())}" if changes.options else ""))
     if manifest["backend"] == "submitit":
@@ -112,8 +112,8 @@ def resubmit(manifest_path: Path, states: tuple[str, ...], changes: Changes, dry
     return _resubmit_sbatch(manifest_path, manifest, [r.index for r in chosen], changes, previous, dry_run)
 
 
-def collect_rows(manifest_path: Path) -> list[status.Row]:
-    rows = status.collect(manifest_path)
+def collect_rows(manifest: dict) -> list[status.Row]:
+    rows = status.collect(manifest)
     if rows and all(r.source == "run dir" for r in rows if r.job_id != "-"):
         raise LaunchError("resubmit: Slurm does not say how the sweep's jobs ended (no sacct or squeue answer); "
                           "run it where Slurm's commands work")

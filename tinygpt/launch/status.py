@@ -20,6 +20,24 @@ from . import slurm_cli
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
             "HUNG", "FINISHED", "PREEMPTED", "PRUNED"}
+FAILED = ("FAILED", "OUT_OF_MEMORY", "NODE_FAIL", "TIMEOUT", "BOOT_FAIL", "DEADLINE", "HUNG")
+
+
+class RunState(str):
+    """A run's state as shown: Slurm's word (`COMPLETED`, `CANCELLED by 1000`) or ours (`FINISHED`, `HUNG at step
+    120`, from the run directory). The text compares as it reads; `name` is the word alone."""
+
+    @property
+    def name(self) -> str:
+        return self.split(" ", 1)[0] if self.strip() else "?"
+
+    @property
+    def ended(self) -> bool:
+        return self.name in TERMINAL
+
+    @property
+    def failed(self) -> bool:
+        return self.name in FAILED
 
 
 @dataclass
@@ -27,7 +45,7 @@ class Row:
     index: int
     name: str
     job_id: str
-    state: str
+    state: RunState
     source: str
     restarts: int | None
     step: int | None
@@ -39,6 +57,9 @@ class Row:
     run_dir: str
     nodes: str = ""  # where its latest life ran
     history: tuple[str, ...] = ()  # its earlier submissions: "JOB STATE on NODES", oldest first
+
+    def __post_init__(self) -> None:
+        self.state = RunState(self.state)
 
 
 def read_progress(run_dir: Path) -> dict:
@@ -63,20 +84,20 @@ def read_progress(run_dir: Path) -> dict:
     return info
 
 
-def state_from_run_dir(progress: dict) -> str:
+def state_from_run_dir(progress: dict) -> RunState:
     if progress.get("event") == "finished":
-        return "FINISHED"
+        return RunState("FINISHED")
     if progress.get("event") == "pruned":
-        return "PRUNED"
+        return RunState("PRUNED")
     if progress.get("event") in ("preempted", "paused"):
-        return "STOPPED"
+        return RunState("STOPPED")
     if progress.get("started"):
-        return "STARTED"
-    return "NOT STARTED"
+        return RunState("STARTED")
+    return RunState("NOT STARTED")
 
 
-def collect(manifest_path: Path) -> list[Row]:
-    manifest = manifest_mod.load(manifest_path)
+def collect(manifest: dict) -> list[Row]:
+    """A row per run of the sweep whose (loaded) manifest this is."""
     ids = manifest_mod.task_job_ids(manifest)
     wanted = sorted(set(ids.values()))
     slurm_states = {}
@@ -99,20 +120,20 @@ def collect(manifest_path: Path) -> list[Row]:
         job_id = ids.get(run["index"], "")
         js = slurm_states.get(job_id)
         if js is not None:
-            state, source = js.state, js.source
+            state, source = RunState(js.state), js.source
             restart_count = js.restarts if js.restarts is not None else restarts.get(job_id)
         else:
             state, source = state_from_run_dir(progress), "run dir"
             restart_count = restarts.get(job_id, progress.get("restarts_seen"))
         nodes = js.nodes if js else ""
-        if progress.get("event") == "hung" and state not in ("RUNNING", "PENDING", "COMPLETING", "REQUEUED"):
+        if progress.get("event") == "hung" and state.name not in ("RUNNING", "PENDING", "COMPLETING", "REQUEUED"):
             hung = progress["hung"]  # the ranks that stopped answering, where known, else the one that said so
             listed = hung.get("silent_nodes") if isinstance(hung.get("silent_nodes"), list) else []
             silent = [n for n in listed if isinstance(n, str) and n and " " not in n]
-            state, nodes = f"HUNG at step {hung['step']}", ",".join(silent)
+            state, nodes = RunState(f"HUNG at step {hung['step']}"), ",".join(silent)
         step, max_steps = progress.get("step"), run.get("max_steps")
         eta = None
-        if step and max_steps and progress.get("elapsed_s") and state not in TERMINAL and step < max_steps:
+        if step and max_steps and progress.get("elapsed_s") and not state.ended and step < max_steps:
             eta = progress["elapsed_s"] / step * (max_steps - step)
         rows.append(Row(run["index"], run["name"], job_id or "-", state, source, restart_count, step, max_steps,
                         progress.get("train_loss"), progress.get("val_loss"), progress.get("tokens_per_s"), eta,
@@ -179,7 +200,7 @@ def table(rows: list[Row], title: str, hidden: tuple[str, ...] = ()):
             t.add_column(col, justify=justify, no_wrap=True, min_width=len(col))
     for r in rows:
         row = cells(r)
-        color = STATE_COLORS.get(r.state.split()[0] if r.state else "?", "white")
+        color = STATE_COLORS.get(r.state.name, "white")
         row["state"] = f"[{color}]{escape(row['state'])}[/]"
         t.add_row(*(row[col] for col, _ in COLUMNS if col not in hidden))
     return t
@@ -244,33 +265,34 @@ def show(manifest_path: Path, watch: bool = False, interval: float = 5.0, consol
         from .console import console as output_console
 
         console = output_console()
-    title = f"sweep {manifest_mod.load(manifest_path)['name']}  ({manifest_path})"
-    rows = collect(manifest_path)
+    manifest = manifest_mod.load(manifest_path)  # (once: the jobs never change it, only launch.py does)
+    title = f"sweep {manifest['name']}  ({manifest_path})"
+    rows = collect(manifest)
     from .chain import describe
 
-    chain = describe(manifest_mod.load(manifest_path))
+    chain = describe(manifest)
     if chain:
         console.print(chain, soft_wrap=True, markup=False)
     if not watch:
         console.print(fitted(rows, title, console.width))
-        _print_failures(manifest_path, rows, console)
-        _print_trials(manifest_path, console)
+        _print_failures(manifest, rows, console)
+        _print_trials(manifest, console)
         return rows
     from rich.live import Live
 
     with Live(fitted(rows, title, console.width), console=console, refresh_per_second=1) as live:
-        while not all(r.state.split()[0] in TERMINAL for r in rows):
+        while not all(r.state.ended for r in rows):
             time.sleep(interval)
-            rows = collect(manifest_path)
+            manifest = manifest_mod.load(manifest_path)  # (a resubmission may have added jobs meanwhile)
+            rows = collect(manifest)
             live.update(fitted(rows, title, console.width))
-    _print_failures(manifest_path, rows, console)
-    _print_trials(manifest_path, console)
+    _print_failures(manifest, rows, console)
+    _print_trials(manifest, console)
     return rows
 
 
-def _print_trials(manifest_path: Path, console) -> None:
+def _print_trials(manifest: dict, console) -> None:
     """The trials of an Optuna search, under the table of its workers."""
-    manifest = manifest_mod.load(manifest_path)
     if not manifest.get("search"):
         return
     from . import search
@@ -280,21 +302,17 @@ def _print_trials(manifest_path: Path, console) -> None:
                   if rows else "no trial yet")
 
 
-FAILED = ("FAILED", "OUT_OF_MEMORY", "NODE_FAIL", "TIMEOUT", "BOOT_FAIL", "DEADLINE", "HUNG")
-
-
-def _print_failures(manifest_path: Path, rows: list[Row], console) -> None:
+def _print_failures(manifest: dict, rows: list[Row], console) -> None:
     """Under the table: the last error line of each run whose job failed, from its log."""
     from rich.markup import escape
 
     from . import logs
 
-    failed = [r for r in rows if r.state.split()[0] in FAILED]
+    failed = [r for r in rows if r.state.failed]
     if not failed:
         return
-    manifest = manifest_mod.load(manifest_path)
     console.print("[red]failed[/] (`launch.py logs SPEC RUN` shows the whole log; `launch.py resubmit SPEC` runs "
                   "them again):")
     for r in failed:
         line = logs.last_error(manifest, r.index) or "(no log)"
-        console.print(f"  {escape(r.name)} ({r.job_id} {r.state.split()[0]}): {escape(line)}", soft_wrap=True)
+        console.print(f"  {escape(r.name)} ({r.job_id} {r.state.name}): {escape(line)}", soft_wrap=True)
