@@ -161,7 +161,7 @@ def test_a_damaged_manifest_is_named_with_what_to_do(sweep):
     sweep["manifest"].write_text(json.dumps({**manifest, "runs": [{"index": 0, "name": 3}]}))
     try:
         code, err = run_cli(commands(sweep)[0])
-        assert code == 1 and "the manifest is damaged (runs[0].`name` is 3)" in err, err
+        assert code == 1 and "the manifest is damaged (runs[0].name: expected a single value" in err, err
         assert "move it aside (mv " in err and "and launch the spec again" in err
     finally:
         restore(sweep)

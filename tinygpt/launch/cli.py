@@ -102,13 +102,14 @@ def _schema(args: argparse.Namespace) -> int:
 
 def _manifest_path(spec: str, workdir: str) -> Path:
     """The manifest of the sweep that SPEC launched; SPEC may also be that manifest itself."""
+    from .manifest import SweepDirs
     from .spec import load_name
 
     if Path(spec).name == "manifest.json":
         return Path(spec).resolve()
     if "\x00" in workdir:
         raise LaunchError(f"--workdir: {workdir!r} holds a NUL character; give a directory path")
-    return Path(workdir).resolve() / "jobs" / load_name(spec) / "manifest.json"
+    return SweepDirs(Path(workdir).resolve(), load_name(spec)).manifest
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,14 +179,14 @@ def _launch(args) -> int:
     from . import manifest as manifest_mod
 
     # One command at a time writes a sweep: from the check that its jobs are not live to the last record.
-    with manifest_mod.sweep_lock(sweep.workdir / "jobs" / sweep.name):
+    with manifest_mod.sweep_lock(sweep.dirs.jobs):
         return _launch_locked(sweep, args)
 
 
 def _launch_locked(sweep, args) -> int:
     from . import plan as plan_mod
 
-    manifest_path = sweep.workdir / "jobs" / sweep.name / "manifest.json"
+    manifest_path = sweep.dirs.manifest
     if manifest_path.exists():  # launched before: its jobs and its study come first
         from . import manifest as manifest_mod
 
@@ -262,7 +263,7 @@ def _snapshot(sweep, live: bool):
               f"the job starts")
         return None
     start = time.perf_counter()
-    snap = snapshot.take(plan_mod.REPO_ROOT, sweep.workdir / "jobs" / sweep.name / "code",
+    snap = snapshot.take(plan_mod.REPO_ROOT, sweep.dirs.jobs / "code",
                          int(sweep.snapshot_max_file_mb * 1e6))
     version = f" of {snap.commit[:10]}" if snap.commit else " (not a git checkout: the package files)"
     print(f"code: snapshot {snap.digest}{version}{' with uncommitted changes' if snap.dirty else ''}, "
@@ -353,7 +354,7 @@ def _report_manifest(path: Path, prompt: str | None) -> int:
     from . import manifest as manifest_mod
 
     manifest = manifest_mod.load(path)
-    out_dir = Path(manifest["workdir"]) / "runs" / manifest["name"]
+    out_dir = manifest_mod.SweepDirs(Path(manifest["workdir"]), manifest["name"]).runs
     runs = [(Path(r["out_dir"]), r["name"]) for r in manifest["runs"]]
     varying = sorted({k for r in manifest["runs"] for k in r["overrides"]})
     sections = [_efficiency_section(manifest)]

@@ -10,14 +10,42 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tinygpt import durable
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tinygpt import durable, schema
 from tinygpt.rundir_lock import RunDirLock, describe
 
 from .errors import LaunchError
+
+
+@dataclass(frozen=True)
+class SweepDirs:
+    """Where a sweep's files live under its work directory, named here once: jobs/<sweep>/ (the manifest, the
+    batch scripts, the code snapshot, the run configs), logs/<sweep>/ (Slurm's logs), runs/<sweep>/<run>/."""
+
+    workdir: Path
+    name: str
+
+    @property
+    def jobs(self) -> Path:
+        return self.workdir / "jobs" / self.name
+
+    @property
+    def logs(self) -> Path:
+        return self.workdir / "logs" / self.name
+
+    @property
+    def runs(self) -> Path:
+        return self.workdir / "runs" / self.name
+
+    @property
+    def manifest(self) -> Path:
+        return self.jobs / "manifest.json"
+
 
 LOCK_WAIT_S = 5.0  # a second command on the same sweep waits this long for the first, then refuses
 
@@ -62,52 +90,73 @@ def load(path: Path) -> dict[str, Any]:
     return manifest
 
 
-def _is(kind: type | tuple[type, ...]) -> Callable[[Any], bool]:
-    return lambda v: isinstance(v, kind) and not isinstance(v, bool)
+class _Record(BaseModel):
+    """A record of the manifest as a command reads it: each key it reads has the type it is read as (strict:
+    a damaged 3 for "3" is damage), and keys it does not read are kept as they are."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
-_WHOLE, _TEXT, _MAP = _is(int), _is(str), _is(dict)
-_NUMBER = _is((int, float))
-_SHAPE = {"name": _TEXT, "workdir": _TEXT, "logs_dir": _TEXT, "backend": _TEXT, "base": _MAP, "code": _MAP,
-          "resources": _MAP, "runs": _is(list), "submissions": _is(list),
-          "search": lambda v: v is None or (isinstance(v, dict) and _MAP(v.get("dists")) and _TEXT(v.get("journal"))
-                                            and all(_WHOLE(v.get(k)) for k in ("trials", "seed")))}
-_RUN = {"index": _WHOLE, "name": _TEXT, "out_dir": _TEXT, "overrides": _MAP}
-_SUBMISSION = {"backend": _TEXT, "job_id": _TEXT, "submitted_at": _NUMBER,
-               "indices": lambda v: isinstance(v, list) and all(_WHOLE(i) for i in v)}
-_SUBMISSION_OPTIONAL = {"offset": _WHOLE, "pack": lambda v: _WHOLE(v) and v >= 1, "array": _TEXT,
-                        "per_run_ids": lambda v: _MAP(v) and all(_TEXT(k) and _TEXT(i) for k, i in v.items()),
-                        "role": _TEXT, "script": _TEXT, "folder": _TEXT}
+class RunRecord(_Record):
+    index: int
+    name: str
+    out_dir: str
+    overrides: dict
+
+
+class Submission(_Record):
+    backend: str
+    job_id: str
+    submitted_at: float
+    indices: list[int]
+    offset: int | None = None
+    pack: int | None = Field(None, ge=1)
+    array: str | None = None
+    per_run_ids: dict[str, str] | None = None
+    role: str | None = None
+    script: str | None = None
+    folder: str | None = None
+
+
+class SearchRecord(_Record):
+    dists: dict
+    journal: str
+    trials: int
+    seed: int
+
+
+class Manifest(_Record):
+    name: str
+    workdir: str
+    logs_dir: str
+    backend: str
+    base: dict
+    code: dict
+    resources: dict
+    runs: list[RunRecord]
+    submissions: list[Submission]
+    search: SearchRecord | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Manifest:
+        for i, run in enumerate(self.runs):
+            if run.index != i:
+                raise schema.problem(f"runs[{i}] is not run {i}")
+        for i, sub in enumerate(self.submissions):
+            if any(not 0 <= index < len(self.runs) for index in sub.indices):
+                raise schema.problem(f"submissions[{i}].indices name runs the sweep does not have")
+            if sub.per_run_ids is not None and any(str(index) not in sub.per_run_ids for index in sub.indices):
+                raise schema.problem(f"submissions[{i}].per_run_ids lack a job of a run it names")
+        return self
 
 
 def damage(manifest: dict[str, Any]) -> str | None:
     """What is wrong with a manifest's shape (the first thing found), or None: every key a command reads has
     the type it is read as, so no command meets a KeyError or a TypeError halfway."""
-    def wrong(record: dict, shape: dict, optional: dict, where: str) -> str | None:
-        for key, ok in shape.items():
-            if not ok(record.get(key)):
-                return f"{where}`{key}` is {record.get(key)!r:.60}"
-        for key, ok in optional.items():
-            if key in record and not ok(record[key]):
-                return f"{where}`{key}` is {record[key]!r:.60}"
-        return None
-
-    if problem := wrong(manifest, _SHAPE, {}, ""):
-        return problem
-    for i, run in enumerate(manifest["runs"]):
-        if not isinstance(run, dict) or run.get("index") != i:
-            return f"runs[{i}] is not run {i}"
-        if problem := wrong(run, _RUN, {}, f"runs[{i}]."):
-            return problem
-    for i, sub in enumerate(manifest["submissions"]):
-        if not isinstance(sub, dict):
-            return f"submissions[{i}] is {sub!r:.60}"
-        if problem := wrong(sub, _SUBMISSION, _SUBMISSION_OPTIONAL, f"submissions[{i}]."):
-            return problem
-        if any(not 0 <= index < len(manifest["runs"]) for index in sub["indices"]):
-            return f"submissions[{i}].indices name runs the sweep does not have"
-        if "per_run_ids" in sub and any(str(index) not in sub["per_run_ids"] for index in sub["indices"]):
-            return f"submissions[{i}].per_run_ids lack a job of a run it names"
+    try:
+        Manifest.model_validate(manifest)
+    except ValidationError as err:
+        return schema.messages(err, Manifest)[0]
     return None
 
 

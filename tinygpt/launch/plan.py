@@ -45,9 +45,7 @@ def build(sweep: Sweep, snapshot: Snapshot | None = None) -> Plan:
     """Write every run's config, the batch scripts and the manifest. Submits nothing. The jobs run the code
     of `snapshot` (see snapshot.py), or the live checkout without one."""
     workdir = sweep.workdir
-    jobs_dir = workdir / "jobs" / sweep.name
-    logs_dir = workdir / "logs" / sweep.name
-    manifest_path = jobs_dir / "manifest.json"
+    jobs_dir, logs_dir, manifest_path = sweep.dirs.jobs, sweep.dirs.logs, sweep.dirs.manifest
     logs_dir.mkdir(parents=True, exist_ok=True)
     base, runs = _runs(sweep)
     previous = manifest_mod.load(manifest_path).get("submissions", []) if manifest_path.exists() else []

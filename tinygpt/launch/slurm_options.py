@@ -54,7 +54,7 @@ def unwritable(sweep) -> list[str]:
     """Problems with the values of a sweep's `#SBATCH` lines that cannot reach sbatch as they are
     (directives.py), each naming its field: checked before anything is written."""
     options = {**sbatch_options(sweep.resources, sweep.profile, sweep.workdir), "job-name": sweep.name,
-               "output": str(sweep.workdir / "logs" / sweep.name)}
+               "output": str(sweep.dirs.logs)}
     problems = []
     for name, value in sorted(options.items()):
         why = None if value is None else directives.problem(value, sweep.backend)

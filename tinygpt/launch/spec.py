@@ -42,6 +42,7 @@ from tinygpt.schema import OptFloat, OptInt, OptText
 
 from . import passthrough, search, snapshot
 from .errors import LaunchError
+from .manifest import SweepDirs
 from .profiles import MemMB, Profile, SlurmTime, format_time
 from .search import Search
 
@@ -178,6 +179,10 @@ class Sweep:
     search: dict[str, Any] | None = None  # an Optuna search's settings (search.py); its runs are the workers
     pack: int = 1  # runs at once in each array task, sharing its CPUs and GPUs
     snapshot_max_file_mb: float = MAX_FILE_MB  # the code snapshot refuses a tracked file larger than this
+
+    @property
+    def dirs(self) -> SweepDirs:
+        return SweepDirs(self.workdir, self.name)
 
 
 def _value_token(key: str, value: Any) -> str:
@@ -474,7 +479,7 @@ def _runs(points, grid_size: int, varying: list[str], base: dict[str, Any], forc
             continue
         seen[label] = index
         merged = {"data_dir": str(workdir / "data"), **base, **point, **forced,
-                  "out_dir": str(workdir / "runs" / sweep / label), "sweep": sweep}
+                  "out_dir": str(SweepDirs(workdir, sweep).runs / label), "sweep": sweep}
         if merged.get("data_file"):
             merged["data_file"] = _input_file("data_file", merged["data_file"], label, problems)
         if merged.get("resume") not in (None, "auto", "never"):
