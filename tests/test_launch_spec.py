@@ -438,7 +438,7 @@ grid: {{lr: [1.0e-3, 3.0e-3]}}
 
 
 def status_rows(n: int = 3):
-    from tinygpt.launch.status import Row
+    from tinygpt.launch.states import Row
 
     names = ["n_layer=4,n_embd=128,lr=0.001", "n_layer=6,n_embd=384,lr=0.0003", "base"][:n]
     return [Row(i, name, f"4242_{i}", "RUNNING", "sacct", 0, 150, 2000, 2.1234, 2.2345, 12345.0, 3600.0,
@@ -448,7 +448,8 @@ def status_rows(n: int = 3):
 def test_status_shows_earlier_lives_of_resubmitted_runs():
     from rich.console import Console
 
-    from tinygpt.launch.status import fitted, submission_history
+    from tinygpt.launch.states import submission_history
+    from tinygpt.launch.status import fitted
 
     manifest = {"submissions": [
         {"job_id": "40", "indices": [0, 1, 2]},
@@ -567,3 +568,10 @@ def test_one_command_at_a_time_writes_a_sweep(tmp_path, monkeypatch):
             assert "nothing was written" in err
         assert {p: p.read_bytes() for p in jobs.rglob("*") if p.is_file() and p.name != ".lock"} == before
     assert run_cli([str(spec), "--dry-run", "--workdir", str(tmp_path)])[0] == 0
+
+
+def test_every_backend_a_spec_may_name_has_an_implementation():
+    from tinygpt.launch import backends
+
+    assert set(spec_mod.BACKENDS) == set(backends.BACKENDS)
+    assert {b.name for b in backends.BACKENDS.values()} == set(spec_mod.BACKENDS)

@@ -21,7 +21,7 @@ from conftest import ROOT, TINY_FLAGS, launch, loss_series, read_metrics
 from slurm_helpers import cancel, job_env, run_to_completion, sbatch, unique_name, wait, wait_until
 from tinygpt import config, trainer
 from tinygpt.launch import manifest as manifest_mod
-from tinygpt.launch import status
+from tinygpt.launch import states as status
 
 pytestmark = pytest.mark.slurm
 NODE_SH = ROOT / "hpc_lab" / "local_cluster" / "node.sh"

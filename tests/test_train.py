@@ -92,7 +92,7 @@ def test_damaged_metrics_lines_are_skipped_by_every_reader(tmp_path, tiny_corpus
     """metrics.jsonl may be damaged (a kill mid-line, a bad disk): the trainer's resume, status and the report
     all read the whole records around any damaged line, and none of them fails on it."""
     from tinygpt import metrics, report
-    from tinygpt.launch import status
+    from tinygpt.launch import states as status
 
     out, _ = run(tmp_path, tiny_corpus, "--max-steps", "20", "--ckpt-interval", "10", "--stop-after", "10")
     whole = metrics.read(out / "metrics.jsonl")

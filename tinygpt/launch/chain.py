@@ -65,22 +65,3 @@ def submit(plan: Plan, scripts: dict[str, Path], submit_training, hold: bool) ->
     manifest_mod.record_submission(plan.manifest_path, "sbatch", report_id, [], role="report",
                                    script=str(scripts["report"]))
     return [data_id, *train_ids, report_id]
-
-
-def describe(manifest: dict) -> str | None:
-    """`chain: data 12 COMPLETED -> training 13 -> report 14 PENDING (Dependency)`, or None without a chain."""
-    steps = [s for s in manifest.get("submissions", []) if s.get("role") in ("data", "report")]
-    if not steps:
-        return None
-    ids = [s["job_id"] for s in steps]
-    states = {**(slurm_cli.squeue_states(ids) or {}), **(slurm_cli.sacct_states(ids) or {})}
-
-    def said(sub: dict) -> str:
-        js = states.get(sub["job_id"])
-        reason = f" ({js.reason})" if js and js.reason and js.reason != "None" else ""
-        return f"{sub['role']} {sub['job_id']} {js.state if js else '?'}{reason}"
-
-    training = [s["job_id"] for s in manifest["submissions"] if s.get("indices")]
-    data = [said(s) for s in steps if s["role"] == "data"][-1:]
-    report = [said(s) for s in steps if s["role"] == "report"][-1:]
-    return "chain: " + " -> ".join([*data, f"training {', '.join(training[-1:])}", *report])

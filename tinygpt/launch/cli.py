@@ -24,8 +24,6 @@ from pathlib import Path
 
 from .errors import LaunchError
 
-COMMANDS = ("status", "cancel", "report", "sync", "resubmit", "logs", "schema")
-
 
 def _parser(command: str | None) -> argparse.ArgumentParser:
     if command == "schema":
@@ -85,6 +83,20 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
     return p
 
 
+def _status(args: argparse.Namespace) -> int:
+    from . import manifest as manifest_mod
+
+    if args.efficiency:
+        from . import efficiency
+
+        efficiency.show(manifest_mod.load(_manifest_path(args.spec, args.workdir)))
+        return 0
+    from . import status
+
+    status.show(_manifest_path(args.spec, args.workdir), watch=args.watch, interval=args.interval)
+    return 0
+
+
 def _schema(args: argparse.Namespace) -> int:
     from tinygpt import durable
 
@@ -114,33 +126,10 @@ def _manifest_path(spec: str, workdir: str) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    command = argv[0] if argv and argv[0] in COMMANDS else None
+    command = argv[0] if argv and argv[0] in HANDLERS else None  # (none: launch SPEC)
     args = _parser(command).parse_args(argv[1:] if command else argv)
     try:
-        if command == "status":
-            from . import status
-
-            if args.efficiency:
-                from . import efficiency
-                from . import manifest as manifest_mod
-
-                efficiency.show(manifest_mod.load(_manifest_path(args.spec, args.workdir)))
-                return 0
-            status.show(_manifest_path(args.spec, args.workdir), watch=args.watch, interval=args.interval)
-            return 0
-        if command == "cancel":
-            return _cancel(args)
-        if command == "report":
-            return _report(args)
-        if command == "sync":
-            return _sync(args)
-        if command == "resubmit":
-            return _resubmit(args)
-        if command == "logs":
-            return _logs(args)
-        if command == "schema":
-            return _schema(args)
-        return _launch(args)
+        return HANDLERS[command](args)
     except LaunchError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -205,34 +194,18 @@ def _launch_locked(sweep, args) -> int:
         return 0
     if args.local:
         return _run_local(plan, args)
+    from . import backends
+
+    backend = backends.of(sweep.backend)
     if steps:
-        ids = chain.submit(plan, steps, lambda dependency: _submit(plan, False, dependency), args.hold)
+        ids = chain.submit(plan, steps, lambda dependency: backend.submit(plan, False, dependency), args.hold)
         print(f"submitted the chain: data job {ids[0]}, training array {', '.join(ids[1:-1])}, report job {ids[-1]}; "
               f"follow with `python launch.py status {args.spec}`")
         return 0
-    ids = _submit(plan, args.hold, None)
+    ids = backend.submit(plan, args.hold, None)
     print(f"submitted {len(sweep.runs)} run(s) as job array {', '.join(ids)}; follow with "
           f"`python launch.py status {args.spec}`")
     return 0
-
-
-def _submit(plan, hold: bool, dependency: str | None) -> list[str]:
-    """Submit the training array(s) of a built plan, after `dependency` (e.g. afterok:123) when given."""
-    from . import manifest as manifest_mod
-    from . import slurm_cli
-
-    if plan.sweep.backend == "submitit":
-        from . import submitit_backend
-
-        return submitit_backend.submit(plan, dependency)
-    ids = []
-    for path, array, offset, indices in plan.scripts:
-        extra = (["--hold"] if hold else []) + ([f"--dependency={dependency}"] if dependency else [])
-        job_id = slurm_cli.sbatch(str(path), extra)
-        manifest_mod.record_submission(plan.manifest_path, "sbatch", job_id, indices, array=array, offset=offset,
-                                       script=str(path), pack=plan.sweep.pack)
-        ids.append(job_id)
-    return ids
 
 
 def _run_local(plan, args) -> int:
@@ -280,21 +253,21 @@ def _refuse_if_live(manifest: dict, sweep, spec: str) -> None:
     (even a dry run, which rewrites its configs and scripts) would change what those jobs train. The queue
     decides; when Slurm cannot say, nothing is written either (the guard fails closed)."""
     from . import manifest as manifest_mod
-    from . import slurm_cli, status
+    from . import slurm_cli, states
 
     names = {run["index"]: run["name"] for run in manifest["runs"]}
     jobs = {job: names.get(index, index) for index, job in manifest_mod.task_job_ids(manifest).items()}
     jobs |= {s["job_id"]: f"the chain's {s['role']} step" for s in manifest.get("submissions", []) if s.get("role")}
     if not jobs:
         return
-    queued = slurm_cli.squeue_states(status.jobs_of(list(jobs)))
+    queued = slurm_cli.squeue_states(states.jobs_of(list(jobs)))
     if queued is None:
         raise LaunchError(f"sweep `{sweep.name}` has jobs on Slurm, and squeue could not say whether they are still "
                           f"live (it is not on PATH, or it failed); they read this sweep's files when they start, "
                           f"so nothing was written; try again when `squeue` answers, or launch the spec under "
                           f"another `name`")
     live = [f"{what} (job {job}, {queued[job].state})" for job, what in jobs.items()
-            if job in queued and queued[job].state not in status.TERMINAL]
+            if job in queued and queued[job].state not in states.TERMINAL]
     if live:
         raise LaunchError(f"sweep `{sweep.name}` has jobs that are still live: {', '.join(live)}. They read this "
                           f"sweep's files when they start, so nothing was written; wait for them to end, cancel "
@@ -410,7 +383,7 @@ def _sync(args) -> int:
 
 
 def _logs(args) -> int:
-    from . import logs, status
+    from . import logs, states
     from . import manifest as manifest_mod
 
     if args.tail is not None and args.tail < 1:
@@ -423,25 +396,26 @@ def _logs(args) -> int:
         index = logs.find_run(manifest, args.run)[0]["index"]
 
         def ended() -> bool:
-            return status.collect(manifest_mod.load(path))[index].state.ended
+            return states.collect(manifest_mod.load(path))[index].state.ended
 
         logs.follow(manifest, args.run or str(index), ended)
         return 0
-    nodes = {r.index: r.nodes for r in status.collect(manifest)}
+    nodes = {r.index: r.nodes for r in states.collect(manifest)}
     logs.show(manifest, args.run, args.tail, args.all, nodes)
     return 0
 
 
 def _resubmit(args) -> int:
     from . import manifest as manifest_mod
-    from . import resubmit, status
+    from . import resubmit
+    from .states import collect
 
     states = resubmit.parse_states(args.states)
     changes = resubmit.parse_changes(args.time, args.mem, args.exclude)
     path = _manifest_path(args.spec, args.workdir)
     if args.exclude_failed_nodes:
         manifest = manifest_mod.load(path)
-        bad = resubmit.failed_nodes(status.collect(manifest), manifest)
+        bad = resubmit.failed_nodes(collect(manifest), manifest)
         print(f"nodes where a run ended in NODE_FAIL or HUNG: {', '.join(bad) or 'none'}")
         changes = resubmit.parse_changes(args.time, args.mem, [*args.exclude, *bad])
     manifest_mod.load(path)  # (a sweep never launched is an error here, before the lock makes its folder)
@@ -453,20 +427,19 @@ def _resubmit(args) -> int:
 
 
 def _cancel(args) -> int:
+    from . import backends
     from . import manifest as manifest_mod
-    from . import slurm_cli
 
-    path = _manifest_path(args.spec, args.workdir)
-    manifest = manifest_mod.load(path)
-    ids = sorted({sub["job_id"] for sub in manifest_mod.slurm_submissions(manifest)})
-    if not ids:
-        print("nothing to cancel: no job of this sweep was submitted to Slurm")
-        return 0
-    ok, message = slurm_cli.scancel(ids)
-    if not ok:
-        raise LaunchError(f"scancel failed for {', '.join(ids)}: {message}")
-    print(f"cancelled {', '.join(ids)}")
+    manifest = manifest_mod.load(_manifest_path(args.spec, args.workdir))
+    ids = backends.of(manifest["backend"]).cancel(manifest)
+    print(f"cancelled {', '.join(ids)}" if ids else "nothing to cancel: no job of this sweep was submitted to Slurm")
     return 0
+
+
+# Each command's handler: parse, hand to the module that does it, print. The parser of a command is built only
+# for that command (_parser), so that `launch.py --help` imports nothing heavy.
+HANDLERS = {None: _launch, "status": _status, "cancel": _cancel, "report": _report, "sync": _sync,
+            "resubmit": _resubmit, "logs": _logs, "schema": _schema}
 
 
 if __name__ == "__main__":  # (python -m tinygpt.launch.cli: as launch.py, e.g. in the report step of a chain)

@@ -9,14 +9,14 @@ and nodes are kept in the manifest (`status` shows them).
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import backends
 from . import manifest as manifest_mod
-from . import slurm_cli, status
 from .errors import LaunchError
 from .profiles import format_time, parse_mem_mb, parse_time_min
+from .states import Row, collect, read_progress
 
 # PREEMPTED is Slurm's own word for a job it ended to make room (PreemptMode=CANCEL, or REQUEUE for a job that
 # may not be requeued); a user's or an admin's scancel is CANCELLED, which means stop: only --states takes it.
@@ -69,16 +69,16 @@ def parse_changes(time: str | None, mem: str | None, exclude: list[str]) -> Chan
     return Changes(options)
 
 
-def select(rows: list[status.Row], states: tuple[str, ...]) -> list[status.Row]:
+def select(rows: list[Row], states: tuple[str, ...]) -> list[Row]:
     """The runs whose latest job ended in one of `states`; a run whose directory says it finished never."""
     chosen = []
     for row in rows:
-        if row.state.name in states and status.read_progress(Path(row.run_dir)).get("event") != "finished":
+        if row.state.name in states and read_progress(Path(row.run_dir)).get("event") != "finished":
             chosen.append(row)
     return chosen
 
 
-def failed_nodes(rows: list[status.Row], manifest: dict) -> list[str]:
+def failed_nodes(rows: list[Row], manifest: dict) -> list[str]:
     """The nodes on which a run of the sweep ended in NODE_FAIL, or HUNG (the nodes of its silent ranks), now
     or in an earlier submission."""
     nodes = [r.nodes for r in rows if r.state.name in BAD_NODE_STATES and r.nodes]
@@ -91,7 +91,7 @@ def failed_nodes(rows: list[status.Row], manifest: dict) -> list[str]:
 def resubmit(manifest_path: Path, states: tuple[str, ...], changes: Changes, dry_run: bool) -> list[str]:
     """Submit the chosen runs again; return the new job ids (none for a dry run or when nothing matched)."""
     manifest = manifest_mod.load(manifest_path)
-    if manifest["backend"] not in ("sbatch", "submitit") or not manifest_mod.slurm_submissions(manifest):
+    if manifest["backend"] not in backends.BACKENDS or not manifest_mod.slurm_submissions(manifest):
         raise LaunchError("resubmit: no job of this sweep was submitted to Slurm; launch it first (runs of "
                           "--local are run again with --local)")
     rows = collect_rows(manifest)
@@ -104,46 +104,13 @@ def resubmit(manifest_path: Path, states: tuple[str, ...], changes: Changes, dry
           + ", ".join(f"{r.name} ({r.job_id} {r.state.name}{' on ' + r.nodes if r.nodes else ''})"
                       for r in chosen)
           + (f"; with {' '.join(changes.sbatch_args())}" if changes.options else ""))
-    if manifest["backend"] == "submitit":
-        from . import submitit_backend
-
-        return submitit_backend.resubmit(manifest_path, [r.index for r in chosen], changes.options, previous,
-                                         dry_run)
-    return _resubmit_sbatch(manifest_path, manifest, [r.index for r in chosen], changes, previous, dry_run)
+    return backends.of(manifest["backend"]).resubmit(manifest_path, manifest, [r.index for r in chosen],
+                                                     changes.options, previous, dry_run)
 
 
-def collect_rows(manifest: dict) -> list[status.Row]:
-    rows = status.collect(manifest)
+def collect_rows(manifest: dict) -> list[Row]:
+    rows = collect(manifest)
     if rows and all(r.source == "run dir" for r in rows if r.job_id != "-"):
         raise LaunchError("resubmit: Slurm does not say how the sweep's jobs ended (no sacct or squeue answer); "
                           "run it where Slurm's commands work")
     return rows
-
-
-def _resubmit_sbatch(manifest_path: Path, manifest: dict, indices: list[int], changes: Changes,
-                     previous: dict, dry_run: bool) -> list[str]:
-    """One `sbatch --array=<their task ids>` per batch script the runs came from (one, unless the sweep was
-    split at MaxArraySize), with the changed options on the command line over the script's own."""
-    latest: dict[int, tuple[str, int, int]] = {}  # run index -> its newest job's (script, offset, pack)
-    for sub in manifest["submissions"]:
-        for index in sub.get("indices", []) if sub.get("script") else []:
-            latest[index] = (sub["script"], sub.get("offset", 0), sub.get("pack", 1))
-    by_script: dict[tuple[str, int, int], list[int]] = {}
-    for index in indices:
-        by_script.setdefault(latest[index], []).append(index)
-    ids = []
-    for (script, offset, pack), group in by_script.items():
-        # (a packed task holds `pack` runs: its finished runs start, see that they are done, and end at once)
-        array = ",".join(str(t) for t in sorted({(i - offset) // pack for i in group}))
-        extra = [f"--array={array}", *changes.sbatch_args()]
-        if dry_run:
-            print(f"dry run: would run sbatch {shlex.join(extra)} {shlex.quote(script)}")
-            continue
-        job_id = slurm_cli.sbatch(script, extra)
-        tasks = {(i - offset) // pack for i in group}
-        runs = sorted(i for i in latest if latest[i][:2] == (script, offset) and (i - offset) // pack in tasks)
-        manifest_mod.record_submission(manifest_path, "sbatch", job_id, runs, array=array, offset=offset,
-                                       script=script, pack=pack, changes=changes.options,
-                                       previous={k: v for k, v in previous.items() if int(k) in group})
-        ids.append(job_id)
-    return ids

@@ -1,0 +1,175 @@
+"""What each run of a sweep is doing: its state from Slurm (sacct, else squeue) or from its run directory, its
+progress from its metrics.jsonl, and the state of a job chain's steps. Read only: nothing here writes or
+submits, so the commands that only read (status, logs) stand on this alone.
+
+State comes from sacct (accounting); when accounting is off or does not know the job, from squeue; when
+Slurm knows nothing (a --local run, or a job long gone), from what the run directory says. The `source`
+says which. A run whose job ended after the watchdog's `hung` record (tinygpt/watchdog.py) is HUNG, at its
+step, on the nodes of the ranks that stopped answering.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tinygpt import metrics
+
+from . import manifest as manifest_mod
+from . import slurm_cli
+
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
+            "HUNG", "FINISHED", "PREEMPTED", "PRUNED"}
+FAILED = ("FAILED", "OUT_OF_MEMORY", "NODE_FAIL", "TIMEOUT", "BOOT_FAIL", "DEADLINE", "HUNG")
+
+
+class RunState(str):
+    """A run's state as shown: Slurm's word (`COMPLETED`, `CANCELLED by 1000`) or ours (`FINISHED`, `HUNG at step
+    120`, from the run directory). The text compares as it reads; `name` is the word alone."""
+
+    @property
+    def name(self) -> str:
+        return self.split(" ", 1)[0] if self.strip() else "?"
+
+    @property
+    def ended(self) -> bool:
+        return self.name in TERMINAL
+
+    @property
+    def failed(self) -> bool:
+        return self.name in FAILED
+
+
+@dataclass
+class Row:
+    index: int
+    name: str
+    job_id: str
+    state: RunState
+    source: str
+    restarts: int | None
+    step: int | None
+    max_steps: int | None
+    train_loss: float | None
+    val_loss: float | None
+    tokens_per_s: float | None
+    eta_s: float | None
+    run_dir: str
+    nodes: str = ""  # where its latest life ran
+    history: tuple[str, ...] = ()  # its earlier submissions: "JOB STATE on NODES", oldest first
+
+    def __post_init__(self) -> None:
+        self.state = RunState(self.state)
+
+
+def read_progress(run_dir: Path) -> dict:
+    """What metrics.jsonl says: last step, losses, speed, whether the run finished or was paused."""
+    info: dict = {}
+    for rec in metrics.read(run_dir / "metrics.jsonl"):
+        event = rec.get("event")
+        if event == "start":
+            info["started"] = True
+            info["restarts_seen"] = rec.get("restarts")
+            info.pop("event", None)
+        elif event:
+            info["event"] = event
+            if event == "hung":  # (the watchdog's record: tinygpt/watchdog.py)
+                info["hung"] = rec
+        if "lr" in rec:
+            info.update(step=rec["step"], train_loss=rec.get("train_loss"), tokens_per_s=rec.get("tokens_per_s"),
+                        elapsed_s=rec.get("elapsed_s"))
+        if rec.get("val_loss") is not None:
+            info["val_loss"] = rec["val_loss"]
+            info["step"] = max(info.get("step", 0), rec["step"])
+    return info
+
+
+def state_from_run_dir(progress: dict) -> RunState:
+    if progress.get("event") == "finished":
+        return RunState("FINISHED")
+    if progress.get("event") == "pruned":
+        return RunState("PRUNED")
+    if progress.get("event") in ("preempted", "paused"):
+        return RunState("STOPPED")
+    if progress.get("started"):
+        return RunState("STARTED")
+    return RunState("NOT STARTED")
+
+
+def collect(manifest: dict) -> list[Row]:
+    """A row per run of the sweep whose (loaded) manifest this is."""
+    ids = manifest_mod.task_job_ids(manifest)
+    wanted = sorted(set(ids.values()))
+    slurm_states = {}
+    if wanted:
+        since = manifest_mod.first_submitted(manifest)
+        # Asked by job (an array's id stands for all its tasks): one call per command, however many tasks.
+        accounted = slurm_cli.sacct_states(jobs_of(wanted), since) or {}
+        missing = [j for j in wanted if j not in accounted]
+        queued = slurm_cli.squeue_states(jobs_of(missing)) if missing else {}
+        slurm_states = {**(queued or {}), **accounted}
+        restarts = slurm_cli.restart_counts(jobs_of([j for j in wanted if slurm_states.get(j) is None
+                                                     or slurm_states[j].restarts is None]))
+    else:
+        restarts = {}
+    history = submission_history(manifest)
+    rows = []
+    for run in manifest["runs"]:
+        run_dir = Path(run["out_dir"])
+        progress = read_progress(run_dir)
+        job_id = ids.get(run["index"], "")
+        js = slurm_states.get(job_id)
+        if js is not None:
+            state, source = RunState(js.state), js.source
+            restart_count = js.restarts if js.restarts is not None else restarts.get(job_id)
+        else:
+            state, source = state_from_run_dir(progress), "run dir"
+            restart_count = restarts.get(job_id, progress.get("restarts_seen"))
+        nodes = js.nodes if js else ""
+        if progress.get("event") == "hung" and state.name not in ("RUNNING", "PENDING", "COMPLETING", "REQUEUED"):
+            hung = progress["hung"]  # the ranks that stopped answering, where known, else the one that said so
+            listed = hung.get("silent_nodes") if isinstance(hung.get("silent_nodes"), list) else []
+            silent = [n for n in listed if isinstance(n, str) and n and " " not in n]
+            state, nodes = RunState(f"HUNG at step {hung['step']}"), ",".join(silent)
+        step, max_steps = progress.get("step"), run.get("max_steps")
+        eta = None
+        if step and max_steps and progress.get("elapsed_s") and not state.ended and step < max_steps:
+            eta = progress["elapsed_s"] / step * (max_steps - step)
+        rows.append(Row(run["index"], run["name"], job_id or "-", state, source, restart_count, step, max_steps,
+                        progress.get("train_loss"), progress.get("val_loss"), progress.get("tokens_per_s"), eta,
+                        str(run_dir), nodes, history.get(run["index"], ())))
+    return rows
+
+
+def jobs_of(task_ids: list[str]) -> list[str]:
+    """The distinct jobs of some array tasks (`123_4` -> `123`) and plain jobs."""
+    return sorted({task_id.split("_")[0] for task_id in task_ids})
+
+
+def submission_history(manifest: dict) -> dict[int, tuple[str, ...]]:
+    """Run index -> its earlier lives as recorded by `launch.py resubmit` ("JOB STATE on NODES")."""
+    history: dict[int, tuple[str, ...]] = {}
+    for sub in manifest.get("submissions", []):
+        for index, before in sorted((sub.get("previous") or {}).items(), key=lambda kv: int(kv[0])):
+            where = f" on {before['nodes']}" if before.get("nodes") else ""
+            history[int(index)] = history.get(int(index), ()) + (f"{before['job_id']} {before['state']}{where}",)
+    return history
+
+
+def chain_steps(manifest: dict) -> str | None:
+    """`chain: data 12 COMPLETED -> training 13 -> report 14 PENDING (Dependency)`, or None without a chain."""
+    steps = [s for s in manifest.get("submissions", []) if s.get("role") in ("data", "report")]
+    if not steps:
+        return None
+    ids = [s["job_id"] for s in steps]
+    states = {**(slurm_cli.squeue_states(ids) or {}), **(slurm_cli.sacct_states(ids) or {})}
+
+    def said(sub: dict) -> str:
+        js = states.get(sub["job_id"])
+        reason = f" ({js.reason})" if js and js.reason and js.reason != "None" else ""
+        return f"{sub['role']} {sub['job_id']} {js.state if js else '?'}{reason}"
+
+    training = [s["job_id"] for s in manifest["submissions"] if s.get("indices")]
+    data = [said(s) for s in steps if s["role"] == "data"][-1:]
+    report = [said(s) for s in steps if s["role"] == "report"][-1:]
+    return "chain: " + " -> ".join([*data, f"training {', '.join(training[-1:])}", *report])
