@@ -1,7 +1,8 @@
 """The one schema engine: every input file and flag is a pydantic model, and its errors become our messages.
 
-The trainer config (config.py), a spec (launch/spec_schema.py) and a cluster profile (launch/profiles.py)
-declare each field once, with its type, bounds, choices and help, from the types below. `validate` checks
+The trainer config (config.py), a spec (launch/spec.py, with its search section in launch/search.py), a
+cluster profile (launch/profiles.py) and, read back, a sweep's manifest (launch/manifest.py) declare each
+field once, with its type, bounds, choices and help, from the types below. `validate` checks
 a mapping with such a model and raises one ProblemsError that lists every problem at once, each named by
 its path (`resources.partitions.gpu.max_time`), with the value, what is expected, and for an unknown key
 the nearest valid one.
@@ -18,6 +19,7 @@ imports it.
 from __future__ import annotations
 
 import difflib
+import types
 import typing
 from collections.abc import Iterable
 from typing import Annotated, Any
@@ -149,8 +151,7 @@ def _inner(annotation: Any) -> Any:
             annotation = typing.get_args(annotation)[0]
             continue
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        if typing.get_origin(annotation) in (typing.Union, getattr(__import__("types"), "UnionType", None)) \
-                and len(args) == 1:
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
             annotation = args[0]
             continue
         return annotation

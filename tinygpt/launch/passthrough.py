@@ -15,7 +15,11 @@ only: the command srun runs is the trainer.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator
+
+from tinygpt import schema
 
 from . import directives
 
@@ -109,3 +113,14 @@ def srun_args(raw: Any, where: str, problems: list[str]) -> tuple[str, ...]:
                             f"as --name or --name=value (the command srun runs is the trainer)")
             return ()
     return args
+
+
+def sbatch_options_field(where: str) -> Any:
+    """The type of a schema field that holds `sbatch_options` at `where` (its path in messages)."""
+    return Annotated[dict[str, str | None],
+                     BeforeValidator(lambda raw: schema.collected(lambda p: sbatch_options(raw, where, p)))]
+
+
+def srun_args_field(where: str) -> Any:
+    """The type of a schema field that holds `srun_args` at `where`."""
+    return Annotated[tuple[str, ...], BeforeValidator(lambda raw: schema.collected(lambda p: srun_args(raw, where, p)))]

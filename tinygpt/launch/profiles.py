@@ -182,9 +182,10 @@ class Profile(schema.Schema):
     signal: Annotated[Literal[PREEMPT_SIGNALS], BeforeValidator(_signal)] = Field(
         "USR2", description="the signal Slurm sends before the time limit")
     signal_lead_s: Int = Field(120, ge=0, description="how many seconds before the time limit it is sent")
-    sbatch_options: dict[str, str | None] = Field(default_factory=dict, description=(
+    sbatch_options: passthrough.sbatch_options_field("sbatch_options") = Field(default_factory=dict, description=(
         "extra #SBATCH options for every job ({reservation: x, exclusive: true}); see launch/passthrough.py"))
-    srun_args: tuple[str, ...] = Field([], description="extra srun options for every job, e.g. [--cpu-bind=cores]")
+    srun_args: passthrough.srun_args_field("srun_args") = Field(
+        [], description="extra srun options for every job, e.g. [--cpu-bind=cores]")
     # The trainer's own keys, set for every run on this cluster (TRAINER_KEYS): typed by the trainer's schema.
     precision: Any = None
     compile: Any = None
@@ -203,16 +204,6 @@ class Profile(schema.Schema):
         if name is not None and partitions and name not in partitions:
             raise ValueError(f"`{name}` is not among partitions ({', '.join(partitions)})")
         return name
-
-    @field_validator("sbatch_options", mode="before")
-    @classmethod
-    def _sbatch_options(cls, raw: Any) -> dict[str, str | None]:
-        return schema.collected(lambda problems: passthrough.sbatch_options(raw, "sbatch_options", problems))
-
-    @field_validator("srun_args", mode="before")
-    @classmethod
-    def _srun_args(cls, raw: Any) -> tuple[str, ...]:
-        return schema.collected(lambda problems: passthrough.srun_args(raw, "srun_args", problems))
 
     @field_validator(*TRAINER_KEYS)
     @classmethod

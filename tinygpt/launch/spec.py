@@ -76,9 +76,11 @@ class ResourcesRequest(schema.Schema):
     account: OptText = Field(None, description="the account (default: the profile's)")
     constraint: OptText = Field(None, description="node features (sbatch --constraint)")
     exclude: OptText = Field(None, description="nodes not to run on (sbatch --exclude)")
-    sbatch_options: dict[str, str | None] = Field(default_factory=dict, description=(
+    sbatch_options: passthrough.sbatch_options_field("resources.sbatch_options") = Field(
+        default_factory=dict, description=(
         "extra #SBATCH options ({reservation: x, exclusive: true}); see launch/passthrough.py"))
-    srun_args: tuple[str, ...] = Field([], description="extra srun options, e.g. [--cpu-bind=cores]")
+    srun_args: passthrough.srun_args_field("resources.srun_args") = Field(
+        [], description="extra srun options, e.g. [--cpu-bind=cores]")
 
     @field_validator("time")
     @classmethod
@@ -87,15 +89,6 @@ class ResourcesRequest(schema.Schema):
             raise ValueError("give a finite time limit of at least one minute (e.g. '00:30:00')")
         return minutes
 
-    @field_validator("sbatch_options", mode="before")
-    @classmethod
-    def _sbatch_options(cls, raw: Any) -> dict[str, str | None]:
-        return schema.collected(lambda p: passthrough.sbatch_options(raw, "resources.sbatch_options", p))
-
-    @field_validator("srun_args", mode="before")
-    @classmethod
-    def _srun_args(cls, raw: Any) -> tuple[str, ...]:
-        return schema.collected(lambda p: passthrough.srun_args(raw, "resources.srun_args", p))
 
 
 class SpecFile(schema.Schema):
