@@ -45,9 +45,13 @@ _FALSE = {"false", "no", "off", "0"}
 _NONE = {"none", "null", "~", ""}
 
 
+# The fast path first in each (a value already of its type): every field of every run of a sweep passes
+# through them, defaults too, 500,000 calls in a 10,000-point dry run.
+
+
 def _number_from_text(value: Any) -> Any:
     """A string that is exactly a number becomes that number; anything else is left for the type to judge."""
-    if isinstance(value, str):
+    if type(value) is str:
         text = value.strip().replace("_", "")
         for kind in (int, float):
             try:
@@ -58,6 +62,8 @@ def _number_from_text(value: Any) -> Any:
 
 
 def _whole(value: Any) -> Any:
+    if type(value) is int:
+        return value
     number = _number_from_text(value)
     if isinstance(number, float) and number.is_integer():
         return int(number)
@@ -65,12 +71,14 @@ def _whole(value: Any) -> Any:
 
 
 def _truth(value: Any) -> Any:
-    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+    if type(value) is str and value.strip().lower() in _TRUE | _FALSE:
         return value.strip().lower() in _TRUE
     return value
 
 
 def _text(value: Any) -> Any:
+    if type(value) is str and "\x00" not in value:
+        return value
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         value = str(value)
     if isinstance(value, str) and "\x00" in value:  # no path, name or shell word can hold one
@@ -79,7 +87,7 @@ def _text(value: Any) -> Any:
 
 
 def _unset(value: Any) -> Any:
-    return None if isinstance(value, str) and value.strip().lower() in _NONE else value
+    return None if type(value) is str and value.strip().lower() in _NONE else value
 
 
 def _items(value: Any) -> Any:

@@ -460,6 +460,7 @@ def _runs(points, grid_size: int, varying: list[str], base: dict[str, Any], forc
     runs: list[Run] = []
     seen: dict[str, int] = {}
     unwritable: dict[str, str | None] = {}  # data_dir -> why it cannot be written in
+    runs_dir, data_dir_default = SweepDirs(workdir, sweep).runs, str(workdir / "data")
     for index, (given, point) in enumerate(points):
         label = given if given is not None else run_name({k: v for k, v in point.items() if k in varying or
                                                           len(points) == 1})
@@ -471,8 +472,8 @@ def _runs(points, grid_size: int, varying: list[str], base: dict[str, Any], forc
                             f"different values or explicit `name`s")
             continue
         seen[label] = index
-        merged = {"data_dir": str(workdir / "data"), **base, **point, **forced,
-                  "out_dir": str(SweepDirs(workdir, sweep).runs / label), "sweep": sweep}
+        merged = {"data_dir": data_dir_default, **base, **point, **forced, "out_dir": f"{runs_dir}/{label}",
+                  "sweep": sweep}
         if merged.get("data_file"):
             merged["data_file"] = _input_file("data_file", merged["data_file"], label, problems)
         if merged.get("resume") not in (None, "auto", "never"):
