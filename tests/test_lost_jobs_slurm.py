@@ -165,6 +165,18 @@ def two_rank_reference(tmp_path: Path, keys: dict, max_steps: int) -> Path:
     return out
 
 
+def scontrol(action: str, job: str) -> None:
+    done = subprocess.run(["scontrol", action, job], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def in_service(name: str) -> bool:
+    """Whether slurmctld has the node back (sinfo: idle, or running other tests' jobs), not down or unresponsive."""
+    out = subprocess.run(["sinfo", "-h", "-n", name, "-o", "%t"], capture_output=True, text=True, timeout=30)
+    states = set(out.stdout.split())
+    return bool(states) and states <= {"idle", "mix", "alloc", "comp"}
+
+
 def node(action: str, name: str) -> None:
     done = subprocess.run(["bash", str(NODE_SH), action, name], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -185,12 +197,18 @@ def test_a_node_lost_mid_job_ends_it_node_fail_and_it_comes_back_from_its_newest
             manifest = manifest_mod.load(work / "jobs" / "lost" / "manifest.json")
             wait_until(lambda: status.collect(manifest)[0].restarts == 1, timeout=120, poll=0.5,
                        what="Slurm requeueing the job of the lost node")
+            # Held until node2 is back in service: a life started while node2 registers can have its step (the
+            # same step id as the lost life's) cancelled by Slurm within a second (seen once in CI: exit 143),
+            # and the run's real end must be in the manifest before its next life reads it.
+            scontrol("hold", task)
         finally:
             node("boot", "node2")
+        wait_until(lambda: in_service("node2"), timeout=120, poll=0.2, what="node2 back in service")
         checkpoints = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*.pt"))
         lost_at = max(r["step"] for r in read_metrics(run_dir) if "lr" in r)
         final = lost_at + 60
         end_at(work, "lost", final)
+        scontrol("release", task)
         state, restarts = run_to_completion(task)
     finally:
         cancel(task)
