@@ -61,20 +61,24 @@ class ModelConfig(schema.Schema):
 DATASETS = ("shakespeare", "pydoc", "sherlock")
 
 
-def _path(value: str | None) -> str | None:
-    """A path that starts with ~ must name a user of this machine (the trainer expands it)."""
-    if value is not None and value.startswith("~"):
+# What to give instead of an empty path, by key (PATH_KEYS).
+_EMPTY_PATH_FIX = {"data_file": "give a path, or leave it unset", "data_dir": "give a path, or leave it unset",
+                   "out_dir": "give a directory for the run", "resume": "give auto, never or the path of a checkpoint"}
+
+
+def _a_path(value: str | None, info: ValidationInfo) -> str | None:
+    """A path key's value: not empty, and when it starts with ~ naming a user of this machine (the trainer
+    expands it)."""
+    if value is None:
+        return value
+    if not value.strip():
+        raise ValueError(f"is empty; {_EMPTY_PATH_FIX[info.field_name]}")
+    if value.startswith("~"):
         try:
             Path(value).expanduser()
         except RuntimeError:
             raise ValueError(f"{value!r} starts with ~ but names no user of this machine; write the path out") \
                 from None
-    return value
-
-
-def _not_blank(value: str | None) -> str | None:
-    if value is not None and not value.strip():
-        raise ValueError("is empty; give a path, or leave it unset")
     return value
 
 
@@ -85,10 +89,7 @@ class DataConfig(schema.Schema):
     batch_size: Int = _f(16, "sequences per micro-batch, per rank", ge=1)
     eval_windows: Int = _f(240, "fixed windows used to measure val (and train) loss", ge=1)
 
-    @field_validator("data_file", "data_dir")
-    @classmethod
-    def _a_path(cls, value: str | None) -> str | None:
-        return _path(_not_blank(value))
+    _paths = field_validator("data_file", "data_dir")(_a_path)
 
 
 class OptimConfig(schema.Schema):
@@ -167,19 +168,7 @@ class RunConfig(schema.Schema):
                                     "the ranks that never arrived", gt=0)
     sweep: OptText = _f(None, "the sweep this run belongs to (set by the launcher; the W&B group)")
 
-    @field_validator("out_dir")
-    @classmethod
-    def _a_run_dir(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("is empty; give a directory for the run")
-        return _path(value)
-
-    @field_validator("resume")
-    @classmethod
-    def _a_checkpoint(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("is empty; give auto, never or the path of a checkpoint")
-        return _path(value)
+    _paths = field_validator("out_dir", "resume")(_a_path)
 
     @field_validator("device")
     @classmethod
