@@ -71,7 +71,7 @@ def sweep(work: Path, name: str, resources: dict, train: dict | None = None, sea
 def tasks_of(work: Path, name: str) -> list[str]:
     from tinygpt.launch import manifest
 
-    ids = manifest.task_job_ids(manifest.load(work / "jobs" / name / "manifest.json"))
+    ids = manifest.load(work / "jobs" / name / "manifest.json").task_job_ids()
     return [ids[i] for i in sorted(ids)]
 
 
@@ -173,7 +173,7 @@ def lock_kill(work: Path, trial: int, rng: random.Random) -> dict:
     env = {"PYTHONPATH": f"{ROOT / 'tests' / 'slow_locks'}{os.pathsep}{ROOT}", "TINYGPT_TEST_LOCK_STALL_S": "0.3"}
     tasks = sweep(work, name, {}, train=train, search={**SEARCH, "seed": trial}, **env)
     manifest = manifest_mod.load(work / "jobs" / name / "manifest.json")
-    journal = Path(manifest["search"]["journal"])
+    journal = Path(manifest.search.journal)
     # Each lock taken shows its holder's pid for 0.3 s: the journal's lock in even trials, the asking lock in
     # odd ones.
     lock = Path(f"{journal}.lock.holder") if trial % 2 == 0 else Path(f"{journal}.asking.lock.holder")
@@ -212,7 +212,7 @@ def lock_kill(work: Path, trial: int, rng: random.Random) -> dict:
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     same = True
     for t in done:  # each trial's settings, trained alone
-        cfg = config.build({**manifest["base"], **t.params, "progress": "off",
+        cfg = config.build({**manifest.base, **t.params, "progress": "off",
                             "out_dir": str(work / "alone" / name / str(t.number))})
         same = same and trainer.train(cfg).best_val_loss == t.value
     return {"case": "lock kill", "moment": f"lock taken #{nth} ({held[0].name.removesuffix('.holder')})",

@@ -33,12 +33,32 @@ TINY_TEXT = "".join(
     for thing in ("rose", "moon", "night", "sword", "ring", "letter", "tomb")
 )
 
-TINY_FLAGS = [
-    "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--batch-size", "4",
-    "--max-steps", "20", "--eval-interval", "10", "--log-interval", "5", "--ckpt-interval", "10",
-    "--warmup-steps", "2", "--eval-windows", "16", "--sample-tokens", "0", "--progress", "plain",
-    "--threads", "1",
-]
+# The tiny model the tests train (seconds on one CPU), as trainer keys; each test adds its own steps.
+TINY_MODEL = {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 16, "batch_size": 4, "eval_windows": 8,
+              "sample_tokens": 0, "threads": 1}
+
+
+def tiny_train(**keys) -> dict:
+    """The tiny model's keys, with these added or changed: a spec's `train` section."""
+    return {**TINY_MODEL, **keys}
+
+
+def tiny_yaml(**keys) -> str:
+    """tiny_train(**keys) as the inside of a YAML flow mapping, for a spec written as text:
+    f"train: {{data_file: {corpus}, {tiny_yaml(max_steps=20)}}}"."""
+    import yaml
+
+    return yaml.safe_dump(tiny_train(**keys), default_flow_style=True, width=1_000_000).strip()[1:-1]
+
+
+def as_flags(keys: dict) -> list[str]:
+    """Trainer keys as `python -m tinygpt.train` flags."""
+    return [item for key, value in keys.items() for item in (f"--{key.replace('_', '-')}", str(value))]
+
+
+# The tiny model for the trainer's command line, with a run of 20 steps.
+TINY_FLAGS = as_flags(tiny_train(max_steps=20, eval_interval=10, log_interval=5, ckpt_interval=10, warmup_steps=2,
+                                 eval_windows=16, progress="plain"))
 
 
 @pytest.fixture
@@ -68,6 +88,19 @@ def train_tiny(tmp_path: Path, corpus: Path, *extra: str, name: str = "run", **h
     from tinygpt import trainer
 
     return tmp_path / name, trainer.train(tiny_config(tmp_path, corpus, *extra, name=name), **hooks)
+
+
+def hand_made_manifest(workdir: Path, runs: int, submissions: list[dict]):
+    """A launched sweep's manifest as a command reads it, made here: `runs` runs under workdir/runs/s/ and these
+    submissions (sbatch ones unless they say otherwise)."""
+    from tinygpt.launch.manifest import FORMAT, Manifest
+
+    return Manifest.model_validate({
+        "format": FORMAT, "name": "s", "workdir": str(workdir), "logs_dir": str(workdir / "logs" / "s"),
+        "backend": "sbatch", "base": {}, "code": {}, "resources": {},
+        "runs": [{"index": i, "name": f"r{i}", "out_dir": str(workdir / "runs" / "s" / f"r{i}"), "overrides": {}}
+                 for i in range(runs)],
+        "submissions": [{"backend": "sbatch", "submitted_at": 0.0, **sub} for sub in submissions]})
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

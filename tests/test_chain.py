@@ -5,11 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import launch
+from conftest import launch, tiny_yaml
 from slurm_helpers import job_fields, wait, wait_until
 
-TINY = ("n_layer: 1, n_head: 2, n_embd: 32, block_size: 16, batch_size: 4, max_steps: 20, eval_interval: 10, "
-        "sample_tokens: 40, eval_windows: 8, threads: 1")
+TINY = tiny_yaml(max_steps=20, eval_interval=10, sample_tokens=40)
 
 
 def chain_spec(tmp_path: Path, corpus: Path, name: str) -> Path:

@@ -18,18 +18,16 @@ import yaml
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from conftest import run_cli
+from conftest import run_cli, tiny_train
 from tinygpt import checkpoint, config, metrics, trainer
-from tinygpt.launch.manifest import save
+from tinygpt.launch.manifest import create
 
 # (no shrinking: each case runs every command, and the failing case is printed as drawn)
 SETTINGS = settings(max_examples=int(os.environ.get("TINYGPT_FUZZ_EXAMPLES", "12")), deadline=None,
                     phases=[Phase.explicit, Phase.reuse, Phase.generate],
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
-TRAIN = {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 16, "batch_size": 4, "max_steps": 10,
-         "eval_interval": 5, "ckpt_interval": 5, "log_interval": 5, "eval_windows": 8, "sample_tokens": 20,
-         "threads": 1, "progress": "plain"}
+TRAIN = tiny_train(max_steps=10, eval_interval=5, ckpt_interval=5, log_interval=5, sample_tokens=20, progress="plain")
 
 # Values of every JSON type, including the ones no reader expects where they appear
 WRONG = st.one_of(st.none(), st.booleans(), st.integers(-2, 2**40), st.floats(allow_nan=False),
@@ -113,7 +111,7 @@ def sweep(tmp_path_factory):
          "script": str(work / "jobs" / "damaged" / "damaged.sbatch"), "submitted_at": 1.0e9},
         {"backend": "submitit", "job_id": "4000002", "indices": [0], "per_run_ids": {"0": "4000002_0"},
          "folder": str(work / "jobs" / "damaged" / "submitit"), "submitted_at": 1.0e9 + 1}]
-    save(path, manifest)
+    create(path, manifest)
     (work / "logs" / "damaged").mkdir(parents=True, exist_ok=True)
     (work / "logs" / "damaged" / "4000001_0.out").write_text("tinygpt: run 0 of damaged\nstep 5 | loss 3.7\n")
     pristine = root / "pristine"

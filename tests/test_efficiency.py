@@ -1,13 +1,12 @@
 """Efficiency from sacct: parsing Slurm's fields, and a sweep's figures on the local cluster."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT, slow_saves
-from slurm_helpers import counting_shim, job_env, wait
+from conftest import launch as shared_launch
+from conftest import slow_saves, tiny_yaml
+from slurm_helpers import counting_shim, wait
 from tinygpt.launch import efficiency
 
 SACCT = """\
@@ -46,8 +45,7 @@ def sacct_counter(tmp_path):
 def test_efficiency_of_a_busy_and_a_half_idle_allocation(tmp_path, tiny_corpus, sacct_counter):
     env, count = sacct_counter
     work = tmp_path / "w"
-    train = ("n_layer: 1, n_head: 2, n_embd: 32, block_size: 16, batch_size: 4, max_steps: 600, eval_interval: 300, "
-             f"sample_tokens: 0, eval_windows: 8, threads: 1, data_file: {tiny_corpus}")
+    train = tiny_yaml(max_steps=600, eval_interval=300, data_file=str(tiny_corpus))
     specs = {}
     for name, cpus in (("busy", 1), ("idle", 2)):  # one trainer thread on one CPU, and on two
         specs[name] = tmp_path / f"{name}.yaml"
@@ -55,9 +53,7 @@ def test_efficiency_of_a_busy_and_a_half_idle_allocation(tmp_path, tiny_corpus, 
                                f"mem: 1G, cpus_per_task: {cpus}, sbatch_options: {{acctg-freq: 1}}}}\n")
 
     def launch(*args, **extra):
-        return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args, "--workdir", str(work)],
-                              capture_output=True, text=True, env=job_env(COLUMNS="250", **env, **extra), cwd=ROOT,
-                              timeout=180)
+        return shared_launch(*args, "--workdir", str(work), env={**env, **extra})
 
     assert launch(str(specs["busy"])).returncode == 0
     # The idle one also waits most of its time (its checkpoint writes slowed, as on a slow filesystem; the job

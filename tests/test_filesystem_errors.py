@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, TINY_FLAGS, python_env, read_metrics
+from conftest import ROOT, TINY_FLAGS, python_env, read_metrics, tiny_train
+from conftest import launch as shared_launch
 from tinygpt import checkpoint
 
 
@@ -61,13 +62,11 @@ def test_a_full_disk_stops_the_trainer_with_one_message_and_keeps_the_newest_che
 def test_a_read_only_filesystem_is_named_by_the_trainer_the_report_and_the_launcher(small_disk, tiny_corpus,
                                                                                     tmp_path):
     spec = tmp_path / "ro.yaml"
-    spec.write_text(yaml.safe_dump({"name": "ro", "train": {
-        "n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 16, "batch_size": 4, "max_steps": 10,
-        "eval_interval": 5, "eval_windows": 8, "sample_tokens": 0, "threads": 1, "data_file": str(tiny_corpus)}}))
+    spec.write_text(yaml.safe_dump({"name": "ro", "train": tiny_train(max_steps=10, eval_interval=5,
+                                                                     data_file=str(tiny_corpus))}))
 
     def launch(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args, "--workdir", str(small_disk)],
-                              capture_output=True, text=True, env=python_env(), cwd=ROOT, timeout=300)
+        return shared_launch(*args, "--workdir", str(small_disk), timeout=300)
 
     assert launch(str(spec), "--local").returncode == 0
     run = small_disk / "runs" / "ro" / "base"

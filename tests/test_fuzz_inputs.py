@@ -19,7 +19,7 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from conftest import TINY_TEXT, run_cli
+from conftest import TINY_TEXT, run_cli, tiny_train
 from tinygpt import config, sample
 from tinygpt.launch import cli, profiles
 from tinygpt.launch import spec as spec_mod
@@ -40,7 +40,7 @@ ANY_VALUE = st.one_of(
     st.dictionaries(st.sampled_from(["a", "max_time", "gpus", "image"]), st.integers(), max_size=2),
 )
 
-BASE_TRAIN = {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 16, "batch_size": 4, "max_steps": 5}
+BASE_TRAIN = tiny_train(max_steps=5)
 
 
 def check_outcome(code: int, err: str, work: Path, *fields: str) -> None:

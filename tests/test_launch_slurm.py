@@ -8,28 +8,26 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, launch, read_metrics
+from conftest import ROOT, launch, read_metrics, tiny_train, tiny_yaml
 from slurm_helpers import cancel, counting_shim, sbatch, wait, wait_until
+from tinygpt.launch.manifest import Manifest, load
 
 pytestmark = pytest.mark.slurm
 
-TINY_TRAIN = ("n_layer: 1, n_head: 2, n_embd: 32, block_size: 16, batch_size: 4, max_steps: 20, eval_interval: 10, "
-              "sample_tokens: 0, eval_windows: 8, threads: 1")
+TINY_TRAIN = tiny_yaml(max_steps=20, eval_interval=10)
 
 
-def manifest_of(workdir: Path, name: str) -> dict:
-    return json.loads((workdir / "jobs" / name / "manifest.json").read_text())
+def manifest_of(workdir: Path, name: str) -> Manifest:
+    return load(workdir / "jobs" / name / "manifest.json")
 
 
 def job_ids(workdir: Path, name: str) -> list[str]:
-    return [s["job_id"] for s in manifest_of(workdir, name)["submissions"]]
+    return [s.job_id for s in manifest_of(workdir, name).submissions]
 
 
 def wait_all(workdir: Path, name: str, timeout: float = 300) -> dict[str, str]:
-    from tinygpt.launch.manifest import task_job_ids
-
-    ids = task_job_ids(manifest_of(workdir, name))
-    return {manifest_of(workdir, name)["runs"][i]["name"]: wait(j, timeout=timeout) for i, j in ids.items()}
+    manifest = manifest_of(workdir, name)
+    return {manifest.runs[i].name: wait(j, timeout=timeout) for i, j in manifest.task_job_ids().items()}
 
 
 @pytest.fixture
@@ -78,8 +76,8 @@ def test_submitit_backend_completes_the_same_sweep(tmp_path, workdir, tiny_corpu
     assert out.returncode == 0, out.stdout + out.stderr
     states = wait_all(workdir, "sub4")
     assert set(states.values()) == {"COMPLETED"}, states
-    for run in manifest_of(workdir, "sub4")["runs"]:
-        assert read_metrics(Path(run["out_dir"]))[-1]["event"] == "finished"
+    for run in manifest_of(workdir, "sub4").runs:
+        assert read_metrics(Path(run.out_dir))[-1]["event"] == "finished"
 
 
 def test_a_two_node_run_puts_one_rank_on_each_node(tmp_path, workdir, tiny_corpus):
@@ -98,7 +96,7 @@ def test_dry_run_leaves_the_queue_untouched(tmp_path, workdir, tiny_corpus, sbat
     out = launch(str(sweep_spec(tmp_path, tiny_corpus, "dry")), "--dry-run", "--workdir", str(workdir), env=env)
     assert out.returncode == 0 and "nothing submitted" in out.stdout
     assert not count.exists()  # sbatch never called
-    assert manifest_of(workdir, "dry")["submissions"] == []
+    assert manifest_of(workdir, "dry").submissions == []
     # Nothing of this sweep in the queue (a job the sweep would submit carries its name). Jobs of other tests
     # may start or end meanwhile, so the whole queue is no measure.
     queued = subprocess.run(["squeue", "-h", "-n", "dry", "-o", "%i"], capture_output=True, text=True, timeout=30)
@@ -151,14 +149,12 @@ def test_failed_sbatch_reports_sbatchs_own_message(tmp_path, workdir, tiny_corpu
 
 def test_status_shows_completed_running_and_cancelled_runs(tmp_path, workdir, tiny_corpus):
     spec = tmp_path / "three.yaml"
-    train = TINY_TRAIN.replace("max_steps: 20, ", "")
+    train = tiny_yaml(eval_interval=10)
     spec.write_text(f"name: three\ntrain: {{data_file: {tiny_corpus}, {train}}}\n"
                     "runs:\n  - {name: quick, max_steps: 20}\n  - {name: long, max_steps: 200000}\n"
                     "  - {name: doomed, max_steps: 200000}\nresources: {time: '00:10:00'}\n")
     assert launch(str(spec), "--workdir", str(workdir)).returncode == 0
-    from tinygpt.launch.manifest import task_job_ids
-
-    ids = task_job_ids(manifest_of(workdir, "three"))
+    ids = manifest_of(workdir, "three").task_job_ids()
     assert wait(ids[0]) == "COMPLETED"
     cancel(ids[2])
     assert wait(ids[2]) == "CANCELLED"
@@ -186,7 +182,7 @@ def test_a_failing_setup_line_ends_the_job_naming_it(tmp_path, workdir, tiny_cor
     logs = "\n".join(p.read_text() for p in (workdir / "logs" / "broken").rglob("*") if p.suffix in (".out", ".err"))
     assert "tinygpt: setup failed (exit status 127): module load no-such-module" in logs, logs
     assert "setup-began" in logs and "setup-went-on" not in logs
-    run_dir = Path(manifest_of(workdir, "broken")["runs"][0]["out_dir"])
+    run_dir = Path(manifest_of(workdir, "broken").runs[0].out_dir)
     assert not (run_dir / "metrics.jsonl").exists()  # the trainer never started
 
 
@@ -237,9 +233,8 @@ def test_passed_through_options_reach_slurm(tmp_path, workdir, tiny_corpus, back
     out = launch(str(spec), "--workdir", str(workdir))
     assert out.returncode == 0, out.stdout + out.stderr
     assert wait_all(workdir, "through") == {"base": "COMPLETED"}
-    from tinygpt.launch.manifest import task_job_ids
 
-    fields = job_fields(task_job_ids(manifest_of(workdir, "through"))[0])
+    fields = job_fields(manifest_of(workdir, "through").task_job_ids()[0])
     assert fields["NodeList"] == "node2" and fields["Comment"] == "it's$(passed)", fields
     logs = "\n".join(p.read_text() for p in (workdir / "logs" / "through").rglob("*") if p.suffix in (".out", ".err"))
     assert "0: " in logs and any(line.startswith("0: ") and "done: step 20" in line for line in logs.splitlines())
@@ -272,16 +267,12 @@ def test_an_injection_through_a_passed_option_reaches_slurm_as_one_value(tmp_pat
     stolen = tmp_path / "stolen"
     value = f'\\\' " --job-name=pwned --output={stolen}_%j.out --hold #'
     spec = tmp_path / "inject.yaml"
-    spec.write_text(json.dumps({"name": "inject", "train": {"data_file": str(tiny_corpus), "n_layer": 1, "n_head": 2,
-                                                            "n_embd": 32, "block_size": 16, "batch_size": 4,
-                                                            "max_steps": 5, "sample_tokens": 0, "eval_windows": 8,
-                                                            "threads": 1},
+    spec.write_text(json.dumps({"name": "inject", "train": tiny_train(data_file=str(tiny_corpus), max_steps=5),
                                 "resources": {"time": "00:05:00", "sbatch_options": {option: value}}}))
     out = launch(str(spec), "--workdir", str(workdir))
     assert out.returncode == 0, out.stdout + out.stderr
-    from tinygpt.launch.manifest import task_job_ids
 
-    job = task_job_ids(manifest_of(workdir, "inject"))[0]
+    job = manifest_of(workdir, "inject").task_job_ids()[0]
     assert wait(job) == "COMPLETED"  # never held
     shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, timeout=30).stdout
     print(f"\nscontrol show job {job}:\n{shown}")
@@ -301,15 +292,13 @@ def test_a_two_node_job_whose_master_no_node_answers_on_ends_in_its_join_time_wi
     """MASTER_ADDR set to an address of the cluster's own subnet that no node has: both ranks give up after
     join_timeout (8 s, of a 5-minute job) naming the master, and `status` shows it as the run's failure."""
     spec = tmp_path / "lost.yaml"
-    spec.write_text(json.dumps({"name": "lost", "train": {"data_file": str(tiny_corpus), "n_layer": 1, "n_head": 2,
-                                                          "n_embd": 32, "block_size": 16, "max_steps": 5,
-                                                          "sample_tokens": 0, "threads": 1, "join_timeout": 8},
+    spec.write_text(json.dumps({"name": "lost", "train": tiny_train(data_file=str(tiny_corpus), max_steps=5,
+                                                                   join_timeout=8),
                                 "resources": {"nodes": 2, "tasks_per_node": 1, "time": "00:05:00"}}))
     out = launch(str(spec), "--workdir", str(workdir), env={"MASTER_ADDR": "10.77.0.99"})
     assert out.returncode == 0, out.stdout + out.stderr
-    from tinygpt.launch.manifest import task_job_ids
 
-    job = task_job_ids(manifest_of(workdir, "lost"))[0]
+    job = manifest_of(workdir, "lost").task_job_ids()[0]
     assert wait(job) == "FAILED"
     log = (workdir / "logs" / "lost" / f"{job}.out").read_text()
     for rank in (0, 1):

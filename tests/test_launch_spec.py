@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import sbatch_rules
-from conftest import ROOT, launch
+from conftest import ROOT, hand_made_manifest, launch, tiny_yaml
 from tinygpt.launch import profiles
 from tinygpt.launch import spec as spec_mod
 from tinygpt.launch.errors import LaunchError
@@ -370,15 +370,16 @@ def test_a_sweep_keeps_what_its_runs_share_once(tmp_path):
     sweep = spec_mod.load(path, tmp_path)
     plan = build(sweep)
     manifest = manifest_mod.load(plan.manifest_path)
-    assert manifest["base"]["max_steps"] == 30 and manifest["base"]["n_embd"] == 64 and "lr" not in manifest["base"]
-    assert [r["overrides"] for r in manifest["runs"]] == [
+    assert manifest.base["max_steps"] == 30 and manifest.base["n_embd"] == 64 and "lr" not in manifest.base
+    assert [r.overrides for r in manifest.runs] == [
         {"n_layer": 1, "lr": 0.001}, {"n_layer": 1, "lr": 0.002}, {"n_layer": 2, "lr": 0.001},
         {"n_layer": 2, "lr": 0.002}, {"n_layer": 3, "dropout": 0.1}]
     assert not (plan.jobs_dir / "configs").exists()  # nothing per run until a task starts
     for run in sweep.runs:
-        written = manifest_mod.config_file(plan.manifest_path, manifest, run.index)
+        written = manifest_mod.config_file(manifest, run.index)
         assert config.resolve(["--config", str(written)]) == run.config
-    manifest_mod.save(plan.manifest_path, {**manifest, "format": 1})  # from a version that never shipped
+    on_disk = json.loads(plan.manifest_path.read_text())
+    plan.manifest_path.write_text(json.dumps({**on_disk, "format": 1}))  # from a version that never shipped
     with pytest.raises(manifest_mod.LaunchError, match="manifest format 1, this version reads 2; launch the spec"):
         manifest_mod.load(plan.manifest_path)
 
@@ -416,8 +417,7 @@ def test_launcher_never_imports_torch():
 def test_local_backend_runs_every_run_through_the_trainer(tmp_path, tiny_corpus):
     spec = write(tmp_path, f"""
 name: loc
-train: {{data_file: {tiny_corpus}, n_layer: 1, n_head: 2, n_embd: 32, block_size: 16, batch_size: 4,
-        max_steps: 10, eval_interval: 5, sample_tokens: 0, eval_windows: 8, threads: 1}}
+train: {{data_file: {tiny_corpus}, {tiny_yaml(max_steps=10, eval_interval=5)}}}
 grid: {{lr: [1.0e-3, 3.0e-3]}}
 """)
     out = launch(str(spec), "--local", "--workdir", str(tmp_path))
@@ -451,12 +451,12 @@ def test_status_shows_earlier_lives_of_resubmitted_runs():
     from tinygpt.launch.states import submission_history
     from tinygpt.launch.status import fitted
 
-    manifest = {"submissions": [
+    manifest = hand_made_manifest(Path("/nonexistent"), 3, [
         {"job_id": "40", "indices": [0, 1, 2]},
         {"job_id": "41", "indices": [1, 2], "previous": {"1": {"job_id": "40_1", "state": "TIMEOUT", "nodes": "node1"},
                                                          "2": {"job_id": "40_2", "state": "FAILED", "nodes": ""}}},
         {"job_id": "42", "indices": [2], "previous": {"2": {"job_id": "41_2", "state": "NODE_FAIL", "nodes": "node2"}}},
-    ]}
+    ])
     history = submission_history(manifest)
     assert history == {1: ("40_1 TIMEOUT on node1",), 2: ("40_2 FAILED", "41_2 NODE_FAIL on node2")}
     rows = [dataclasses.replace(r, history=history.get(r.index, ())) for r in status_rows()]
@@ -575,3 +575,4 @@ def test_every_backend_a_spec_may_name_has_an_implementation():
 
     assert set(spec_mod.BACKENDS) == set(backends.BACKENDS)
     assert {b.name for b in backends.BACKENDS.values()} == set(spec_mod.BACKENDS)
+

@@ -2,15 +2,15 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, launch
+from conftest import ROOT, hand_made_manifest, launch, tiny_yaml
 from slurm_helpers import job_env, run_to_completion, signal_when_training, wait
 from tinygpt.launch import logs
 
-TINY = ("n_layer: 1, n_head: 2, n_embd: 32, block_size: 16, batch_size: 4, eval_interval: 10, sample_tokens: 0, "
-        "eval_windows: 8, threads: 1, max_steps: 20")
+TINY = tiny_yaml(eval_interval=10, max_steps=20)
 
 
 @pytest.mark.slurm
@@ -21,10 +21,10 @@ def test_logs_show_the_latest_life_or_all_and_status_says_why_a_run_failed(tmp_p
                     f"  - {{name: bad, resume: {tiny_corpus}}}\n  - {{name: twice, max_steps: 400}}\n"
                     "resources: {time: '00:10:00'}\n")
     assert launch(str(spec), "--workdir", str(work)).returncode == 0
-    from tinygpt.launch.manifest import load, task_job_ids
+    from tinygpt.launch.manifest import load
 
     manifest = load(work / "jobs" / "three" / "manifest.json")
-    ids = task_job_ids(manifest)
+    ids = manifest.task_job_ids()
     follower = subprocess.Popen([sys.executable, str(ROOT / "launch.py"), "logs", str(spec), "twice", "--follow",
                                  "--workdir", str(work)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env=job_env(), cwd=ROOT)
@@ -60,8 +60,9 @@ def test_the_latest_life_starts_at_the_last_start_line():
 
 
 def test_the_error_line_is_ours_then_pythons_then_slurms(tmp_path):
-    log = tmp_path / "7_0.out"
-    manifest = {"logs_dir": str(tmp_path), "submissions": [{"job_id": "7", "indices": [0], "array": "0"}]}
+    manifest = hand_made_manifest(tmp_path, 1, [{"job_id": "7", "indices": [0], "array": "0"}])
+    log = Path(manifest.logs_dir) / "7_0.out"
+    log.parent.mkdir(parents=True)
     log.write_text("tinygpt: run 0 (c), job 7_0 on node1\nTraceback (most recent call last):\n"
                    "RuntimeError: CUDA error: an illegal memory access\nsrun: error: node1: task 0: Exited\n"
                    "srun: Terminating StepId=7.0 on signal\n")

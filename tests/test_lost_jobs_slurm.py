@@ -48,17 +48,17 @@ def launched(tmp_path: Path, name: str, keys: dict, resources: dict, runs: tuple
                                 "resources": {"time": "00:10:00", **resources}}))
     out = launch(str(spec), "--workdir", str(work))
     assert out.returncode == 0, out.stderr
-    return spec, work, json.loads((work / "jobs" / name / "manifest.json").read_text())
+    return spec, work, manifest_mod.load(work / "jobs" / name / "manifest.json")
 
 
 def end_at(work: Path, name: str, max_steps: int) -> None:
     """The run's real end, in the manifest its next start reads its config from."""
     path = work / "jobs" / name / "manifest.json"
     manifest = manifest_mod.load(path)
-    manifest["base"]["max_steps"] = max_steps
-    for run in manifest["runs"]:
-        run["max_steps"] = max_steps
-    manifest_mod.save(path, manifest)
+    manifest.base["max_steps"] = max_steps
+    for run in manifest.runs:
+        run.max_steps = max_steps
+    manifest_mod.save(manifest)
 
 
 def training(run_dir: Path, lines: int = 5) -> bool:
@@ -99,7 +99,7 @@ def status_of(work: Path, name: str, want: str) -> status.Row:
 def test_a_task_preempted_under_requeue_comes_back_resumes_exactly_and_is_completed_in_status(tmp_path, tiny_corpus):
     keys = train_keys(tiny_corpus, tmp_path / "data")
     spec, work, manifest = launched(tmp_path, "requeued", keys, {"partition": "low", "cpus_per_task": 2})
-    task, run_dir = manifest_mod.task_job_ids(manifest)[0], Path(manifest["runs"][0]["out_dir"])
+    task, run_dir = manifest.task_job_ids()[0], Path(manifest.runs[0].out_dir)
     high = None
     try:
         wait_until(lambda: training(run_dir), timeout=120, poll=0.05, what="the run training")
@@ -126,11 +126,11 @@ def test_a_task_preempted_under_cancel_is_resubmitted_by_default_and_a_users_sca
     keys = train_keys(tiny_corpus, tmp_path / "data")
     spec, work, manifest = launched(tmp_path, "cancelled", keys, {"partition": "low-cancel", "cpus_per_task": 2},
                                     runs=("preempted", "stopped"))
-    ids = manifest_mod.task_job_ids(manifest)
-    run_dir = Path(manifest["runs"][0]["out_dir"])
+    ids = manifest.task_job_ids()
+    run_dir = Path(manifest.runs[0].out_dir)
     high = None
     try:
-        for run_dir_of in (Path(run["out_dir"]) for run in manifest["runs"]):
+        for run_dir_of in (Path(run.out_dir) for run in manifest.runs):
             wait_until(lambda d=run_dir_of: training(d), timeout=120, poll=0.05, what=f"{run_dir_of.name} training")
         cancel(ids[1])
         assert wait(ids[1]) == "CANCELLED"
@@ -143,7 +143,7 @@ def test_a_task_preempted_under_cancel_is_resubmitted_by_default_and_a_users_sca
         assert status_of(work, "cancelled", "PREEMPTED").index == 0
         out = launch("resubmit", str(spec), "--workdir", str(work))
         assert out.returncode == 0 and "resubmitting 1 of 2 run(s): preempted" in out.stdout, out.stdout + out.stderr
-        again = manifest_mod.task_job_ids(manifest_mod.load(work / "jobs" / "cancelled" / "manifest.json"))
+        again = manifest_mod.load(work / "jobs" / "cancelled" / "manifest.json").task_job_ids()
         assert again[1] == ids[1] and again[0] != ids[0]
         assert wait(again[0]) == "COMPLETED"
     finally:
@@ -188,7 +188,7 @@ def test_a_node_lost_mid_job_ends_it_node_fail_and_it_comes_back_from_its_newest
     checkpoint and ends with the weights of the same run left alone."""
     keys = train_keys(tiny_corpus, tmp_path / "data")
     spec, work, manifest = launched(tmp_path, "lost", keys, {"nodes": 2, "tasks_per_node": 1})
-    task, run_dir = manifest_mod.task_job_ids(manifest)[0], Path(manifest["runs"][0]["out_dir"])
+    task, run_dir = manifest.task_job_ids()[0], Path(manifest.runs[0].out_dir)
     try:
         wait_until(lambda: list((run_dir / "checkpoints").glob("step_*.pt")) and training(run_dir, 8), timeout=120,
                    poll=0.05, what="the run training past its first checkpoint")

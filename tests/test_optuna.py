@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, TINY_FLAGS, launch, python_env, read_metrics
+from conftest import ROOT, TINY_FLAGS, launch, python_env, read_metrics, tiny_train
 from slurm_helpers import run_to_completion, signal_when_training
 from tinygpt import config, trainer
 
-TRAIN = {"n_layer": 1, "n_embd": 32, "block_size": 16, "batch_size": 4, "eval_interval": 5, "sample_tokens": 0,
-         "eval_windows": 8, "threads": 1, "min_lr": 1.0e-6, "log_interval": 5, "ckpt_interval": 5}
+TRAIN = {k: v for k, v in tiny_train(eval_interval=5, min_lr=1.0e-6, log_interval=5, ckpt_interval=5).items()
+         if k != "n_head"}  # (searched)
 PARAMS = {"lr": {"loguniform": [1.0e-4, 1.0e-2]}, "n_head": {"choice": [1, 2, 4]}}
 
 
@@ -87,7 +87,7 @@ def test_two_workers_on_the_cluster_and_a_preempted_worker_resumes_its_trial(tmp
     """The acceptance run: 2 workers, 12 trials, ASHA; worker 0 gets the time-limit signal mid-trial."""
     import optuna
 
-    from tinygpt.launch.manifest import load, task_job_ids
+    from tinygpt.launch.manifest import load
     from tinygpt.launch.search import trials
 
     work = tmp_path / "w"
@@ -98,7 +98,7 @@ def test_two_workers_on_the_cluster_and_a_preempted_worker_resumes_its_trial(tmp
     out = launch(str(spec), "--workdir", str(work), timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     manifest = load(work / "jobs" / "asha" / "manifest.json")
-    ids = task_job_ids(manifest)
+    ids = manifest.task_job_ids()
     state = work / "runs" / "asha" / "worker=0" / "worker.json"
     from slurm_helpers import wait_until
 
@@ -141,14 +141,14 @@ def test_a_trial_that_fails_is_marked_failed_even_on_resume_and_a_worker_with_on
     path = work / "jobs" / "failing" / "manifest.json"
     manifest = load(path)
     # A trial left RUNNING by an earlier life, drawn from a space that has changed since (a third choice)
-    study = open_study(manifest["search"], "failing", 0)
+    study = open_study(manifest.search, "failing", 0)
     left = study.ask()
     left.suggest_categorical("n_head", [1, 2, 4, 8])
     (work / "runs" / "failing" / "worker=0").mkdir(parents=True)
     (work / "runs" / "failing" / "worker=0" / "worker.json").write_text(json.dumps({"trial": left.number}))
     # ... and every new trial fails too: a width no head count divides, as a hand-edited manifest could say
-    manifest["base"]["n_embd"] = 31
-    save(path, manifest)
+    manifest.base["n_embd"] = 31
+    save(manifest)
 
     def worker() -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "tinygpt.search_worker", str(path), "0"], capture_output=True,
@@ -211,6 +211,7 @@ def test_a_worker_killed_while_it_holds_a_lock_delays_the_study_by_the_grace_per
     import optuna
 
     from tinygpt import search_worker, study_journal
+    from tinygpt.launch.manifest import SearchRecord
 
     journal = str(tmp_path / "study.journal")
     study = optuna.create_study(study_name="s", storage=study_journal.storage(journal))
@@ -231,8 +232,8 @@ def test_a_worker_killed_while_it_holds_a_lock_delays_the_study_by_the_grace_per
     logging.getLogger("optuna").addHandler(listener)
     try:
         again = optuna.load_study(study_name="s", storage=study_journal.storage(journal))
-        trial, resumed = search_worker.next_trial(again, {"journal": journal, "trials": 3}, tmp_path / "worker.json",
-                                                  0)
+        search = SearchRecord(dists={"x": ["uniform", [0, 1]]}, journal=journal, trials=3, seed=0)
+        trial, resumed = search_worker.next_trial(again, search, tmp_path / "worker.json", 0)
     finally:
         logging.getLogger("optuna").removeHandler(listener)
     assert trial is not None and not resumed and trial.number == 1

@@ -1,6 +1,5 @@
 """`pack: K`: K runs at once in each array task, each its own srun step, log and run directory."""
 
-import json
 import os
 import subprocess
 import sys
@@ -9,15 +8,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, read_metrics
+from conftest import ROOT, read_metrics, tiny_train
 from slurm_helpers import job_env, run_to_completion, signal_when_training, wait
 from tinygpt.launch import spec as spec_mod
 from tinygpt.launch.errors import LaunchError
-from tinygpt.launch.manifest import task_job_ids
+from tinygpt.launch.manifest import load
 from tinygpt.launch.plan import build
 
-TINY = {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 16, "batch_size": 4, "eval_interval": 20,
-        "ckpt_interval": 10, "log_interval": 5, "sample_tokens": 0, "eval_windows": 8, "threads": 1}
+TINY = tiny_train(eval_interval=20, ckpt_interval=10, log_interval=5)
 
 
 def spec_file(tmp_path: Path, corpus: Path, name: str, pack: int, max_steps: int = 40, **extra) -> Path:
@@ -83,10 +81,10 @@ def test_a_signal_to_a_packed_task_requeues_it_and_both_runs_resume_exactly(tmp_
     out = subprocess.run([sys.executable, str(ROOT / "launch.py"), str(spec), "--workdir", str(work)],
                          capture_output=True, text=True, env=job_env(), cwd=ROOT, timeout=180)
     assert out.returncode == 0, out.stdout + out.stderr
-    manifest = json.loads((work / "jobs" / "packed" / "manifest.json").read_text())
-    ids = task_job_ids(manifest)
+    manifest = load(work / "jobs" / "packed" / "manifest.json")
+    ids = manifest.task_job_ids()
     assert ids[0] == ids[1]  # one task, two runs
-    runs = [Path(r["out_dir"]) for r in manifest["runs"]]
+    runs = [Path(r.out_dir) for r in manifest.runs]
     signal_when_training(ids[0], runs[1] / "metrics.jsonl", min_lines=4)
     assert run_to_completion(ids[0], timeout=400) == ("COMPLETED", 1)
     for index, run_dir in enumerate(runs):

@@ -1,12 +1,11 @@
 """Jobs that survive: signals, requeues and time limits on the real local cluster, resumed exactly."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, TINY_FLAGS, loss_series, read_metrics
+from conftest import ROOT, TINY_FLAGS, launch, loss_series, read_metrics
 from slurm_helpers import (
     cancel,
     job_env,
@@ -18,7 +17,7 @@ from slurm_helpers import (
     wait_until,
 )
 from tinygpt import config, trainer
-from tinygpt.launch.manifest import task_job_ids
+from tinygpt.launch.manifest import Manifest, load
 
 pytestmark = pytest.mark.slurm
 
@@ -44,13 +43,10 @@ def spec_train(corpus: Path, data: Path) -> dict:
     return keys
 
 
-def launch(spec: Path, workdir: Path) -> dict:
-    import subprocess
-
-    out = subprocess.run([sys.executable, str(ROOT / "launch.py"), str(spec), "--workdir", str(workdir)],
-                         capture_output=True, text=True, env=job_env(), cwd=ROOT, timeout=120)
+def launched(spec: Path, workdir: Path) -> Manifest:
+    out = launch(str(spec), "--workdir", str(workdir))
     assert out.returncode == 0, out.stderr
-    return json.loads((workdir / "jobs" / spec.stem / "manifest.json").read_text())
+    return load(workdir / "jobs" / spec.stem / "manifest.json")
 
 
 def events(run_dir: Path) -> list[dict]:
@@ -133,9 +129,9 @@ def test_submitit_job_is_checkpointed_and_requeued_by_submitit(tmp_path, tiny_co
     spec.write_text(json.dumps({"name": "subpre", "backend": "submitit",
                                 "train": spec_train(tiny_corpus, tmp_path / "data"),
                                 "resources": {"time": "00:10:00"}}))
-    manifest = launch(spec, workdir)
-    job = task_job_ids(manifest)[0]
-    run_dir = Path(manifest["runs"][0]["out_dir"])
+    manifest = launched(spec, workdir)
+    job = manifest.task_job_ids()[0]
+    run_dir = Path(manifest.runs[0].out_dir)
     try:
         signal_when_training(job, run_dir / "metrics.jsonl")
         state, restarts = run_to_completion(job)
@@ -155,9 +151,9 @@ def test_one_signalled_array_task_requeues_alone(tmp_path, tiny_corpus):
     spec = tmp_path / "arr.yaml"
     spec.write_text(json.dumps({"name": "arr", "train": spec_train(tiny_corpus, tmp_path / "data"),
                                 "grid": {"lr": [0.002, 0.003]}, "resources": {"time": "00:10:00"}}))
-    manifest = launch(spec, workdir)
-    ids = task_job_ids(manifest)
-    runs = {r["name"]: Path(r["out_dir"]) for r in manifest["runs"]}
+    manifest = launched(spec, workdir)
+    ids = manifest.task_job_ids()
+    runs = {r.name: Path(r.out_dir) for r in manifest.runs}
     try:
         signal_when_training(ids[1], runs["lr=0.003"] / "metrics.jsonl")
         results = {i: run_to_completion(j) for i, j in ids.items()}

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT, TINY_FLAGS, run_module
+from conftest import ROOT, TINY_FLAGS, run_module, tiny_yaml
 from tinygpt import config, progress, report, trainer
 from tinygpt.data import prepare_from_config
 
@@ -31,9 +31,8 @@ def test_bigram_baseline_beats_uniform_on_structured_text(tmp_path):
 
 def test_sweep_report_has_curves_table_samples_and_attention(tmp_path, tiny_corpus):
     spec = tmp_path / "rep.yaml"
-    spec.write_text(f"name: rep\ntrain: {{data_file: {tiny_corpus}, n_layer: 1, n_head: 2, n_embd: 32, block_size: 16,"
-                    f" batch_size: 4, max_steps: 30, eval_interval: 10, sample_tokens: 60, eval_windows: 8,"
-                    f" threads: 1}}\ngrid: {{lr: [3.0e-3, 1.0e-2]}}\n")
+    train = tiny_yaml(max_steps=30, eval_interval=10, sample_tokens=60)
+    spec.write_text(f"name: rep\ntrain: {{data_file: {tiny_corpus}, {train}}}\ngrid: {{lr: [3.0e-3, 1.0e-2]}}\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="100")
     done = subprocess.run([sys.executable, str(ROOT / "launch.py"), str(spec), "--local", "--workdir", str(tmp_path)],
                           capture_output=True, text=True, env=env, timeout=300)

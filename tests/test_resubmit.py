@@ -13,14 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import launch, read_metrics
+from conftest import launch, read_metrics, tiny_yaml
 from slurm_helpers import trainer_pid, wait, wait_until
 from tinygpt.launch import resubmit
 from tinygpt.launch.errors import LaunchError
-from tinygpt.launch.manifest import task_job_ids
+from tinygpt.launch.manifest import Manifest, load
 
-TINY = ("n_layer: 1, n_head: 2, n_embd: 32, block_size: 16, batch_size: 4, eval_interval: 50, ckpt_interval: 10, "
-        "sample_tokens: 0, eval_windows: 8, threads: 1, log_interval: 5")
+TINY = tiny_yaml(eval_interval=50, ckpt_interval=10, log_interval=5)
 
 
 def sacct_view(job_ids: list[str]) -> str:
@@ -32,16 +31,16 @@ def sacct_view(job_ids: list[str]) -> str:
 def kill_trainer_when_training(work: Path, sweep: str, index: int) -> None:
     """SIGKILL the trainer process of run `index` (the pid its run-directory lock records; the nodes of the local
     cluster share this machine's processes) once it has logged 3 training lines (past its checkpoint at step 10)."""
-    run = manifest_of(work, sweep)["runs"][index]
-    metrics = Path(run["out_dir"]) / "metrics.jsonl"
+    run = manifest_of(work, sweep).runs[index]
+    metrics = Path(run.out_dir) / "metrics.jsonl"
     wait_until(lambda: metrics.exists() and metrics.read_text().count('"lr"') >= 3, timeout=120, poll=0.05,
                what=f"run {index} training")
-    holder = json.loads((Path(run["out_dir"]) / ".lock").read_text())  # the trainer's own record (rundir_lock)
+    holder = json.loads((Path(run.out_dir) / ".lock").read_text())  # the trainer's own record (rundir_lock)
     os.kill(int(holder["pid"]), signal.SIGKILL)
 
 
-def manifest_of(work: Path, name: str) -> dict:
-    return json.loads((work / "jobs" / name / "manifest.json").read_text())
+def manifest_of(work: Path, name: str) -> Manifest:
+    return load(work / "jobs" / name / "manifest.json")
 
 
 @pytest.mark.parametrize("time, mem, exclude, message", [
@@ -72,7 +71,7 @@ def test_resubmit_runs_exactly_the_failed_tasks_again_and_they_resume(tmp_path, 
                     .replace("seed: 1}", "seed: 1, max_steps: 500}").replace("seed: 4}", "seed: 4, max_steps: 500}")
                     + "resources: {time: '00:10:00'}\n")
     assert launch(str(spec), "--workdir", str(work)).returncode == 0
-    ids = task_job_ids(manifest_of(work, "six"))
+    ids = manifest_of(work, "six").task_job_ids()
     for victim in (1, 4):  # SIGKILL once the run has saved a checkpoint (step 10)
         kill_trainer_when_training(work, "six", victim)
     before = {i: wait(job) for i, job in ids.items()}
@@ -82,14 +81,14 @@ def test_resubmit_runs_exactly_the_failed_tasks_again_and_they_resume(tmp_path, 
 
     dry = launch("resubmit", str(spec), "--workdir", str(work), "--dry-run", "--time", "00:20:00")
     assert dry.returncode == 0 and "resubmitting 2 of 6 run(s): r1 (" in dry.stdout, dry.stdout + dry.stderr
-    assert "--array=1,4 --time=00:20:00" in dry.stdout and len(manifest_of(work, "six")["submissions"]) == 1
+    assert "--array=1,4 --time=00:20:00" in dry.stdout and len(manifest_of(work, "six").submissions) == 1
     out = launch("resubmit", str(spec), "--workdir", str(work), "--time", "00:20:00")
     assert out.returncode == 0, out.stdout + out.stderr
     manifest = manifest_of(work, "six")
-    new = manifest["submissions"][-1]
-    assert new["indices"] == [1, 4] and new["array"] == "1,4" and new["changes"] == {"time": "00:20:00"}
-    assert {k: v["state"] for k, v in new["previous"].items()} == {"1": "FAILED", "4": "FAILED"}
-    after = task_job_ids(manifest)
+    new = manifest.submissions[-1]
+    assert new.indices == [1, 4] and new.array == "1,4" and new.changes == {"time": "00:20:00"}
+    assert {k: v.state for k, v in new.previous.items()} == {"1": "FAILED", "4": "FAILED"}
+    after = manifest.task_job_ids()
     assert [after[i] == ids[i] for i in range(6)] == [True, False, True, True, False, True]
     assert wait(after[1], timeout=300) == wait(after[4], timeout=300) == "COMPLETED"
     print("sacct after resubmit:\n" + sacct_view(sorted({*ids.values(), *after.values()})))
@@ -111,14 +110,14 @@ def test_resubmit_with_the_submitit_backend(tmp_path, tiny_corpus):
     spec.write_text(f"name: pair\nbackend: submitit\ntrain: {{data_file: {tiny_corpus}, {TINY}, max_steps: 30}}\n"
                     "runs:\n  - {name: quick}\n  - {name: doomed, max_steps: 500}\nresources: {time: '00:10:00'}\n")
     assert launch(str(spec), "--workdir", str(work)).returncode == 0
-    ids = task_job_ids(manifest_of(work, "pair"))
+    ids = manifest_of(work, "pair").task_job_ids()
     kill_trainer_when_training(work, "pair", 1)
     assert (wait(ids[0]), wait(ids[1])) == ("COMPLETED", "FAILED")
     out = launch("resubmit", str(spec), "--workdir", str(work), "--mem", "1G")
     assert out.returncode == 0 and "resubmitting 1 of 2 run(s): doomed (" in out.stdout, out.stdout + out.stderr
-    new = manifest_of(work, "pair")["submissions"][-1]
-    assert new["indices"] == [1] and new["executor"]["additional_parameters"]["mem"] == "1024M"
-    assert wait(task_job_ids(manifest_of(work, "pair"))[1], timeout=300) == "COMPLETED"
+    new = manifest_of(work, "pair").submissions[-1]
+    assert new.indices == [1] and new.executor["additional_parameters"]["mem"] == "1024M"
+    assert wait(manifest_of(work, "pair").task_job_ids()[1], timeout=300) == "COMPLETED"
     records = read_metrics(work / "runs" / "pair" / "doomed")
     assert [r["step"] >= 10 for r in records if r.get("event") == "start"] == [False, True]
     assert records[-1]["event"] == "finished"
@@ -136,7 +135,7 @@ def test_a_stopped_rank_ends_its_two_node_job_as_hung_and_resubmit_finishes_the_
                     "runs: [{name: steady}, {name: stopped}]\n"
                     "resources: {nodes: 2, tasks_per_node: 1, time: '00:10:00'}\n")
     assert launch(str(spec), "--workdir", str(work)).returncode == 0
-    ids = task_job_ids(manifest_of(work, "hang"))
+    ids = manifest_of(work, "hang").task_job_ids()
     metrics = work / "runs" / "hang" / "stopped" / "metrics.jsonl"
     victim = trainer_pid(ids[1], 0)
     wait_until(lambda: metrics.exists() and metrics.read_text().count('"lr"') >= 4, timeout=120, poll=0.05,
@@ -154,7 +153,7 @@ def test_a_stopped_rank_ends_its_two_node_job_as_hung_and_resubmit_finishes_the_
     dry = launch("resubmit", str(spec), "--workdir", str(work), "--exclude-failed-nodes", "--dry-run").stdout
     assert "nodes where a run ended in NODE_FAIL or HUNG: node1" in dry and "resubmitting 1 of 2 run(s): stopped" in dry
     assert launch("resubmit", str(spec), "--workdir", str(work)).returncode == 0
-    assert wait(task_job_ids(manifest_of(work, "hang"))[1], timeout=300) == "COMPLETED"
+    assert wait(manifest_of(work, "hang").task_job_ids()[1], timeout=300) == "COMPLETED"
     steady, stopped = (read_metrics(work / "runs" / "hang" / name)[-1] for name in ("steady", "stopped"))
     assert stopped["event"] == "finished" and stopped["weights_digest"] == steady["weights_digest"]
     assert stopped["best_val_loss"] == steady["best_val_loss"]

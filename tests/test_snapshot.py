@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, read_metrics
+from conftest import ROOT, read_metrics, tiny_yaml
 from slurm_helpers import job_env, wait
 from tinygpt.launch import snapshot
 
-TINY_TRAIN = ("n_layer: 1, n_head: 2, n_embd: 32, block_size: 16, batch_size: 4, max_steps: 10, eval_interval: 5, "
-              "sample_tokens: 0, eval_windows: 8, threads: 1")
+TINY_TRAIN = tiny_yaml(max_steps=10, eval_interval=5)
 
 
 def git(repo: Path, *args: str) -> str:
@@ -100,9 +99,9 @@ def test_a_queued_job_runs_the_code_it_was_submitted_with(checkout, tmp_path, ti
     trainer.write_text('raise SystemExit("the edited checkout ran")\n' + trainer.read_text())
     if hold:
         subprocess.run(["scontrol", "release", job], check=True)
-    from tinygpt.launch.manifest import task_job_ids
+    from tinygpt.launch.manifest import load
 
-    assert wait(task_job_ids(manifest)[0]) == "COMPLETED"
+    assert wait(load(work / "jobs" / "held" / "manifest.json").task_job_ids()[0]) == "COMPLETED"
     run_dir = Path(manifest["runs"][0]["out_dir"])
     assert read_metrics(run_dir)[-1]["event"] == "finished"
     start = json.loads((run_dir / "provenance.json").read_text())["starts"][0]

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, TINY_FLAGS, read_metrics, run_module, train_tiny
+from conftest import ROOT, TINY_FLAGS, read_metrics, run_module, tiny_yaml, train_tiny
+from conftest import launch as shared_launch
 from tinygpt import config, tracking, trainer
 
 
@@ -186,18 +187,14 @@ def test_a_logger_without_its_package_is_a_clear_error_naming_the_extra(tmp_path
 
 def test_launch_sync_hands_every_offline_life_of_a_sweep_to_wandb_sync(tmp_path, tiny_corpus):
     import subprocess
-    import sys
 
     spec = tmp_path / "tracked.yaml"
-    spec.write_text(f"name: tracked\ntrain: {{data_file: {tiny_corpus}, n_layer: 1, n_head: 2, n_embd: 32, "
-                    f"block_size: 16, batch_size: 4, max_steps: 10, eval_interval: 5, sample_tokens: 0, "
-                    f"eval_windows: 8, threads: 1, loggers: [wandb], wandb_mode: offline}}\n"
+    train = tiny_yaml(max_steps=10, eval_interval=5, loggers=["wandb"], wandb_mode="offline")
+    spec.write_text(f"name: tracked\ntrain: {{data_file: {tiny_corpus}, {train}}}\n"
                     f"grid: {{lr: [1.0e-3, 3.0e-3]}}\n")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TINYGPT_OFFLINE="1")
 
     def launch(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args, "--workdir", str(tmp_path)],
-                              capture_output=True, text=True, env=env, timeout=300)
+        return shared_launch(*args, "--workdir", str(tmp_path), timeout=300)
 
     nothing = launch(str(spec), "--dry-run")
     assert nothing.returncode == 0

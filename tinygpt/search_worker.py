@@ -19,23 +19,26 @@ import json
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import durable, preemption
 
+if TYPE_CHECKING:
+    from .launch.manifest import Manifest, RunRecord, SearchRecord
 
-def open_study(search: dict[str, Any], name: str, worker: int):
+
+def open_study(search: SearchRecord, name: str, worker: int):
     import optuna
 
     from . import study_journal
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = study_journal.storage(search["journal"])
-    seed = search["seed"] + worker  # (workers with the same seed would draw the same startup trials)
-    sampler = (optuna.samplers.TPESampler(seed=seed) if search["sampler"] == "tpe"
+    storage = study_journal.storage(search.journal)
+    seed = search.seed + worker  # (workers with the same seed would draw the same startup trials)
+    sampler = (optuna.samplers.TPESampler(seed=seed) if search.sampler == "tpe"
                else optuna.samplers.RandomSampler(seed=seed))
     pruner = {"asha": optuna.pruners.SuccessiveHalvingPruner, "median": optuna.pruners.MedianPruner,
-              "none": optuna.pruners.NopPruner}[search["pruner"]]()
+              "none": optuna.pruners.NopPruner}[search.pruner]()
     return optuna.create_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner,
                                direction="minimize", load_if_exists=True)
 
@@ -48,7 +51,7 @@ def suggest(trial, key: str, kind: str, args: list) -> Any:
     return trial.suggest_float(key, args[0], args[1], log=kind == "loguniform")
 
 
-def next_trial(study, search: dict[str, Any], state: Path, worker: int):
+def next_trial(study, search: SearchRecord, state: Path, worker: int):
     """The trial this worker left running in an earlier life, else a new one while the budget lasts."""
     import optuna
 
@@ -62,8 +65,8 @@ def next_trial(study, search: dict[str, Any], state: Path, worker: int):
     left = [t for t in trials if t.number == number and t.state == optuna.trial.TrialState.RUNNING]
     if left:
         return optuna.trial.Trial(study, left[0]._trial_id), True
-    with asking(search["journal"]):
-        if len(study.get_trials(deepcopy=False)) >= search["trials"]:
+    with asking(search.journal):
+        if len(study.get_trials(deepcopy=False)) >= search.trials:
             return None, False
         trial = study.ask()
         # Named at once, before anything else takes a lock: a worker killed from here on resumes this trial in
@@ -73,7 +76,7 @@ def next_trial(study, search: dict[str, Any], state: Path, worker: int):
     return trial, False
 
 
-def run_trial(trial, manifest: dict, run: dict, say) -> tuple[str, int | None]:
+def run_trial(trial, manifest: Manifest, run: RunRecord, say) -> tuple[str, int | None]:
     """Train one trial and tell the study how it ended: (its state, an exit status when the worker must stop
     now, preempted and being requeued, else None). A trial that fails in any way, a resumed one included, is
     told FAIL: one left RUNNING would be resumed, and fail, in every life of the worker."""
@@ -94,18 +97,18 @@ class TrialError(Exception):
     """A trial that cannot train: its point is not a valid config, or the trainer stopped with an error."""
 
 
-def _train_trial(trial, manifest: dict, run: dict) -> tuple[str, int | None]:
+def _train_trial(trial, manifest: Manifest, run: RunRecord) -> tuple[str, int | None]:
     import optuna
 
     from . import config as config_mod
     from . import trainer
 
-    search = manifest["search"]
-    params = {key: suggest(trial, key, kind, args) for key, (kind, args) in search["dists"].items()}
-    width = len(str(search["trials"] - 1))
-    out_dir = Path(run["out_dir"]).parent / f"trial={trial.number:0{width}d}"  # beside the workers' own
+    search = manifest.search
+    params = {key: suggest(trial, key, kind, args) for key, (kind, args) in search.dists.items()}
+    width = len(str(search.trials - 1))
+    out_dir = Path(run.out_dir).parent / f"trial={trial.number:0{width}d}"  # beside the workers' own
     try:
-        cfg = config_mod.build({**manifest["base"], **run["overrides"], **params, "out_dir": str(out_dir)})
+        cfg = config_mod.build({**manifest.base, **run.overrides, **params, "out_dir": str(out_dir)})
     except config_mod.ConfigError as err:
         raise TrialError(f"{params} is not a valid config ({err})") from None
     trial.set_user_attr("run_dir", str(out_dir))
@@ -136,10 +139,10 @@ def main(argv: list[str]) -> int:
         return 2
     manifest = manifest_mod.load(Path(argv[0]))
     worker = int(argv[1])
-    run = manifest["runs"][worker]
-    state = Path(run["out_dir"]) / "worker.json"
+    run = manifest.runs[worker]
+    state = Path(run.out_dir) / "worker.json"
     state.parent.mkdir(parents=True, exist_ok=True)
-    study = open_study(manifest["search"], manifest["name"], worker)
+    study = open_study(manifest.search, manifest.name, worker)
 
     def say(message: str) -> None:
         print(f"search worker {worker}: {message}", flush=True)
@@ -154,12 +157,12 @@ def main(argv: list[str]) -> int:
                 say(f"SIG{signal_name} between trials; {message}")
                 return 0 if ok else preemption.EXIT_REQUEUE
             return 0
-        trial, resumed = next_trial(study, manifest["search"], state, worker)
+        trial, resumed = next_trial(study, manifest.search, state, worker)
         if trial is None:
             if ended and ended.count("FAIL") == len(ended):
                 say(f"every trial this worker ran failed ({len(ended)}); see the errors above")
                 return 1
-            say(f"the study has its {manifest['search']['trials']} trials; done")
+            say(f"the study has its {manifest.search.trials} trials; done")
             return 0
         say(f"{'resuming' if resumed else 'starting'} trial {trial.number}")
         outcome, stop = run_trial(trial, manifest, run, say)

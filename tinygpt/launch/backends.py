@@ -12,7 +12,6 @@ resubmit or cancel. The backends' names are the spec's choices (spec.BACKENDS).
 from __future__ import annotations
 
 import shlex
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import manifest as manifest_mod
@@ -20,6 +19,7 @@ from . import slurm_cli
 from .errors import LaunchError
 
 if TYPE_CHECKING:
+    from .manifest import Life, Manifest
     from .plan import Plan
 
 
@@ -30,15 +30,15 @@ class Backend:
         """Submit the plan's training jobs (held, after `dependency` such as afterok:123); their ids."""
         raise NotImplementedError
 
-    def resubmit(self, manifest_path: Path, manifest: dict, indices: list[int], options: dict[str, str],
-                 previous: dict, dry_run: bool) -> list[str]:
+    def resubmit(self, manifest: Manifest, indices: list[int], options: dict[str, str],
+                 previous: dict[str, Life], dry_run: bool) -> list[str]:
         """Submit the runs `indices` again, with the sbatch long `options` changed ({"time": "04:00:00"});
         `previous` records their last jobs. The new ids."""
         raise NotImplementedError
 
-    def cancel(self, manifest: dict) -> list[str]:
+    def cancel(self, manifest: Manifest) -> list[str]:
         """scancel every Slurm job of the sweep (the chain's steps too); the ids cancelled."""
-        ids = sorted({sub["job_id"] for sub in manifest_mod.slurm_submissions(manifest)})
+        ids = sorted({sub.job_id for sub in manifest.slurm_submissions()})
         if ids:
             ok, message = slurm_cli.scancel(ids)
             if not ok:
@@ -59,14 +59,14 @@ class Sbatch(Backend):
             ids.append(job_id)
         return ids
 
-    def resubmit(self, manifest_path: Path, manifest: dict, indices: list[int], options: dict[str, str],
-                 previous: dict, dry_run: bool) -> list[str]:
+    def resubmit(self, manifest: Manifest, indices: list[int], options: dict[str, str],
+                 previous: dict[str, Life], dry_run: bool) -> list[str]:
         """One `sbatch --array=<their task ids>` per batch script the runs came from (one, unless the sweep was
         split at MaxArraySize), with the changed options on the command line over the script's own."""
         latest: dict[int, tuple[str, int, int]] = {}  # run index -> its newest job's (script, offset, pack)
-        for sub in manifest["submissions"]:
-            for index in sub.get("indices", []) if sub.get("script") else []:
-                latest[index] = (sub["script"], sub.get("offset", 0), sub.get("pack", 1))
+        for sub in manifest.submissions:
+            for index in sub.indices if sub.script else []:
+                latest[index] = (sub.script, sub.offset, sub.pack)
         by_script: dict[tuple[str, int, int], list[int]] = {}
         for index in indices:
             by_script.setdefault(latest[index], []).append(index)
@@ -81,7 +81,7 @@ class Sbatch(Backend):
             job_id = slurm_cli.sbatch(script, extra)
             tasks = {(i - offset) // pack for i in group}
             runs = sorted(i for i in latest if latest[i][:2] == (script, offset) and (i - offset) // pack in tasks)
-            manifest_mod.record_submission(manifest_path, self.name, job_id, runs, array=array, offset=offset,
+            manifest_mod.record_submission(manifest.path, self.name, job_id, runs, array=array, offset=offset,
                                            script=script, pack=pack, changes=options,
                                            previous={k: v for k, v in previous.items() if int(k) in group})
             ids.append(job_id)
@@ -96,11 +96,11 @@ class Submitit(Backend):
 
         return submitit_backend.submit(plan, dependency)  # (--hold is refused for it before anything is written)
 
-    def resubmit(self, manifest_path: Path, manifest: dict, indices: list[int], options: dict[str, str],
-                 previous: dict, dry_run: bool) -> list[str]:
+    def resubmit(self, manifest: Manifest, indices: list[int], options: dict[str, str],
+                 previous: dict[str, Life], dry_run: bool) -> list[str]:
         from . import submitit_backend
 
-        return submitit_backend.resubmit(manifest_path, indices, options, previous, dry_run)
+        return submitit_backend.resubmit(manifest, indices, options, previous, dry_run)
 
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (Sbatch(), Submitit())}

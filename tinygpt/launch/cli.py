@@ -13,6 +13,7 @@
     python launch.py sync SPEC.yaml             upload the sweep's offline W&B runs (wandb sync), from a login node
     python launch.py schema [spec|profile]      the JSON Schema of a spec or a cluster profile [--write: schemas/]
 
+`launch.py COMMAND --help` lists a command's options (`launch.py launch --help`: those of `launch.py SPEC`).
 Errors in the spec are all reported at once, and nothing is submitted; the exit status is 1.
 """
 
@@ -21,79 +22,95 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import LaunchError
 
+if TYPE_CHECKING:
+    from .manifest import Manifest
 
-def _parser(command: str | None) -> argparse.ArgumentParser:
-    if command == "schema":
-        p = argparse.ArgumentParser(prog="launch.py schema", description="The JSON Schema that specs (jobs/*.yaml) "
-                                    "or cluster profiles (hpc_lab/clusters/*.yaml) are checked with, for editors.")
-        p.add_argument("kind", nargs="?", choices=("spec", "profile"), default="spec", help="default: spec")
-        p.add_argument("--write", action="store_true", help="write both into schemas/ (what a test compares)")
+
+def parser() -> argparse.ArgumentParser:
+    """`launch.py COMMAND ...`, a sub-command each; `launch.py SPEC` is `launch.py launch SPEC`. Built from
+    argparse and the run states' names alone (no pydantic), so that `launch.py --help` imports nothing heavy."""
+    top = argparse.ArgumentParser(prog="launch.py", description=__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def command(name: str, help: str, spec_help: str = "the spec that was launched (or its "
+                "jobs/<sweep>/manifest.json)") -> argparse.ArgumentParser:
+        p = commands.add_parser(name, help=help, description=help)
+        p.add_argument("spec", help=spec_help)
+        p.add_argument("--workdir", default=".", help="where jobs/, logs/ and runs/ go (default: here)")
         return p
-    if command is None:
-        p = argparse.ArgumentParser(prog="launch.py", description=__doc__,
-                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-        p.add_argument("spec", help="a job or sweep YAML (see jobs/)")
-        p.add_argument("--cluster", help="profile name in hpc_lab/clusters/, a profile path, or auto "
-                                         "(overrides the spec's `cluster`)")
-        p.add_argument("--backend", help="sbatch or submitit (overrides the spec's `backend`)")
-        p.add_argument("--dry-run", action="store_true", help="write scripts and manifest, submit nothing")
-        p.add_argument("--local", action="store_true", help="run here on CPU instead of submitting")
-        p.add_argument("--hold", action="store_true",
-                       help="submit held (sbatch --hold); start them with `scontrol release JOBID`")
-        p.add_argument("--nproc", type=int, default=1, help="with --local: gloo ranks per run (default 1)")
-        p.add_argument("--chain", action="store_true",
-                       help="three jobs: data preparation, the training array after it, the sweep report after that")
-        p.add_argument("--no-snapshot", action="store_true",
-                       help="jobs import the live checkout when they start, not a snapshot of the code as it is now")
-        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="set a trainer key for every run, e.g. --set max_steps=300 (repeatable)")
-    else:
-        p = argparse.ArgumentParser(prog=f"launch.py {command}")
-        p.add_argument("spec", help="the spec that was launched (or its jobs/<sweep>/manifest.json)")
-        if command == "status":
-            p.add_argument("--watch", action="store_true", help="refresh until every run has ended")
-            p.add_argument("--interval", type=float, default=5.0, help="seconds between refreshes")
-            p.add_argument("--efficiency", action="store_true",
-                           help="how each run used its allocation: CPU and memory efficiency, GPU use (sacct)")
-        if command == "report":
-            p.add_argument("--prompt", default=None, help="prompt for the attention maps and samples")
-        if command == "sync":
-            p.add_argument("--dry-run", action="store_true", help="show what W&B would upload, upload nothing")
-        if command == "logs":
-            p.add_argument("run", nargs="?", help="a run's name or number (default: every run)")
-            p.add_argument("--tail", type=int, metavar="N", help="only the last N lines of each log")
-            p.add_argument("--follow", action="store_true", help="keep printing the run's log as it grows")
-            p.add_argument("--all", action="store_true", help="every job of the run, every life, not only the latest")
-        if command == "resubmit":
-            from .resubmit import DEFAULT_STATES
 
-            p.add_argument("--states", default=",".join(DEFAULT_STATES),
-                           help="resubmit the runs whose latest job ended in one of these (default: %(default)s)")
-            p.add_argument("--time", help="a new time limit, e.g. 04:00:00")
-            p.add_argument("--mem", help="a new memory request, e.g. 16G")
-            p.add_argument("--exclude", action="append", default=[], metavar="NODES",
-                           help="nodes not to run on, e.g. node3 or node[3-4] (repeatable)")
-            p.add_argument("--exclude-failed-nodes", action="store_true",
-                           help="also exclude the nodes on which a run of this sweep ended in NODE_FAIL or HUNG")
-            p.add_argument("--dry-run", action="store_true", help="say what would be resubmitted, submit nothing")
-    p.add_argument("--workdir", default=".", help="where jobs/, logs/ and runs/ go (default: here)")
-    return p
+    _launch_options(command("launch", "validate, write scripts and manifest, submit (the default command)",
+                            "a job or sweep YAML (see jobs/)"))
+    p = command("status", "a table of the sweep's runs")
+    p.add_argument("--watch", action="store_true", help="refresh until every run has ended")
+    p.add_argument("--interval", type=float, default=5.0, help="seconds between refreshes")
+    p.add_argument("--efficiency", action="store_true",
+                   help="how each run used its allocation: CPU and memory efficiency, GPU use (sacct)")
+    command("cancel", "scancel the sweep's jobs")
+    _resubmit_options(command("resubmit", "the runs that failed, hung or were preempted, again"))
+    p = command("report", "loss curves, final losses, samples, attention maps")
+    p.add_argument("--prompt", default=None, help="prompt for the attention maps and samples")
+    p = command("logs", "a run's Slurm log, its latest life")
+    p.add_argument("run", nargs="?", help="a run's name or number (default: every run)")
+    p.add_argument("--tail", type=int, metavar="N", help="only the last N lines of each log")
+    p.add_argument("--follow", action="store_true", help="keep printing the run's log as it grows")
+    p.add_argument("--all", action="store_true", help="every job of the run, every life, not only the latest")
+    p = command("sync", "upload the sweep's offline W&B runs (wandb sync), from a login node")
+    p.add_argument("--dry-run", action="store_true", help="show what W&B would upload, upload nothing")
+    p = commands.add_parser("schema", help="the JSON Schema of a spec or a cluster profile",
+                            description="The JSON Schema that specs (jobs/*.yaml) or cluster profiles "
+                                        "(hpc_lab/clusters/*.yaml) are checked with, for editors.")
+    p.add_argument("kind", nargs="?", choices=("spec", "profile"), default="spec", help="default: spec")
+    p.add_argument("--write", action="store_true", help="write both into schemas/ (what a test compares)")
+    return top
+
+
+def _launch_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cluster", help="profile name in hpc_lab/clusters/, a profile path, or auto "
+                                     "(overrides the spec's `cluster`)")
+    p.add_argument("--backend", help="sbatch or submitit (overrides the spec's `backend`)")
+    p.add_argument("--dry-run", action="store_true", help="write scripts and manifest, submit nothing")
+    p.add_argument("--local", action="store_true", help="run here on CPU instead of submitting")
+    p.add_argument("--hold", action="store_true",
+                   help="submit held (sbatch --hold); start them with `scontrol release JOBID`")
+    p.add_argument("--nproc", type=int, default=1, help="with --local: gloo ranks per run (default 1)")
+    p.add_argument("--chain", action="store_true",
+                   help="three jobs: data preparation, the training array after it, the sweep report after that")
+    p.add_argument("--no-snapshot", action="store_true",
+                   help="jobs import the live checkout when they start, not a snapshot of the code as it is now")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="set a trainer key for every run, e.g. --set max_steps=300 (repeatable)")
+
+
+def _resubmit_options(p: argparse.ArgumentParser) -> None:
+    from .states import RESUBMIT_DEFAULT
+
+    p.add_argument("--states", default=",".join(RESUBMIT_DEFAULT),
+                   help="resubmit the runs whose latest job ended in one of these (default: %(default)s)")
+    p.add_argument("--time", help="a new time limit, e.g. 04:00:00")
+    p.add_argument("--mem", help="a new memory request, e.g. 16G")
+    p.add_argument("--exclude", action="append", default=[], metavar="NODES",
+                   help="nodes not to run on, e.g. node3 or node[3-4] (repeatable)")
+    p.add_argument("--exclude-failed-nodes", action="store_true",
+                   help="also exclude the nodes on which a run of this sweep ended in NODE_FAIL or HUNG")
+    p.add_argument("--dry-run", action="store_true", help="say what would be resubmitted, submit nothing")
 
 
 def _status(args: argparse.Namespace) -> int:
-    from . import manifest as manifest_mod
-
+    manifest = _launched(args)
     if args.efficiency:
         from . import efficiency
 
-        efficiency.show(manifest_mod.load(_manifest_path(args.spec, args.workdir)))
+        efficiency.show(manifest)
         return 0
     from . import status
 
-    status.show(_manifest_path(args.spec, args.workdir), watch=args.watch, interval=args.interval)
+    status.show(manifest, watch=args.watch, interval=args.interval)
     return 0
 
 
@@ -124,12 +141,20 @@ def _manifest_path(spec: str, workdir: str) -> Path:
     return SweepDirs(Path(workdir).resolve(), load_name(spec)).manifest
 
 
+def _launched(args: argparse.Namespace) -> Manifest:
+    """The sweep that the command's SPEC launched, loaded once for the command."""
+    from . import manifest
+
+    return manifest.load(_manifest_path(args.spec, args.workdir))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    command = argv[0] if argv and argv[0] in HANDLERS else None  # (none: launch SPEC)
-    args = _parser(command).parse_args(argv[1:] if command else argv)
+    if argv and argv[0] not in HANDLERS and argv[0] not in ("-h", "--help"):
+        argv = ["launch", *argv]  # (`launch.py SPEC`)
+    args = parser().parse_args(argv)
     try:
-        return HANDLERS[command](args)
+        return HANDLERS[args.command](args)
     except LaunchError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -180,7 +205,7 @@ def _launch_locked(sweep, args) -> int:
         from . import manifest as manifest_mod
 
         previous = manifest_mod.load(manifest_path)
-        _refuse_if_live(previous, sweep, args.spec)
+        _refuse_if_live(previous, sweep.name, args.spec)
         _refuse_changed_search(previous, sweep)
     plan = plan_mod.build(sweep, None if args.local else _snapshot(sweep, args.no_snapshot))
     steps = {}
@@ -220,7 +245,9 @@ def _run_local(plan, args) -> int:
     print(f"{len(runs) - failed}/{len(runs)} run(s) finished; see `python launch.py status {args.spec}`")
     if args.chain:
         print("=== chain, report:")
-        failed += _report_manifest(plan.manifest_path, None) != 0
+        from . import manifest as manifest_mod
+
+        failed += _report_manifest(manifest_mod.load(plan.manifest_path), None) != 0
     return 1 if failed else 0
 
 
@@ -248,41 +275,39 @@ def _snapshot(sweep, live: bool):
     return snap
 
 
-def _refuse_if_live(manifest: dict, sweep, spec: str) -> None:
+def _refuse_if_live(manifest: Manifest, name: str, spec: str) -> None:
     """A sweep whose jobs are pending or running reads its files when each task starts: launching it again
     (even a dry run, which rewrites its configs and scripts) would change what those jobs train. The queue
     decides; when Slurm cannot say, nothing is written either (the guard fails closed)."""
-    from . import manifest as manifest_mod
     from . import slurm_cli, states
 
-    names = {run["index"]: run["name"] for run in manifest["runs"]}
-    jobs = {job: names.get(index, index) for index, job in manifest_mod.task_job_ids(manifest).items()}
-    jobs |= {s["job_id"]: f"the chain's {s['role']} step" for s in manifest.get("submissions", []) if s.get("role")}
+    jobs = {job: manifest.runs[index].name for index, job in manifest.task_job_ids().items()}
+    jobs |= {s.job_id: f"the chain's {s.role} step" for s in manifest.submissions if s.role}
     if not jobs:
         return
     queued = slurm_cli.squeue_states(states.jobs_of(list(jobs)))
     if queued is None:
-        raise LaunchError(f"sweep `{sweep.name}` has jobs on Slurm, and squeue could not say whether they are still "
+        raise LaunchError(f"sweep `{name}` has jobs on Slurm, and squeue could not say whether they are still "
                           f"live (it is not on PATH, or it failed); they read this sweep's files when they start, "
                           f"so nothing was written; try again when `squeue` answers, or launch the spec under "
                           f"another `name`")
     live = [f"{what} (job {job}, {queued[job].state})" for job, what in jobs.items()
             if job in queued and queued[job].state not in states.TERMINAL]
     if live:
-        raise LaunchError(f"sweep `{sweep.name}` has jobs that are still live: {', '.join(live)}. They read this "
+        raise LaunchError(f"sweep `{name}` has jobs that are still live: {', '.join(live)}. They read this "
                           f"sweep's files when they start, so nothing was written; wait for them to end, cancel "
                           f"them (python launch.py cancel {spec}), or launch the spec under another `name`")
 
 
-def _refuse_changed_search(manifest: dict, sweep) -> None:
+def _refuse_changed_search(manifest: Manifest, sweep) -> None:
     """An Optuna study's trials were drawn from its space: a relaunch with other `search.params` would leave
     them unreadable to the sampler (and a trial left running could never resume), so it is refused."""
-    before = manifest.get("search") or {}
+    before = manifest.search
     after = (sweep.search or {}).get("dists")
-    if before.get("dists") is not None and Path(before["journal"]).exists() and before["dists"] != after:
+    if before is not None and Path(before.journal).exists() and before.dists != after:
         raise LaunchError(f"search.params: not those of the Optuna study sweep `{sweep.name}` has begun "
-                          f"({before['journal']}); a study keeps its space. Give the spec a new `name` to start "
-                          f"another study, or put search.params back as they were: {before['dists']}")
+                          f"({before.journal}); a study keeps its space. Give the spec a new `name` to start "
+                          f"another study, or put search.params back as they were: {before.dists}")
 
 
 def _print_plan(plan, args, steps: dict) -> None:
@@ -317,38 +342,34 @@ def _print_plan(plan, args, steps: dict) -> None:
 
 def _report(args) -> int:
     """`launch.py report SPEC`: runs/<sweep>/report.md over every run of the sweep's manifest."""
-    return _report_manifest(_manifest_path(args.spec, args.workdir), args.prompt)
+    return _report_manifest(_launched(args), args.prompt)
 
 
-def _report_manifest(path: Path, prompt: str | None) -> int:
+def _report_manifest(manifest: Manifest, prompt: str | None) -> int:
     """The sweep report of a manifest's runs (also the report step of a job chain, on a node)."""
     from tinygpt import report
 
-    from . import manifest as manifest_mod
-
-    manifest = manifest_mod.load(path)
-    out_dir = manifest_mod.SweepDirs(Path(manifest["workdir"]), manifest["name"]).runs
-    runs = [(Path(r["out_dir"]), r["name"]) for r in manifest["runs"]]
-    varying = sorted({k for r in manifest["runs"] for k in r["overrides"]})
+    out_dir = manifest.dirs.runs
+    runs = [(Path(r.out_dir), r.name) for r in manifest.runs]
+    varying = sorted({k for r in manifest.runs for k in r.overrides})
     sections = [_efficiency_section(manifest)]
-    if manifest.get("search"):  # an Optuna search: its trials are the runs
+    if manifest.search:  # an Optuna search: its trials are the runs
         from . import search
 
         trials = search.trials(manifest)
         runs = [(Path(t["run dir"]), f"trial={t['trial']}") for t in trials if t["run dir"]]
-        varying = sorted(manifest["search"]["dists"])
+        varying = sorted(manifest.search.dists)
         out_dir.mkdir(parents=True, exist_ok=True)
         sections.insert(0, search.report_section(trials, out_dir))
-    return report.report_command(runs, out_dir, f"sweep {manifest['name']}", varying, prompt,
+    return report.report_command(runs, out_dir, f"sweep {manifest.name}", varying, prompt,
                                  "\n".join(s for s in sections if s) or None)
 
 
-def _efficiency_section(manifest: dict) -> str | None:
+def _efficiency_section(manifest: Manifest) -> str | None:
     """The report's efficiency table, when the sweep ran on Slurm and accounting answers."""
     from . import efficiency
-    from .manifest import slurm_submissions
 
-    if not slurm_submissions(manifest):
+    if not manifest.slurm_submissions():
         return None
     try:
         return efficiency.markdown(efficiency.table_rows(manifest))
@@ -362,19 +383,17 @@ def _sync(args) -> int:
     import shutil
     import subprocess
 
-    from . import manifest as manifest_mod
-
-    manifest = manifest_mod.load(_manifest_path(args.spec, args.workdir))
-    offline = sorted(str(d) for r in manifest["runs"] for d in (Path(r["out_dir"]) / "wandb").glob("offline-run-*"))
+    manifest = _launched(args)
+    offline = sorted(str(d) for r in manifest.runs for d in (Path(r.out_dir) / "wandb").glob("offline-run-*"))
     if not offline:
-        print(f"nothing to sync: no offline W&B run under the run directories of sweep {manifest['name']}")
+        print(f"nothing to sync: no offline W&B run under the run directories of sweep {manifest.name}")
         return 0
     wandb = shutil.which("wandb") or str(Path(sys.executable).parent / "wandb")
     if not Path(wandb).exists():
         from tinygpt.config import TRACKING_EXTRA
 
         raise LaunchError(f"sync: the `wandb` command is not installed here; {TRACKING_EXTRA}")
-    print(f"syncing {len(offline)} offline W&B run(s) (each life of a run is one) of sweep {manifest['name']}",
+    print(f"syncing {len(offline)} offline W&B run(s) (each life of a run is one) of sweep {manifest.name}",
           flush=True)
     done = subprocess.run([wandb, "sync", *(["--dry-run"] if args.dry_run else []), *offline])
     if done.returncode != 0:
@@ -388,15 +407,14 @@ def _logs(args) -> int:
 
     if args.tail is not None and args.tail < 1:
         raise LaunchError(f"--tail: must be >= 1, got {args.tail}")
-    path = _manifest_path(args.spec, args.workdir)
-    manifest = manifest_mod.load(path)
+    manifest = _launched(args)
     if args.follow:
-        if args.run is None and len(manifest["runs"]) != 1:
+        if args.run is None and len(manifest.runs) != 1:
             raise LaunchError("--follow: name the run to follow, e.g. `launch.py logs SPEC RUN --follow`")
-        index = logs.find_run(manifest, args.run)[0]["index"]
+        index = logs.find_run(manifest, args.run)[0].index
 
-        def ended() -> bool:
-            return states.collect(manifest_mod.load(path))[index].state.ended
+        def ended() -> bool:  # (read again: a resubmission may have given the run a new job meanwhile)
+            return states.collect(manifest_mod.load(manifest.path))[index].state.ended
 
         logs.follow(manifest, args.run or str(index), ended)
         return 0
@@ -413,14 +431,14 @@ def _resubmit(args) -> int:
     states = resubmit.parse_states(args.states)
     changes = resubmit.parse_changes(args.time, args.mem, args.exclude)
     path = _manifest_path(args.spec, args.workdir)
-    if args.exclude_failed_nodes:
-        manifest = manifest_mod.load(path)
-        bad = resubmit.failed_nodes(collect(manifest), manifest)
-        print(f"nodes where a run ended in NODE_FAIL or HUNG: {', '.join(bad) or 'none'}")
-        changes = resubmit.parse_changes(args.time, args.mem, [*args.exclude, *bad])
     manifest_mod.load(path)  # (a sweep never launched is an error here, before the lock makes its folder)
     with manifest_mod.sweep_lock(path.parent):
-        ids = resubmit.resubmit(path, states, changes, args.dry_run)
+        manifest = manifest_mod.load(path)  # (as it is once no other command can change it)
+        if args.exclude_failed_nodes:
+            bad = resubmit.failed_nodes(collect(manifest), manifest)
+            print(f"nodes where a run ended in NODE_FAIL or HUNG: {', '.join(bad) or 'none'}")
+            changes = resubmit.parse_changes(args.time, args.mem, [*args.exclude, *bad])
+        ids = resubmit.resubmit(manifest, states, changes, args.dry_run)
     if ids:
         print(f"submitted as job array {', '.join(ids)}; follow with `python launch.py status {args.spec}`")
     return 0
@@ -428,17 +446,15 @@ def _resubmit(args) -> int:
 
 def _cancel(args) -> int:
     from . import backends
-    from . import manifest as manifest_mod
 
-    manifest = manifest_mod.load(_manifest_path(args.spec, args.workdir))
-    ids = backends.of(manifest["backend"]).cancel(manifest)
+    manifest = _launched(args)
+    ids = backends.of(manifest.backend).cancel(manifest)
     print(f"cancelled {', '.join(ids)}" if ids else "nothing to cancel: no job of this sweep was submitted to Slurm")
     return 0
 
 
-# Each command's handler: parse, hand to the module that does it, print. The parser of a command is built only
-# for that command (_parser), so that `launch.py --help` imports nothing heavy.
-HANDLERS = {None: _launch, "status": _status, "cancel": _cancel, "report": _report, "sync": _sync,
+# Each command's handler: hand the parsed arguments to the module that does it, print.
+HANDLERS = {"launch": _launch, "status": _status, "cancel": _cancel, "report": _report, "sync": _sync,
             "resubmit": _resubmit, "logs": _logs, "schema": _schema}
 
 

@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from . import slurm_cli
+
+if TYPE_CHECKING:
+    from .manifest import Manifest, RunRecord
 
 IDLE_BELOW = 0.5  # a job using less than this share of its allocation is flagged
 FIELDS = ("JobID", "State", "ElapsedRaw", "TotalCPU", "AllocCPUS", "ReqMem", "MaxRSS", "AllocTRES",
@@ -117,20 +121,18 @@ def parse(text: str) -> dict[str, Usage]:
     return usage
 
 
-def of_sweep(manifest: dict) -> list[tuple[dict, str, Usage | None]] | None:
+def of_sweep(manifest: Manifest) -> list[tuple[RunRecord, str, Usage | None]] | None:
     """(run, its latest job id, that job's usage) for every run that went to Slurm, from one sacct call over
     the sweep's job ids; None when accounting does not answer."""
-    from .manifest import first_submitted, slurm_submissions, task_job_ids
-
-    subs = slurm_submissions(manifest)
+    subs = manifest.slurm_submissions()
     if not subs:
         return []
-    text = slurm_cli.sacct_fields(sorted({s["job_id"] for s in subs}), FIELDS, first_submitted(manifest))
+    text = slurm_cli.sacct_fields(sorted({s.job_id for s in subs}), FIELDS, manifest.first_submitted())
     if text is None:
         return None
     usage = parse(text)
-    ids = task_job_ids(manifest)
-    return [(run, ids[run["index"]], usage.get(ids[run["index"]])) for run in manifest["runs"] if run["index"] in ids]
+    ids = manifest.task_job_ids()
+    return [(run, ids[run.index], usage.get(ids[run.index])) for run in manifest.runs if run.index in ids]
 
 
 def _percent(x: float | None) -> str:
@@ -158,14 +160,14 @@ COLUMNS = ("run", "job", "state", "elapsed", "CPUs", "CPU eff", "mem peak / aske
            "flag")
 
 
-def table_rows(manifest: dict) -> list[dict[str, str]]:
+def table_rows(manifest: Manifest) -> list[dict[str, str]]:
     found = of_sweep(manifest)
     if found is None:
         from .errors import LaunchError
 
         raise LaunchError("efficiency: sacct did not answer (Slurm accounting is off or unreachable); it needs "
                           "slurmdbd")
-    return [{"run": run["name"], "job": job_id, "state": u.state if u else "-", **cells(u)} for run, job_id, u in found]
+    return [{"run": run.name, "job": job_id, "state": u.state if u else "-", **cells(u)} for run, job_id, u in found]
 
 
 def markdown(rows: list[dict[str, str]]) -> str:
@@ -177,7 +179,7 @@ def markdown(rows: list[dict[str, str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def show(manifest: dict) -> None:
+def show(manifest: Manifest) -> None:
     """`launch.py status SPEC --efficiency`: the table on the terminal (every column when piped)."""
     from rich.table import Table
 
@@ -185,9 +187,9 @@ def show(manifest: dict) -> None:
 
     rows = table_rows(manifest)
     if not rows:
-        print(f"no job of sweep {manifest['name']} went to Slurm: nothing to account for")
+        print(f"no job of sweep {manifest.name} went to Slurm: nothing to account for")
         return
-    t = Table(title=f"sweep {manifest['name']}: use of the allocation (sacct; the latest job of each run)",
+    t = Table(title=f"sweep {manifest.name}: use of the allocation (sacct; the latest job of each run)",
               title_justify="left")
     for col in COLUMNS:
         t.add_column(col, justify="left" if col in ("run", "job", "state", "flag") else "right",

@@ -23,35 +23,35 @@ def command(config_path: str, nproc: int) -> list[str]:
 
 def run_all(plan: Plan, nproc: int = 1, say=print) -> int:
     """Run every run in order; return the number that failed."""
-    manifest = manifest_mod.load(plan.manifest_path)
     env = dict(os.environ)
     env["PYTHONPATH"] = str(plan.code) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     if nproc > 1:
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     failed = 0
-    runs = manifest["runs"]
-    manifest_mod.record_submission(plan.manifest_path, "local", "local", [r["index"] for r in runs], nproc=nproc)
-    if manifest.get("search"):
+    manifest = manifest_mod.record_submission(plan.manifest_path, "local", "local",
+                                              [r.index for r in plan.sweep.runs], nproc=nproc)
+    runs = manifest.runs
+    if manifest.search:
         return _workers(plan, runs, env, say)
     pack = plan.sweep.pack  # (packed runs run at once here too, as they would in one task)
     for first in range(0, len(runs), pack):
         procs = []
         for run in runs[first:first + pack]:
-            say(f"=== run {run['index'] + 1}/{len(runs)}: {run['name']} -> {run['out_dir']}")
-            config = manifest_mod.config_file(plan.manifest_path, manifest, run["index"])
+            say(f"=== run {run.index + 1}/{len(runs)}: {run.name} -> {run.out_dir}")
+            config = manifest_mod.config_file(manifest, run.index)
             procs.append((run, subprocess.Popen(command(str(config), nproc), env=env, cwd=plan.workdir)))
         for run, proc in procs:
             if proc.wait() != 0:
                 failed += 1
-                say(f"=== run {run['name']} failed with exit status {proc.returncode}")
+                say(f"=== run {run.name} failed with exit status {proc.returncode}")
     return failed
 
 
-def _workers(plan: Plan, runs: list[dict], env: dict, say) -> int:
+def _workers(plan: Plan, runs: list[manifest_mod.RunRecord], env: dict, say) -> int:
     """An Optuna search here: its workers as processes, all at once (each one trial at a time)."""
     say(f"=== {len(runs)} search worker(s) at once, sharing the study in {plan.jobs_dir / 'optuna.journal'}")
     procs = [subprocess.Popen([sys.executable, "-m", "tinygpt.search_worker", str(plan.manifest_path),
-                               str(run["index"])], env=env, cwd=plan.workdir) for run in runs]
+                               str(run.index)], env=env, cwd=plan.workdir) for run in runs]
     failed = sum(p.wait() != 0 for p in procs)
     say(f"=== {len(runs) - failed}/{len(runs)} worker(s) ended well; `launch.py status` lists the trials")
     return failed

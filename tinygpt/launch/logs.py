@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from .errors import LaunchError
+from .manifest import Manifest, RunRecord
 
 LIFE_START = re.compile(r"^(tinygpt: run \d+ |submitit INFO .*Starting with JobEnvironment)", re.M)
 # What says why a run ended, best first: our own messages, a Python exception, then Slurm's words.
@@ -24,21 +25,20 @@ ERROR_LINES = (re.compile(r"^(error: |tinygpt: setup failed)"),
                re.compile(r"error|killed|oom|out of memory|time limit|cancelled", re.I))
 
 
-def run_jobs(manifest: dict, index: int) -> list[tuple[str, list[Path]]]:
+def run_jobs(manifest: Manifest, index: int) -> list[tuple[str, list[Path]]]:
     """(job id, its log files) of every job that ran run `index`, oldest first."""
     jobs = []
-    for sub in manifest.get("submissions", []):
-        if index not in sub.get("indices", []) or sub.get("backend") == "local":
+    for sub in manifest.slurm_submissions():
+        if index not in sub.indices:
             continue
-        if sub.get("per_run_ids"):  # submitit
-            job_id = sub["per_run_ids"][str(index)]
-            folder = Path(sub["folder"])
+        job_id = sub.task_of(index)
+        if sub.folder:  # submitit
+            folder = Path(sub.folder)
             jobs.append((job_id, [folder / f"{job_id}_0_log.out", folder / f"{job_id}_0_log.err"]))
         else:
-            pack = sub.get("pack", 1)
-            job_id = f"{sub['job_id']}_{(index - sub.get('offset', 0)) // pack}"
-            own = [Path(manifest["logs_dir"]) / f"{job_id}.run{index}.out"] if pack > 1 else []  # (packed runs)
-            jobs.append((job_id, [Path(manifest["logs_dir"]) / f"{job_id}.out", *own]))
+            logs = Path(manifest.logs_dir)
+            own = [logs / f"{job_id}.run{index}.out"] if sub.pack > 1 else []  # (packed runs)
+            jobs.append((job_id, [logs / f"{job_id}.out", *own]))
     return jobs
 
 
@@ -54,7 +54,7 @@ def read(path: Path) -> str:
         return ""
 
 
-def last_error(manifest: dict, index: int) -> str | None:
+def last_error(manifest: Manifest, index: int) -> str | None:
     """The last line of the run's latest life that looks like the reason it ended (else its last line)."""
     jobs = run_jobs(manifest, index)
     if not jobs:
@@ -67,27 +67,26 @@ def last_error(manifest: dict, index: int) -> str | None:
     return lines[-1] if lines else None
 
 
-def find_run(manifest: dict, which: str | None) -> list[dict]:
-    runs = manifest["runs"]
+def find_run(manifest: Manifest, which: str | None) -> list[RunRecord]:
     if which is None:
-        return runs
-    chosen = [r for r in runs if r["name"] == which or str(r["index"]) == which]
+        return manifest.runs
+    chosen = manifest.find(which)
     if not chosen:
         from tinygpt.config import suggest
 
-        names = [r["name"] for r in runs]
-        raise LaunchError(f"RUN: no run `{which}` in sweep {manifest['name']}{suggest(which, names)}; give a run's "
+        names = [r.name for r in manifest.runs]
+        raise LaunchError(f"RUN: no run `{which}` in sweep {manifest.name}{suggest(which, names)}; give a run's "
                           f"name or number (see `launch.py status`)")
     return chosen
 
 
-def show(manifest: dict, which: str | None, tail: int | None, every_life: bool, nodes: dict[int, str]) -> int:
+def show(manifest: Manifest, which: str | None, tail: int | None, every_life: bool, nodes: dict[int, str]) -> int:
     """Print the logs of one run (or all); return how many runs had a log."""
     found = 0
     for run in find_run(manifest, which):
-        jobs = run_jobs(manifest, run["index"])
+        jobs = run_jobs(manifest, run.index)
         if not jobs:
-            print(f"==> run {run['name']} (#{run['index']}): never submitted to Slurm <==")
+            print(f"==> run {run.name} (#{run.index}): never submitted to Slurm <==")
             continue
         for job_id, paths in jobs if every_life else jobs[-1:]:
             for path in paths:
@@ -95,21 +94,21 @@ def show(manifest: dict, which: str | None, tail: int | None, every_life: bool, 
                 if not text and path.suffix == ".err":
                     continue
                 found += bool(text)
-                where = f" on {nodes[run['index']]}" if nodes.get(run["index"]) and job_id == jobs[-1][0] else ""
+                where = f" on {nodes[run.index]}" if nodes.get(run.index) and job_id == jobs[-1][0] else ""
                 what = "whole log" if every_life else "latest life"
-                print(f"==> run {run['name']} (#{run['index']}), job {job_id}{where}, {what}: {path} <==")
+                print(f"==> run {run.name} (#{run.index}), job {job_id}{where}, {what}: {path} <==")
                 body = text if every_life else latest_life(text)
                 lines = body.splitlines()
                 print("\n".join(lines[-tail:] if tail else lines) if text else "(no log yet: the job has not started)")
     return found
 
 
-def follow(manifest: dict, which: str, ended) -> None:
+def follow(manifest: Manifest, which: str, ended) -> None:
     """Print the run's newest log as it grows, until `ended()` says its job is over (or Ctrl-C)."""
     run = find_run(manifest, which)[0]
-    jobs = run_jobs(manifest, run["index"])
+    jobs = run_jobs(manifest, run.index)
     if not jobs:
-        raise LaunchError(f"--follow: run {run['name']} was never submitted to Slurm")
+        raise LaunchError(f"--follow: run {run.name} was never submitted to Slurm")
     offsets = {path: 0 for path in jobs[-1][1]}
     last_check, done = 0.0, False
     while True:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from tinygpt import durable, schema
 from tinygpt.rundir_lock import RunDirLock, describe
@@ -63,33 +63,6 @@ def _sweep_busy(jobs_dir: Path, holder: dict) -> LaunchError:
                        f"nothing was written; run this again once it has ended (or stop it: kill {holder.get('pid')})")
 
 
-def save(path: Path, manifest: dict[str, Any]) -> None:
-    """Indented, but one line per run: a sweep of 10,000 runs stays a file to read and grep."""
-    head = json.dumps({k: v for k, v in manifest.items() if k != "runs"}, indent=1, default=str)
-    runs = ",\n".join(f"  {json.dumps(run, default=str)}" for run in manifest.get("runs", []))
-    durable.write(path, f'{head[:-2]},\n "runs": [\n{runs}\n ]\n}}\n')
-
-
-def load(path: Path) -> dict[str, Any]:
-    try:
-        manifest = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise LaunchError(f"{path}: no manifest; launch the spec first (or with --dry-run)") from None
-    except OSError as err:
-        raise LaunchError(f"{str(path)[:300]}: the manifest cannot be read ({err.strerror or err}); check --workdir "
-                          f"and the spec's name") from None
-    except ValueError as err:
-        raise LaunchError(f"{path}: not a valid manifest ({err})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
-        raise LaunchError(f"{path}: manifest format {found!r}, this version reads {FORMAT}; launch the spec again")
-    if problem := damage(manifest):
-        raise LaunchError(f"{path}: the manifest is damaged ({problem}), so the sweep's runs and jobs cannot be "
-                          f"read from it; if none of its jobs is queued or running (squeue --me), move it aside "
-                          f"(mv {path} {path}.corrupt) and launch the spec again")
-    return manifest
-
-
 class _Record(BaseModel):
     """A record of the manifest as a command reads it: each key it reads has the type it is read as (strict:
     a damaged 3 for "3" is damage), and keys it does not read are kept as they are."""
@@ -100,42 +73,79 @@ class _Record(BaseModel):
 class RunRecord(_Record):
     index: int
     name: str
-    out_dir: str
     overrides: dict
+    out_dir: str
+    max_steps: int | None = None
+
+
+class Life(_Record):
+    """A run's earlier job, as `launch.py resubmit` keeps it when it submits the run again."""
+
+    job_id: str
+    state: str
+    nodes: str = ""
 
 
 class Submission(_Record):
+    """One submission to a backend (or a --local run): which runs, as which job."""
+
     backend: str
     job_id: str
-    submitted_at: float
     indices: list[int]
-    offset: int | None = None
-    pack: int | None = Field(None, ge=1)
-    array: str | None = None
-    per_run_ids: dict[str, str] | None = None
-    role: str | None = None
+    submitted_at: float
+    role: str | None = None  # a chain's data or report step
+    array: str | None = None  # sbatch: the task ids asked for
+    offset: int = 0  # sbatch: the index of the run of the array's task 0
     script: str | None = None
+    pack: int = Field(1, ge=1)  # sbatch: runs per task
+    per_run_ids: dict[str, str] | None = None  # submitit: each run's job id
     folder: str | None = None
+    python: str | None = None
+    executor: dict | None = None  # submitit: the executor's parameters
+    changes: dict[str, str] | None = None  # resubmit: the sbatch options changed
+    previous: dict[str, Life] | None = None  # resubmit: each run's job before this one
+
+    @property
+    def to_slurm(self) -> bool:
+        return self.backend != "local"
+
+    def task_of(self, index: int) -> str:
+        """The Slurm id of run `index`'s job in this submission (`<array>_<task>` for array tasks)."""
+        if self.array:  # (`pack` runs share each task)
+            return f"{self.job_id}_{(index - self.offset) // self.pack}"
+        return self.per_run_ids[str(index)] if self.per_run_ids is not None else self.job_id
 
 
 class SearchRecord(_Record):
+    """An Optuna search: its space, its study's journal, its budget."""
+
     dists: dict
     journal: str
     trials: int
     seed: int
+    sampler: str = "tpe"
+    pruner: str = "asha"
 
 
 class Manifest(_Record):
+    """A launched sweep as every command after the launch reads it: its runs, the jobs that run them, its
+    folders (`dirs`). `load` gives one; `save` writes it back."""
+
+    # (in the order they are written: a file to read)
+    format: int
     name: str
+    spec: str | None = None
+    backend: str
+    cluster: str | None = None
     workdir: str
     logs_dir: str
-    backend: str
-    base: dict
-    code: dict
     resources: dict
-    runs: list[RunRecord]
-    submissions: list[Submission]
+    code: dict
+    base: dict
     search: SearchRecord | None = None
+    submissions: list[Submission]
+    runs: list[RunRecord]
+    _path: Path = PrivateAttr(default=Path("manifest.json"))
 
     @model_validator(mode="after")
     def _consistent(self) -> Manifest:
@@ -149,62 +159,98 @@ class Manifest(_Record):
                 raise schema.problem(f"submissions[{i}].per_run_ids lack a job of a run it names")
         return self
 
+    @property
+    def path(self) -> Path:
+        return self._path
 
-def damage(manifest: dict[str, Any]) -> str | None:
-    """What is wrong with a manifest's shape (the first thing found), or None: every key a command reads has
-    the type it is read as, so no command meets a KeyError or a TypeError halfway."""
+    @property
+    def dirs(self) -> SweepDirs:
+        return SweepDirs(Path(self.workdir), self.name)
+
+    def slurm_submissions(self) -> list[Submission]:
+        """The submissions that went to Slurm (not --local runs)."""
+        return [s for s in self.submissions if s.to_slurm]
+
+    def first_submitted(self) -> float | None:
+        """When the sweep first went to Slurm (the start of its sacct window)."""
+        return min((s.submitted_at for s in self.slurm_submissions()), default=None)
+
+    def task_job_ids(self) -> dict[int, str]:
+        """Run index -> the Slurm id of its newest job (`<array>_<task>` for array tasks)."""
+        return {index: sub.task_of(index) for sub in self.slurm_submissions() for index in sub.indices}
+
+    def find(self, which: str) -> list[RunRecord]:
+        """The run named `which`, or numbered so."""
+        return [r for r in self.runs if r.name == which or str(r.index) == which]
+
+
+def save(manifest: Manifest) -> None:
+    """Indented, but one line per run: a sweep of 10,000 runs stays a file to read and grep. Keys the file did
+    not have are not added (a default is not written out)."""
+    data = manifest.model_dump(mode="json", exclude_unset=True)
+    head = json.dumps({k: v for k, v in data.items() if k != "runs"}, indent=1)
+    runs = ",\n".join(f"  {json.dumps(run)}" for run in data["runs"])
+    durable.write(manifest.path, f'{head[:-2]},\n "runs": [\n{runs}\n ]\n}}\n')
+
+
+def create(path: Path, data: dict[str, Any]) -> Manifest:
+    """A new sweep's manifest from what the launcher wrote down (`data`), checked and saved at `path`."""
+    manifest = _checked(path, {"format": FORMAT, **data})
+    save(manifest)
+    return manifest
+
+
+def load(path: Path) -> Manifest:
     try:
-        Manifest.model_validate(manifest)
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise LaunchError(f"{path}: no manifest; launch the spec first (or with --dry-run)") from None
+    except OSError as err:
+        raise LaunchError(f"{str(path)[:300]}: the manifest cannot be read ({err.strerror or err}); check --workdir "
+                          f"and the spec's name") from None
+    except ValueError as err:
+        raise LaunchError(f"{path}: not a valid manifest ({err})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise LaunchError(f"{path}: manifest format {found!r}, this version reads {FORMAT}; launch the spec again")
+    return _checked(Path(path), data)
+
+
+def _checked(path: Path, data: dict[str, Any]) -> Manifest:
+    """Every key a command reads has the type it is read as, so no command meets a KeyError or a TypeError
+    halfway; else the first problem found, with what to do."""
+    try:
+        manifest = Manifest.model_validate(data)
     except ValidationError as err:
-        return schema.messages(err, Manifest)[0]
-    return None
+        problem = schema.messages(err, Manifest)[0]
+        raise LaunchError(f"{path}: the manifest is damaged ({problem}), so the sweep's runs and jobs cannot be "
+                          f"read from it; if none of its jobs is queued or running (squeue --me), move it aside "
+                          f"(mv {path} {path}.corrupt) and launch the spec again") from None
+    manifest._path = Path(path)
+    return manifest
 
 
-def config_file(manifest_path: Path, manifest: dict[str, Any], index: int) -> Path:
+def config_file(manifest: Manifest, index: int) -> Path:
     """The run's trainer config file, written from the manifest (shared inputs, the run's own, its run
     directory) when the run's task starts."""
     from tinygpt import config as train_config
 
-    run = manifest["runs"][index]
-    cfg = train_config.build({**manifest["base"], **run["overrides"], "out_dir": run["out_dir"]})
-    path = Path(manifest_path).parent / "configs" / f"{run['name']}.yaml"
+    run = manifest.runs[index]
+    cfg = train_config.build({**manifest.base, **run.overrides, "out_dir": run.out_dir})
+    path = manifest.path.parent / "configs" / f"{run.name}.yaml"
     text = train_config.dump_yaml(cfg)
     if not path.is_file() or path.read_bytes() != text.encode():
         durable.write(path, text)
     return path
 
 
-def record_submission(path: Path, backend: str, job_id: str, indices: list[int], **extra: Any) -> None:
+def record_submission(path: Path, backend: str, job_id: str, indices: list[int], **extra: Any) -> Manifest:
+    """Add a submission to the manifest on disk (read again: it is the record); the manifest as saved."""
     manifest = load(path)
-    manifest.setdefault("submissions", []).append(
-        {"backend": backend, "job_id": job_id, "indices": indices, "submitted_at": time.time(), **extra}
-    )
-    save(path, manifest)
-
-
-def slurm_submissions(manifest: dict[str, Any]) -> list[dict[str, Any]]:
-    """The submissions that went to Slurm (not --local runs)."""
-    return [s for s in manifest.get("submissions", []) if s.get("backend") != "local"]
-
-
-def first_submitted(manifest: dict[str, Any]) -> float | None:
-    """When the sweep first went to Slurm (the start of its sacct window)."""
-    return min((s["submitted_at"] for s in slurm_submissions(manifest)), default=None)
-
-
-def task_job_ids(manifest: dict[str, Any]) -> dict[int, str]:
-    """Run index -> the Slurm id of its newest job (`<array>_<task>` for array tasks)."""
-    ids: dict[int, str] = {}
-    for sub in manifest.get("submissions", []):
-        if sub.get("backend") == "local":
-            continue
-        offset = sub.get("offset", 0)
-        for index in sub["indices"]:
-            if sub.get("array"):  # (`pack` runs share each task)
-                ids[index] = f"{sub['job_id']}_{(index - offset) // sub.get('pack', 1)}"
-            else:
-                ids[index] = sub["per_run_ids"][str(index)] if "per_run_ids" in sub else sub["job_id"]
-    return ids
+    manifest.submissions.append(Submission(backend=backend, job_id=job_id, indices=indices,
+                                           submitted_at=time.time(), **extra))
+    save(manifest)
+    return manifest
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -215,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     from tinygpt.config import ConfigError
 
     try:
-        path = config_file(Path(argv[1]), load(Path(argv[1])), int(argv[2]))
+        path = config_file(load(Path(argv[1])), int(argv[2]))
     except (LaunchError, IndexError, ValueError, OSError) as err:
         print(f"tinygpt: cannot find run {argv[2]} in {argv[1]}: {err}", file=sys.stderr)
         return 1

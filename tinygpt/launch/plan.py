@@ -48,10 +48,9 @@ def build(sweep: Sweep, snapshot: Snapshot | None = None) -> Plan:
     jobs_dir, logs_dir, manifest_path = sweep.dirs.jobs, sweep.dirs.logs, sweep.dirs.manifest
     logs_dir.mkdir(parents=True, exist_ok=True)
     base, runs = _runs(sweep)
-    previous = manifest_mod.load(manifest_path).get("submissions", []) if manifest_path.exists() else []
+    previous = manifest_mod.load(manifest_path).submissions if manifest_path.exists() else []
     r = sweep.resources
-    manifest = {
-        "format": manifest_mod.FORMAT,
+    manifest_mod.create(manifest_path, {
         "name": sweep.name,
         "spec": str(sweep.spec_path.resolve()),
         "backend": sweep.backend,
@@ -66,8 +65,7 @@ def build(sweep: Sweep, snapshot: Snapshot | None = None) -> Plan:
         "search": {**sweep.search, "journal": str(jobs_dir / "optuna.journal")} if sweep.search else None,
         "runs": runs,
         "submissions": previous,
-    }
-    manifest_mod.save(manifest_path, manifest)
+    })
 
     code = snapshot.path if snapshot else REPO_ROOT
     scripts = []

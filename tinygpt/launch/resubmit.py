@@ -13,15 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import backends
-from . import manifest as manifest_mod
 from .errors import LaunchError
+from .manifest import Life, Manifest
 from .profiles import format_time, parse_mem_mb, parse_time_min
-from .states import Row, collect, read_progress
+from .states import RESUBMIT_CHOICES, Row, collect, read_progress
 
-# PREEMPTED is Slurm's own word for a job it ended to make room (PreemptMode=CANCEL, or REQUEUE for a job that
-# may not be requeued); a user's or an admin's scancel is CANCELLED, which means stop: only --states takes it.
-DEFAULT_STATES = ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "HUNG", "PREEMPTED")
-STATES = (*DEFAULT_STATES, "CANCELLED", "BOOT_FAIL", "DEADLINE")
 BAD_NODE_STATES = ("NODE_FAIL", "HUNG")  # what --exclude-failed-nodes keeps away from
 
 
@@ -37,10 +33,10 @@ class Changes:
 
 def parse_states(text: str) -> tuple[str, ...]:
     states = tuple(s.strip().upper() for s in text.split(",") if s.strip())
-    unknown = [s for s in states if s not in STATES]
+    unknown = [s for s in states if s not in RESUBMIT_CHOICES]
     if unknown or not states:
-        raise LaunchError(f"--states: {', '.join(unknown) or repr(text)} not among {', '.join(STATES)}; give a "
-                          f"comma-separated list, e.g. --states FAILED,TIMEOUT")
+        raise LaunchError(f"--states: {', '.join(unknown) or repr(text)} not among {', '.join(RESUBMIT_CHOICES)}; "
+                          f"give a comma-separated list, e.g. --states FAILED,TIMEOUT")
     return states
 
 
@@ -78,20 +74,18 @@ def select(rows: list[Row], states: tuple[str, ...]) -> list[Row]:
     return chosen
 
 
-def failed_nodes(rows: list[Row], manifest: dict) -> list[str]:
+def failed_nodes(rows: list[Row], manifest: Manifest) -> list[str]:
     """The nodes on which a run of the sweep ended in NODE_FAIL, or HUNG (the nodes of its silent ranks), now
     or in an earlier submission."""
     nodes = [r.nodes for r in rows if r.state.name in BAD_NODE_STATES and r.nodes]
-    for sub in manifest.get("submissions", []):
-        nodes += [b["nodes"] for b in (sub.get("previous") or {}).values()
-                  if b.get("state") in BAD_NODE_STATES and b.get("nodes")]
+    for sub in manifest.submissions:
+        nodes += [b.nodes for b in (sub.previous or {}).values() if b.state in BAD_NODE_STATES and b.nodes]
     return list(dict.fromkeys(nodes))
 
 
-def resubmit(manifest_path: Path, states: tuple[str, ...], changes: Changes, dry_run: bool) -> list[str]:
+def resubmit(manifest: Manifest, states: tuple[str, ...], changes: Changes, dry_run: bool) -> list[str]:
     """Submit the chosen runs again; return the new job ids (none for a dry run or when nothing matched)."""
-    manifest = manifest_mod.load(manifest_path)
-    if manifest["backend"] not in backends.BACKENDS or not manifest_mod.slurm_submissions(manifest):
+    if manifest.backend not in backends.BACKENDS or not manifest.slurm_submissions():
         raise LaunchError("resubmit: no job of this sweep was submitted to Slurm; launch it first (runs of "
                           "--local are run again with --local)")
     rows = collect_rows(manifest)
@@ -99,16 +93,16 @@ def resubmit(manifest_path: Path, states: tuple[str, ...], changes: Changes, dry
     if not chosen:
         print(f"nothing to resubmit: no run's latest job ended in {', '.join(states)}")
         return []
-    previous = {str(r.index): {"job_id": r.job_id, "state": r.state.name, "nodes": r.nodes} for r in chosen}
+    previous = {str(r.index): Life(job_id=r.job_id, state=r.state.name, nodes=r.nodes) for r in chosen}
     print(f"resubmitting {len(chosen)} of {len(rows)} run(s): "
           + ", ".join(f"{r.name} ({r.job_id} {r.state.name}{' on ' + r.nodes if r.nodes else ''})"
                       for r in chosen)
           + (f"; with {' '.join(changes.sbatch_args())}" if changes.options else ""))
-    return backends.of(manifest["backend"]).resubmit(manifest_path, manifest, [r.index for r in chosen],
-                                                     changes.options, previous, dry_run)
+    return backends.of(manifest.backend).resubmit(manifest, [r.index for r in chosen], changes.options,
+                                                  previous, dry_run)
 
 
-def collect_rows(manifest: dict) -> list[Row]:
+def collect_rows(manifest: Manifest) -> list[Row]:
     rows = collect(manifest)
     if rows and all(r.source == "run dir" for r in rows if r.job_id != "-"):
         raise LaunchError("resubmit: Slurm does not say how the sweep's jobs ended (no sacct or squeue answer); "

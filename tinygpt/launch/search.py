@@ -27,12 +27,15 @@ import itertools
 import math
 import random
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationInfo, WithJsonSchema, field_validator
 
 from tinygpt import durable, schema
 from tinygpt.schema import Int, OptInt
+
+if TYPE_CHECKING:
+    from .manifest import Manifest
 
 METHODS = ("random", "optuna")
 DISTRIBUTIONS = ("choice", "uniform", "loguniform", "int")
@@ -176,19 +179,19 @@ def points_to_check(settings: dict[str, Any]) -> list[dict[str, Any]]:
     return list(points.values())
 
 
-def trials(manifest: dict) -> list[dict[str, Any]]:
+def trials(manifest: Manifest) -> list[dict[str, Any]]:
     """The trials of an Optuna sweep's study, as rows: number, state, value, pruned at, worker, params."""
     import optuna
 
     from tinygpt import study_journal
 
-    search = manifest["search"]
-    if not Path(search["journal"]).is_file():
+    journal = manifest.search.journal
+    if not Path(journal).is_file():
         return []
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = study_journal.storage(search["journal"])
+    storage = study_journal.storage(journal)
     try:
-        study = optuna.load_study(study_name=manifest["name"], storage=storage)
+        study = optuna.load_study(study_name=manifest.name, storage=storage)
     except KeyError:  # the journal exists, the study not yet
         return []
     rows = []

@@ -12,15 +12,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tinygpt import metrics
 
-from . import manifest as manifest_mod
 from . import slurm_cli
+
+if TYPE_CHECKING:
+    from .manifest import Manifest, Submission
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
             "HUNG", "FINISHED", "PREEMPTED", "PRUNED"}
 FAILED = ("FAILED", "OUT_OF_MEMORY", "NODE_FAIL", "TIMEOUT", "BOOT_FAIL", "DEADLINE", "HUNG")
+# What `launch.py resubmit` takes by default. PREEMPTED is Slurm's own word for a job it ended to make room
+# (PreemptMode=CANCEL, or REQUEUE for a job that may not be requeued); a user's or an admin's scancel is
+# CANCELLED, which means stop: only --states takes it.
+RESUBMIT_DEFAULT = ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "HUNG", "PREEMPTED")
+RESUBMIT_CHOICES = (*RESUBMIT_DEFAULT, "CANCELLED", "BOOT_FAIL", "DEADLINE")
 
 
 class RunState(str):
@@ -96,13 +104,13 @@ def state_from_run_dir(progress: dict) -> RunState:
     return RunState("NOT STARTED")
 
 
-def collect(manifest: dict) -> list[Row]:
-    """A row per run of the sweep whose (loaded) manifest this is."""
-    ids = manifest_mod.task_job_ids(manifest)
+def collect(manifest: Manifest) -> list[Row]:
+    """A row per run of the sweep."""
+    ids = manifest.task_job_ids()
     wanted = sorted(set(ids.values()))
     slurm_states = {}
     if wanted:
-        since = manifest_mod.first_submitted(manifest)
+        since = manifest.first_submitted()
         # Asked by job (an array's id stands for all its tasks): one call per command, however many tasks.
         accounted = slurm_cli.sacct_states(jobs_of(wanted), since) or {}
         missing = [j for j in wanted if j not in accounted]
@@ -114,10 +122,10 @@ def collect(manifest: dict) -> list[Row]:
         restarts = {}
     history = submission_history(manifest)
     rows = []
-    for run in manifest["runs"]:
-        run_dir = Path(run["out_dir"])
+    for run in manifest.runs:
+        run_dir = Path(run.out_dir)
         progress = read_progress(run_dir)
-        job_id = ids.get(run["index"], "")
+        job_id = ids.get(run.index, "")
         js = slurm_states.get(job_id)
         if js is not None:
             state, source = RunState(js.state), js.source
@@ -131,13 +139,13 @@ def collect(manifest: dict) -> list[Row]:
             listed = hung.get("silent_nodes") if isinstance(hung.get("silent_nodes"), list) else []
             silent = [n for n in listed if isinstance(n, str) and n and " " not in n]
             state, nodes = RunState(f"HUNG at step {hung['step']}"), ",".join(silent)
-        step, max_steps = progress.get("step"), run.get("max_steps")
+        step, max_steps = progress.get("step"), run.max_steps
         eta = None
         if step and max_steps and progress.get("elapsed_s") and not state.ended and step < max_steps:
             eta = progress["elapsed_s"] / step * (max_steps - step)
-        rows.append(Row(run["index"], run["name"], job_id or "-", state, source, restart_count, step, max_steps,
+        rows.append(Row(run.index, run.name, job_id or "-", state, source, restart_count, step, max_steps,
                         progress.get("train_loss"), progress.get("val_loss"), progress.get("tokens_per_s"), eta,
-                        str(run_dir), nodes, history.get(run["index"], ())))
+                        str(run_dir), nodes, history.get(run.index, ())))
     return rows
 
 
@@ -146,30 +154,30 @@ def jobs_of(task_ids: list[str]) -> list[str]:
     return sorted({task_id.split("_")[0] for task_id in task_ids})
 
 
-def submission_history(manifest: dict) -> dict[int, tuple[str, ...]]:
+def submission_history(manifest: Manifest) -> dict[int, tuple[str, ...]]:
     """Run index -> its earlier lives as recorded by `launch.py resubmit` ("JOB STATE on NODES")."""
     history: dict[int, tuple[str, ...]] = {}
-    for sub in manifest.get("submissions", []):
-        for index, before in sorted((sub.get("previous") or {}).items(), key=lambda kv: int(kv[0])):
-            where = f" on {before['nodes']}" if before.get("nodes") else ""
-            history[int(index)] = history.get(int(index), ()) + (f"{before['job_id']} {before['state']}{where}",)
+    for sub in manifest.submissions:
+        for index, before in sorted((sub.previous or {}).items(), key=lambda kv: int(kv[0])):
+            where = f" on {before.nodes}" if before.nodes else ""
+            history[int(index)] = history.get(int(index), ()) + (f"{before.job_id} {before.state}{where}",)
     return history
 
 
-def chain_steps(manifest: dict) -> str | None:
+def chain_steps(manifest: Manifest) -> str | None:
     """`chain: data 12 COMPLETED -> training 13 -> report 14 PENDING (Dependency)`, or None without a chain."""
-    steps = [s for s in manifest.get("submissions", []) if s.get("role") in ("data", "report")]
+    steps = [s for s in manifest.submissions if s.role in ("data", "report")]
     if not steps:
         return None
-    ids = [s["job_id"] for s in steps]
+    ids = [s.job_id for s in steps]
     states = {**(slurm_cli.squeue_states(ids) or {}), **(slurm_cli.sacct_states(ids) or {})}
 
-    def said(sub: dict) -> str:
-        js = states.get(sub["job_id"])
+    def said(sub: Submission) -> str:
+        js = states.get(sub.job_id)
         reason = f" ({js.reason})" if js and js.reason and js.reason != "None" else ""
-        return f"{sub['role']} {sub['job_id']} {js.state if js else '?'}{reason}"
+        return f"{sub.role} {sub.job_id} {js.state if js else '?'}{reason}"
 
-    training = [s["job_id"] for s in manifest["submissions"] if s.get("indices")]
-    data = [said(s) for s in steps if s["role"] == "data"][-1:]
-    report = [said(s) for s in steps if s["role"] == "report"][-1:]
+    training = [s.job_id for s in manifest.submissions if s.indices]
+    data = [said(s) for s in steps if s.role == "data"][-1:]
+    report = [said(s) for s in steps if s.role == "report"][-1:]
     return "chain: " + " -> ".join([*data, f"training {', '.join(training[-1:])}", *report])

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from . import manifest as manifest_mod
+from .manifest import Manifest
 from .states import Row, collect
 
 # Columns, and the order in which a narrow terminal hides them (first: the first to go). "#", "run", "state",
@@ -115,13 +116,12 @@ def fitted(rows: list[Row], title: str, width: int):
     return Group(t, Text(note, style="dim"))
 
 
-def show(manifest_path: Path, watch: bool = False, interval: float = 5.0, console=None) -> list[Row]:
+def show(manifest: Manifest, watch: bool = False, interval: float = 5.0, console=None) -> list[Row]:
     if console is None:
         from .console import console as output_console
 
         console = output_console()
-    manifest = manifest_mod.load(manifest_path)  # (once: the jobs never change it, only launch.py does)
-    title = f"sweep {manifest['name']}  ({manifest_path})"
+    title = f"sweep {manifest.name}  ({manifest.path})"
     rows = collect(manifest)
     from .states import chain_steps
 
@@ -138,7 +138,7 @@ def show(manifest_path: Path, watch: bool = False, interval: float = 5.0, consol
     with Live(fitted(rows, title, console.width), console=console, refresh_per_second=1) as live:
         while not all(r.state.ended for r in rows):
             time.sleep(interval)
-            manifest = manifest_mod.load(manifest_path)  # (a resubmission may have added jobs meanwhile)
+            manifest = manifest_mod.load(manifest.path)  # (a resubmission may have added jobs meanwhile)
             rows = collect(manifest)
             live.update(fitted(rows, title, console.width))
     _print_failures(manifest, rows, console)
@@ -146,18 +146,18 @@ def show(manifest_path: Path, watch: bool = False, interval: float = 5.0, consol
     return rows
 
 
-def _print_trials(manifest: dict, console) -> None:
+def _print_trials(manifest: Manifest, console) -> None:
     """The trials of an Optuna search, under the table of its workers."""
-    if not manifest.get("search"):
+    if not manifest.search:
         return
     from . import search
 
     rows = search.trials(manifest)
-    console.print(search.trials_table(rows, f"trials of the Optuna study ({manifest['search']['journal']})")
+    console.print(search.trials_table(rows, f"trials of the Optuna study ({manifest.search.journal})")
                   if rows else "no trial yet")
 
 
-def _print_failures(manifest: dict, rows: list[Row], console) -> None:
+def _print_failures(manifest: Manifest, rows: list[Row], console) -> None:
     """Under the table: the last error line of each run whose job failed, from its log."""
     from rich.markup import escape
 

@@ -31,7 +31,7 @@ class TrainTask:
     def __call__(self, manifest_path: str, index: int) -> dict:
         from tinygpt import config, trainer
 
-        config_path = str(manifest_mod.config_file(Path(manifest_path), manifest_mod.load(Path(manifest_path)), index))
+        config_path = str(manifest_mod.config_file(manifest_mod.load(Path(manifest_path)), index))
         cfg = config.resolve(["--config", config_path])
         signum = getattr(signal, f"SIG{cfg.run.preempt_signal}")
         submitit_handler = signal.getsignal(signum)  # installed by submitit before we were called
@@ -93,16 +93,15 @@ def render(plan: Plan, pythonpath: str | None = None) -> str:
 
 def submit(plan: Plan, dependency: str | None = None) -> list[str]:
     """The sweep as one submitit array (after `dependency`, e.g. afterok:123, when given)."""
-    manifest = manifest_mod.load(plan.manifest_path)
     params = executor_parameters(plan)
     if dependency:
         params["additional_parameters"]["dependency"] = dependency
-    return [_submit(plan.manifest_path, manifest, [run["index"] for run in manifest["runs"]], str(folder(plan)),
+    return [_submit(plan.manifest_path, [run.index for run in plan.sweep.runs], str(folder(plan)),
                     python_command(plan), params)]
 
 
-def _submit(manifest_path: Path, manifest: dict, indices: list[int], job_folder: str, python: str,
-            params: dict[str, Any], **record: Any) -> str:
+def _submit(manifest_path: Path, indices: list[int], job_folder: str, python: str, params: dict[str, Any],
+            **record: Any) -> str:
     """One submitit array of the runs `indices`; recorded in the manifest with the executor's parameters (so
     that `launch.py resubmit` asks for the same, changed only where told)."""
     import submitit
@@ -117,17 +116,16 @@ def _submit(manifest_path: Path, manifest: dict, indices: list[int], job_folder:
     return array_id
 
 
-def resubmit(manifest_path: Path, indices: list[int], options: dict[str, str], previous: dict,
-             dry_run: bool) -> list[str]:
+def resubmit(manifest: manifest_mod.Manifest, indices: list[int], options: dict[str, str],
+             previous: dict[str, manifest_mod.Life], dry_run: bool) -> list[str]:
     """The runs `indices` as a new submitit array, with the parameters of the sweep's submission and the
     changed sbatch options (`launch.py resubmit`)."""
-    manifest = manifest_mod.load(manifest_path)
-    first = next(s for s in manifest["submissions"] if s.get("backend") == "submitit")
-    params = {**first["executor"], "additional_parameters": {
-        **first["executor"]["additional_parameters"], **{k.replace("-", "_"): v for k, v in options.items()}}}
+    first = next(s for s in manifest.submissions if s.backend == "submitit")
+    params = {**first.executor, "additional_parameters": {
+        **first.executor["additional_parameters"], **{k.replace("-", "_"): v for k, v in options.items()}}}
     if dry_run:
         print(f"dry run: would submit run(s) {', '.join(map(str, indices))} as a submitit array with "
               f"{', '.join(f'--{k}={v}' for k, v in options.items()) or 'the same options'}")
         return []
-    return [_submit(manifest_path, manifest, indices, first["folder"], first["python"], params, changes=options,
+    return [_submit(manifest.path, indices, first.folder, first.python, params, changes=options,
                     previous=previous)]
