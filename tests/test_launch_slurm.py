@@ -66,8 +66,13 @@ def test_sweep_is_one_sbatch_call_and_every_run_completes(tmp_path, workdir, tin
         assert read_metrics(workdir / "runs" / "sweep4" / d)[-1]["event"] == "finished"
     logs = list((workdir / "logs" / "sweep4").glob("*.out"))
     assert len(logs) == 4 and all("done: step 20" in p.read_text() for p in logs)
-    status = launch("status", str(spec), "--workdir", str(workdir))
-    assert status.returncode == 0 and status.stdout.count("COMPLETED") == 4 and "sacct" in status.stdout
+
+    def accounted() -> bool:  # every run COMPLETED, as accounting says (it hears of an end a moment late)
+        status = launch("status", str(spec), "--workdir", str(workdir))
+        rows = [line for line in status.stdout.splitlines() if "COMPLETED" in line]
+        return status.returncode == 0 and len(rows) == 4 and all("sacct" in row for row in rows)
+
+    wait_until(accounted, timeout=60, poll=0.5, what="status showing the four runs COMPLETED from sacct")
 
 
 def test_submitit_backend_completes_the_same_sweep(tmp_path, workdir, tiny_corpus):

@@ -576,3 +576,30 @@ def test_every_backend_a_spec_may_name_has_an_implementation():
     assert set(spec_mod.BACKENDS) == set(backends.BACKENDS)
     assert {b.name for b in backends.BACKENDS.values()} == set(spec_mod.BACKENDS)
 
+
+def test_a_job_accounting_still_calls_running_takes_the_state_the_controller_saw_it_end_in(monkeypatch):
+    """Accounting hears of a job's end a moment after the controller: a `status` or `resubmit` in that moment
+    reads the controller's state (a lag no real cluster shows on demand, hence the stand-ins)."""
+    from tinygpt.launch import slurm_cli, states
+
+    asked = []
+
+    def sacct_states(jobs, since):
+        return {"7_0": slurm_cli.JobState("7_0", "RUNNING", 0, "sacct"),
+                "7_1": slurm_cli.JobState("7_1", "COMPLETED", 0, "sacct"),
+                "8": slurm_cli.JobState("8", "RUNNING", 0, "sacct")}
+
+    def squeue_states(jobs):
+        asked.append(jobs)
+        return {"7_0": slurm_cli.JobState("7_0", "FAILED", None, "squeue"),
+                "7_1": slurm_cli.JobState("7_1", "COMPLETED", None, "squeue"),
+                "8": slurm_cli.JobState("8", "RUNNING", None, "squeue"),
+                "9": slurm_cli.JobState("9", "PENDING", None, "squeue", "Priority")}
+
+    monkeypatch.setattr(slurm_cli, "sacct_states", sacct_states)
+    monkeypatch.setattr(slurm_cli, "squeue_states", squeue_states)
+    found = states.job_states(["7_0", "7_1", "8", "9"], None)
+    assert {job: (s.state, s.source) for job, s in found.items()} == {
+        "7_0": ("FAILED", "squeue"), "7_1": ("COMPLETED", "sacct"), "8": ("RUNNING", "sacct"),
+        "9": ("PENDING", "squeue")}
+    assert asked == [["7", "8", "9"]]  # once, by job, for those accounting does not show ended

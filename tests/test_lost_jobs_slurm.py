@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, TINY_FLAGS, launch, loss_series, read_metrics
-from slurm_helpers import cancel, job_env, run_to_completion, sbatch, unique_name, wait, wait_until
+from slurm_helpers import TERMINAL, cancel, job_env, run_to_completion, sbatch, unique_name, wait, wait_until
 from tinygpt import config, trainer
 from tinygpt.launch import manifest as manifest_mod
 from tinygpt.launch import states as status
@@ -80,14 +80,15 @@ def take_every_node() -> str:
                   "-o", "/dev/null", "--wrap", "sleep 1")
 
 
-def status_of(work: Path, name: str, want: str) -> status.Row:
-    """The run's row once `status` says `want` (accounting lags the controller by a moment)."""
+def status_of(work: Path, name: str, want: str, source: str | None = None) -> status.Row:
+    """The run's row once `status` says `want` (from `source`, when given: accounting lags the controller by a
+    moment)."""
     path = work / "jobs" / name / "manifest.json"
     rows: list[status.Row] = []
 
     def says() -> bool:
         rows[:] = status.collect(manifest_mod.load(path))
-        return rows[0].state == want
+        return rows[0].state == want and source in (None, rows[0].source)
 
     try:
         wait_until(says, timeout=30, poll=0.5, what=f"status saying {want}")
@@ -115,8 +116,8 @@ def test_a_task_preempted_under_requeue_comes_back_resumes_exactly_and_is_comple
     assert stop["reason"] == "terminated (scancel or preemption)" and "requeue" not in stop
     assert [e["restarts"] for e in events(run_dir, "start")] == [0, 1]
     assert loss_series(run_dir) == loss_series(reference(tmp_path, keys, final))
-    row = status_of(work, "requeued", "COMPLETED")  # sacct's earlier life is PREEMPTED; the latest is not
-    assert row.restarts == 1 and row.source == "sacct"
+    row = status_of(work, "requeued", "COMPLETED", "sacct")  # sacct's earlier life is PREEMPTED; the latest is not
+    assert row.restarts == 1
 
 
 def test_a_task_preempted_under_cancel_is_resubmitted_by_default_and_a_users_scancel_is_not(tmp_path, tiny_corpus):
@@ -212,9 +213,14 @@ def test_a_node_lost_mid_job_ends_it_node_fail_and_it_comes_back_from_its_newest
         state, restarts = run_to_completion(task)
     finally:
         cancel(task)
-    sacct = subprocess.run(["sacct", "-X", "-D", "-n", "-P", "-j", task.split("_")[0], "-o", "State"],
-                           capture_output=True, text=True, timeout=30).stdout.split()
-    assert (state, restarts, sacct) == ("COMPLETED", 1, ["NODE_FAIL", "COMPLETED"]), logs(work)
+    def lives() -> list[str]:  # the job's records in accounting, one per life (-D: the requeued ones too)
+        return subprocess.run(["sacct", "-X", "-D", "-n", "-P", "-j", task.split("_")[0], "-o", "State"],
+                              capture_output=True, text=True, timeout=30).stdout.split()
+
+    # Accounting hears of the end after the controller (seen in a run: RUNNING in sacct, COMPLETED in scontrol).
+    wait_until(lambda: set(lives()[-1:]) <= TERMINAL and len(lives()) == 2, timeout=60, poll=0.2,
+               what="sacct recording the job's end")
+    assert (state, restarts, lives()) == ("COMPLETED", 1, ["NODE_FAIL", "COMPLETED"]), logs(work)
     resumed = events(run_dir, "start")[1]
     assert resumed["resumed_from"].endswith(checkpoints[-1]), (resumed, checkpoints)
     uninterrupted = read_metrics(two_rank_reference(tmp_path, keys, final))

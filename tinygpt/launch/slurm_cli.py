@@ -147,10 +147,11 @@ def expand_array_id(job_id: str) -> list[str]:
 
 
 def squeue_states(job_ids: list[str]) -> dict[str, JobState] | None:
-    """{job id: state} of jobs still known to the controller; None when squeue is unavailable."""
+    """{job id: state} of jobs still known to the controller, those that have ended too (for MinJobAge after
+    their end); None when squeue is unavailable."""
     if not job_ids:
         return {}
-    out = _run(["squeue", "-h", "-r", "-j", ",".join(job_ids), "-o", "%i|%T|%r|%N"])
+    out = _run(["squeue", "-h", "-r", "-t", "all", "-j", ",".join(job_ids), "-o", "%i|%T|%r|%N"])
     if out is None:
         return None
     if out.returncode != 0:

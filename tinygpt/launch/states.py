@@ -110,12 +110,7 @@ def collect(manifest: Manifest) -> list[Row]:
     wanted = sorted(set(ids.values()))
     slurm_states = {}
     if wanted:
-        since = manifest.first_submitted()
-        # Asked by job (an array's id stands for all its tasks): one call per command, however many tasks.
-        accounted = slurm_cli.sacct_states(jobs_of(wanted), since) or {}
-        missing = [j for j in wanted if j not in accounted]
-        queued = slurm_cli.squeue_states(jobs_of(missing)) if missing else {}
-        slurm_states = {**(queued or {}), **accounted}
+        slurm_states = job_states(wanted, manifest.first_submitted())
         restarts = slurm_cli.restart_counts(jobs_of([j for j in wanted if slurm_states.get(j) is None
                                                      or slurm_states[j].restarts is None]))
     else:
@@ -147,6 +142,21 @@ def collect(manifest: Manifest) -> list[Row]:
                         progress.get("train_loss"), progress.get("val_loss"), progress.get("tokens_per_s"), eta,
                         str(run_dir), nodes, history.get(run.index, ())))
     return rows
+
+
+def job_states(wanted: list[str], since: float | None) -> dict[str, slurm_cli.JobState]:
+    """Each job's state as accounting records it, but the controller's where accounting does not know the job
+    yet, or still calls it live when the controller has seen it end (accounting hears of an end a moment
+    later: a status, or a resubmit, right after a job failed would read it as running). Asked by job (an
+    array's id stands for all its tasks): two calls at most, however many tasks."""
+    accounted = slurm_cli.sacct_states(jobs_of(wanted), since) or {}
+    unsure = [j for j in wanted if j not in accounted or not RunState(accounted[j].state).ended]
+    queued = (slurm_cli.squeue_states(jobs_of(unsure)) or {}) if unsure else {}
+    states = dict(accounted)
+    for job in unsure:
+        if job in queued and (job not in accounted or RunState(queued[job].state).ended):
+            states[job] = queued[job]
+    return states
 
 
 def jobs_of(task_ids: list[str]) -> list[str]:
