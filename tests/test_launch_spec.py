@@ -603,3 +603,16 @@ def test_a_job_accounting_still_calls_running_takes_the_state_the_controller_saw
         "7_0": ("FAILED", "squeue"), "7_1": ("COMPLETED", "sacct"), "8": ("RUNNING", "sacct"),
         "9": ("PENDING", "squeue")}
     assert asked == [["7", "8", "9"]]  # once, by job, for those accounting does not show ended
+
+
+def test_a_local_sweep_says_which_runs_failed_and_has_no_job_to_cancel_or_resubmit(tmp_path, tiny_corpus):
+    spec = write(tmp_path, f"name: here\ntrain: {{data_file: {tiny_corpus}, {tiny_yaml(max_steps=5)}}}\n"
+                           f"runs:\n  - {{name: ok}}\n  - {{name: bad, resume: {tiny_corpus}}}\n")
+    out = launch(str(spec), "--local", "--workdir", str(tmp_path))
+    assert out.returncode == 1 and "1/2 run(s) finished" in out.stdout, out.stdout + out.stderr
+    assert "error: 1 of 2 run(s) failed here; each one's output is above" in out.stderr
+    assert "Traceback" not in out.stderr
+    cancelled = launch("cancel", str(spec), "--workdir", str(tmp_path))
+    assert cancelled.returncode == 0 and "nothing to cancel" in cancelled.stdout
+    again = launch("resubmit", str(spec), "--workdir", str(tmp_path))
+    assert again.returncode == 1 and "runs of --local are run again with --local" in again.stderr

@@ -1,12 +1,12 @@
-"""The backends a sweep's jobs go to Slurm with, behind one interface: submit a built plan, resubmit chosen
-runs, cancel the sweep's jobs.
+"""Where a sweep's runs go, behind one interface: submit a built plan, resubmit chosen runs, cancel the sweep's
+jobs.
 
     sbatch      our own batch scripts (plan.py writes them: one job array, split at MaxArraySize)
     submitit    submitit's executor (submitit_backend.py), one array of its pickled tasks
+    local       `--local`: here and now, one run after another (local.py); no job is left to act on
 
-Both record each submission in the manifest, so `status`, `logs`, `resubmit` and `cancel` read them the same
-way. `--local` is not a backend of this kind: it runs a plan here and now (local.py), with no jobs to
-resubmit or cancel. The backends' names are the spec's choices (spec.BACKENDS).
+Each records its submissions in the manifest, so `status`, `logs`, `resubmit` and `cancel` read them the same
+way. The Slurm backends' names are the spec's choices (spec.BACKENDS); `local` is chosen by --local.
 """
 
 from __future__ import annotations
@@ -103,7 +103,33 @@ class Submitit(Backend):
         return submitit_backend.resubmit(manifest, indices, options, previous, dry_run)
 
 
-BACKENDS: dict[str, Backend] = {b.name: b for b in (Sbatch(), Submitit())}
+class Local(Backend):
+    name = manifest_mod.LOCAL
+
+    def __init__(self, nproc: int = 1) -> None:
+        self.nproc = nproc  # gloo ranks per run
+
+    def submit(self, plan: Plan, hold: bool = False, dependency: str | None = None) -> list[str]:
+        """Run every run here, one after another (--hold and --chain's dependency mean nothing here); once
+        all have run, an error if any failed."""
+        from . import local
+
+        failed, runs = local.run_all(plan, nproc=self.nproc), len(plan.sweep.runs)
+        print(f"{runs - failed}/{runs} run(s) finished")
+        if failed:
+            raise LaunchError(f"{failed} of {runs} run(s) failed here; each one's output is above")
+        return [self.name]
+
+    def resubmit(self, manifest: Manifest, indices: list[int], options: dict[str, str],
+                 previous: dict[str, Life], dry_run: bool) -> list[str]:
+        raise LaunchError("resubmit: no job of this sweep was submitted to Slurm; launch it first (runs of "
+                          "--local are run again with --local)")
+
+    def cancel(self, manifest: Manifest) -> list[str]:
+        return []  # (nothing is left running: a run here ends with the command)
+
+
+BACKENDS: dict[str, Backend] = {b.name: b for b in (Sbatch(), Submitit())}  # (those a spec may name)
 
 
 def of(name: str) -> Backend:

@@ -217,38 +217,38 @@ def _launch_locked(sweep, args) -> int:
     if args.dry_run:
         print("dry run: nothing submitted")
         return 0
-    if args.local:
-        return _run_local(plan, args)
     from . import backends
 
-    backend = backends.of(sweep.backend)
+    backend = backends.Local(args.nproc) if args.local else backends.of(sweep.backend)
+    if args.local and args.chain:
+        return _chain_here(plan, backend, args.spec)
     if steps:
         ids = chain.submit(plan, steps, lambda dependency: backend.submit(plan, False, dependency), args.hold)
         print(f"submitted the chain: data job {ids[0]}, training array {', '.join(ids[1:-1])}, report job {ids[-1]}; "
               f"follow with `python launch.py status {args.spec}`")
         return 0
     ids = backend.submit(plan, args.hold, None)
-    print(f"submitted {len(sweep.runs)} run(s) as job array {', '.join(ids)}; follow with "
-          f"`python launch.py status {args.spec}`")
+    if args.local:
+        print(f"see `python launch.py status {args.spec}`")
+    else:
+        print(f"submitted {len(sweep.runs)} run(s) as job array {', '.join(ids)}; follow with "
+              f"`python launch.py status {args.spec}`")
     return 0
 
 
-def _run_local(plan, args) -> int:
-    """--local: every run here, one after another; with --chain the data first and the report after."""
-    from . import local
+def _chain_here(plan, backend, spec: str) -> int:
+    """--local --chain: the data first, then every run, then the report (after the runs, whatever they did)."""
+    from . import manifest as manifest_mod
     from . import plan as plan_mod
 
-    runs = plan.sweep.runs
-    if args.chain:
-        print(f"=== chain, data: prepared {', '.join(plan_mod.prepare_data(plan.sweep))}")
-    failed = local.run_all(plan, nproc=args.nproc)
-    print(f"{len(runs) - failed}/{len(runs)} run(s) finished; see `python launch.py status {args.spec}`")
-    if args.chain:
+    print(f"=== chain, data: prepared {', '.join(plan_mod.prepare_data(plan.sweep))}")
+    try:
+        backend.submit(plan)
+    finally:
         print("=== chain, report:")
-        from . import manifest as manifest_mod
-
-        failed += _report_manifest(manifest_mod.load(plan.manifest_path), None) != 0
-    return 1 if failed else 0
+        reported = _report_manifest(manifest_mod.load(plan.manifest_path), None)
+    print(f"see `python launch.py status {spec}`")
+    return reported
 
 
 def _snapshot(sweep, live: bool):

@@ -28,7 +28,7 @@ def run_all(plan: Plan, nproc: int = 1, say=print) -> int:
     if nproc > 1:
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     failed = 0
-    manifest = manifest_mod.record_submission(plan.manifest_path, "local", "local",
+    manifest = manifest_mod.record_submission(plan.manifest_path, manifest_mod.LOCAL, manifest_mod.LOCAL,
                                               [r.index for r in plan.sweep.runs], nproc=nproc)
     runs = manifest.runs
     if manifest.search:

@@ -50,6 +50,7 @@ class SweepDirs:
 LOCK_WAIT_S = 5.0  # a second command on the same sweep waits this long for the first, then refuses
 
 FORMAT = 2  # runs keep their trainer inputs (shared ones once, in "base")
+LOCAL = "local"  # the backend of a submission that ran here (--local): no Slurm job
 
 
 def sweep_lock(jobs_dir: Path) -> RunDirLock:
@@ -107,7 +108,7 @@ class Submission(_Record):
 
     @property
     def to_slurm(self) -> bool:
-        return self.backend != "local"
+        return self.backend != LOCAL
 
     def task_of(self, index: int) -> str:
         """The Slurm id of run `index`'s job in this submission (`<array>_<task>` for array tasks)."""

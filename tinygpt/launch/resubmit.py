@@ -86,8 +86,7 @@ def failed_nodes(rows: list[Row], manifest: Manifest) -> list[str]:
 def resubmit(manifest: Manifest, states: tuple[str, ...], changes: Changes, dry_run: bool) -> list[str]:
     """Submit the chosen runs again; return the new job ids (none for a dry run or when nothing matched)."""
     if manifest.backend not in backends.BACKENDS or not manifest.slurm_submissions():
-        raise LaunchError("resubmit: no job of this sweep was submitted to Slurm; launch it first (runs of "
-                          "--local are run again with --local)")
+        return backends.Local().resubmit(manifest, [], {}, {}, dry_run)  # (it says why not)
     rows = collect_rows(manifest)
     chosen = select(rows, states)
     if not chosen:
