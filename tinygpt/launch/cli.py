@@ -12,6 +12,7 @@
     python launch.py logs SPEC.yaml [RUN]       a run's Slurm log, its latest life [--tail N] [--follow] [--all]
     python launch.py sync SPEC.yaml             upload the sweep's offline W&B runs (wandb sync), from a login node
     python launch.py schema [spec|profile]      the JSON Schema of a spec or a cluster profile [--write: schemas/]
+    python launch.py profile new                a cluster profile from what Slurm says [--name N] [--force]
 
 `launch.py COMMAND --help` lists a command's options (`launch.py launch --help`: those of `launch.py SPEC`).
 Errors in the spec are all reported at once, and nothing is submitted; the exit status is 1.
@@ -62,6 +63,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="every job of the run, every life, not only the latest")
     p = command("sync", "upload the sweep's offline W&B runs (wandb sync), from a login node")
     p.add_argument("--dry-run", action="store_true", help="show what W&B would upload, upload nothing")
+    p = commands.add_parser("profile", help="a cluster profile written from what the reachable Slurm says",
+                            description="`profile new`: ask the reachable Slurm (scontrol, sacctmgr) and write "
+                                        "hpc_lab/clusters/<ClusterName>.yaml, a comment on every guess.")
+    p.add_argument("action", choices=("new",))
+    p.add_argument("--name", help="the profile's name (default: Slurm's ClusterName)")
+    p.add_argument("--force", action="store_true", help="write over a profile of that name")
+    p.add_argument("--dir", help="the folder to write it in (default: hpc_lab/clusters, where --cluster looks)")
     p = commands.add_parser("schema", help="the JSON Schema of a spec or a cluster profile",
                             description="The JSON Schema that specs (jobs/*.yaml) or cluster profiles "
                                         "(hpc_lab/clusters/*.yaml) are checked with, for editors.")
@@ -126,6 +134,16 @@ def _schema(args: argparse.Namespace) -> int:
         json_schema.path(kind).parent.mkdir(exist_ok=True)
         durable.write(json_schema.path(kind), json_schema.text(kind))
         print(f"wrote {json_schema.path(kind)}")
+    return 0
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from . import profile_new
+    from .profiles import PROFILE_DIR
+
+    path = profile_new.write(Path(args.dir) if args.dir else PROFILE_DIR, args.name, args.force)
+    print(f"wrote {path}: read it through; the values marked as guesses, and what Slurm could not say, are "
+          f"commented at their lines. Launch with `--cluster {path.stem}` (or `--cluster auto`)")
     return 0
 
 
@@ -455,7 +473,7 @@ def _cancel(args) -> int:
 
 # Each command's handler: hand the parsed arguments to the module that does it, print.
 HANDLERS = {"launch": _launch, "status": _status, "cancel": _cancel, "report": _report, "sync": _sync,
-            "resubmit": _resubmit, "logs": _logs, "schema": _schema}
+            "resubmit": _resubmit, "logs": _logs, "schema": _schema, "profile": _profile}
 
 
 if __name__ == "__main__":  # (python -m tinygpt.launch.cli: as launch.py, e.g. in the report step of a chain)

@@ -78,6 +78,31 @@ def cluster_config() -> dict[str, str] | None:
     return {key.strip(): value.strip() for key, eq, value in pairs if eq}
 
 
+# `scontrol -o show node` puts a record on a line, `Key=Value` pairs apart; a value may hold spaces (OS=Linux 6.1
+# #1 SMP), so a pair ends where the next `Key=` begins.
+_PAIR = re.compile(r"(\w+)=(.*?)(?=\s+\w+=|\s*$)")
+
+
+def scontrol_records(kind: str) -> list[dict[str, str]] | None:
+    """`scontrol -o show partition|node` as one {key: value} a record; None when no Slurm answers."""
+    out = _run(["scontrol", "-o", "show", kind], timeout=10)
+    if out is None or out.returncode != 0:
+        return None
+    return [dict(_PAIR.findall(line)) for line in out.stdout.splitlines() if line.strip()]
+
+
+def associations(user: str) -> tuple[str | None, list[dict[str, str]]] | None:
+    """The user's default account and their associations ({Account, QOS, DefaultQOS}) in accounting; None when
+    sacctmgr does not answer (no accounting, or no sacctmgr here)."""
+    assoc = _run(["sacctmgr", "-n", "-P", "show", "assoc", f"user={user}", "format=Account,QOS,DefaultQOS"], timeout=10)
+    default = _run(["sacctmgr", "-n", "-P", "show", "user", user, "format=DefaultAccount"], timeout=10)
+    if assoc is None or assoc.returncode != 0 or default is None or default.returncode != 0:
+        return None
+    rows = [dict(zip(("Account", "QOS", "DefaultQOS"), line.split("|"))) for line in assoc.stdout.splitlines()
+            if line.strip()]
+    return default.stdout.strip() or None, rows
+
+
 def cluster_name() -> str | None:
     return (cluster_config() or {}).get("ClusterName")
 

@@ -1,0 +1,127 @@
+"""`launch.py profile new`: a cluster profile written from what the reachable Slurm says, checked, found, used."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import jsonschema
+import pytest
+import yaml
+
+from conftest import ROOT, launch, tiny_yaml
+from slurm_helpers import wait
+from tinygpt.launch import json_schema, profile_new, profiles
+
+
+def live(kind: str) -> list[dict[str, str]]:
+    from tinygpt.launch import slurm_cli
+
+    return slurm_cli.scontrol_records(kind)
+
+
+@pytest.mark.slurm
+def test_profile_new_writes_what_slurm_says_and_a_sweep_runs_with_it_unchanged(tmp_path, tiny_corpus):
+    out = launch("profile", "new", "--dir", str(tmp_path))
+    assert out.returncode == 0, out.stdout + out.stderr
+    path = tmp_path / "local.yaml"
+    text = path.read_text()
+    written = yaml.safe_load(text)
+    config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30).stdout
+    cluster = next(line.split("=", 1)[1].strip() for line in config.splitlines() if line.startswith("ClusterName"))
+    partitions = {p["PartitionName"]: p for p in live("partition")}
+    node1 = next(n for n in live("node") if n["NodeName"] == "node1")
+    assert written["cluster_name"] == cluster and list(written["partitions"]) == list(partitions)
+    assert written["default_partition"] == next(n for n, p in partitions.items() if p["Default"] == "YES")
+    assert all(written["partitions"][n] == {"max_time": "INFINITE", "max_nodes": int(p["TotalNodes"])}
+               for n, p in partitions.items())
+    assert written["node"] == {"gpus": 0, "cpus": int(node1["CPUTot"]), "mem": f"{node1['RealMemory']}M"}
+    assert written["gpu_request"] == "none" and written["max_array_size"] == 1001
+    assert "# preemption: preempt/partition_prio, mode REQUEUE" in text and "low-cancel CANCEL" in text
+    assert text.count("# a guess") == 2 and "# modules:" in text and "# setup:" in text
+    # It passes the profile schema (the loader's and the editors' JSON Schema), and is used as it is.
+    assert profiles.from_file(path).cluster_name == cluster
+    jsonschema.Draft202012Validator(json.loads(json_schema.path("profile").read_text())).validate(written)
+    spec = tmp_path / "s.yaml"
+    spec.write_text(f"name: s\ntrain: {{data_file: {tiny_corpus}, {tiny_yaml(max_steps=10, eval_interval=5)}}}\n"
+                    "resources: {time: '00:05:00'}\n")
+    work = tmp_path / "w"
+    submitted = launch(str(spec), "--cluster", str(path), "--workdir", str(work))
+    assert submitted.returncode == 0 and "cluster local" in submitted.stdout, submitted.stdout + submitted.stderr
+    from tinygpt.launch.manifest import load
+
+    job = load(work / "jobs" / "s" / "manifest.json").task_job_ids()[0]
+    assert wait(job) == "COMPLETED"
+
+
+@pytest.mark.slurm
+def test_profile_new_never_writes_over_a_profile_without_force(tmp_path):
+    assert launch("profile", "new", "--dir", str(tmp_path), "--name", "mine").returncode == 0
+    path = tmp_path / "mine.yaml"
+    path.write_text(path.read_text() + "# a line of the user's own\n")
+    before = path.read_bytes()
+    again = launch("profile", "new", "--dir", str(tmp_path), "--name", "mine")
+    assert again.returncode == 1 and f"{path} exists; nothing was written" in again.stderr
+    assert path.read_bytes() == before
+    shipped = ROOT / "hpc_lab" / "clusters" / "local.yaml"
+    kept = shipped.read_bytes()
+    into_the_repo = launch("profile", "new")  # (the local cluster's ClusterName: the shipped local.yaml)
+    assert into_the_repo.returncode == 1 and "local.yaml exists" in into_the_repo.stderr
+    assert shipped.read_bytes() == kept
+    forced = launch("profile", "new", "--dir", str(tmp_path), "--name", "mine", "--force")
+    assert forced.returncode == 0 and "a line of the user's own" not in path.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.yaml"]  # (no draft left behind)
+
+
+def test_profile_new_without_a_slurm_writes_nothing(tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "scontrol").write_text("#!/bin/bash\necho 'slurm_load_ctl_conf error: Unable to contact slurm "
+                                     "controller' >&2\nexit 1\n")
+    (bindir / "scontrol").chmod(0o755)
+    import os
+
+    out = launch("profile", "new", "--dir", str(tmp_path / "out"),
+                 env={"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"})
+    assert out.returncode == 1 and "no Slurm answers here" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "out").exists()
+    bad = launch("profile", "new", "--name", "../elsewhere", "--dir", str(tmp_path / "out"))
+    assert bad.returncode == 1 and "--name: '../elsewhere' is not a profile name" in bad.stderr
+
+
+# A GPU cluster as scontrol prints it (the local cluster has no GPUs): two partitions, GPUs of two types, one
+# partition closed to the user's groups and one down.
+GPU_PARTITIONS = [
+    {"PartitionName": "a100", "Default": "YES", "MaxTime": "2-00:00:00", "MaxNodes": "UNLIMITED", "TotalNodes": "3",
+     "State": "UP", "AllowGroups": "ALL", "AllowAccounts": "ALL", "PreemptMode": "OFF"},
+    {"PartitionName": "h100", "Default": "NO", "MaxTime": "04:00:00", "MaxNodes": "1", "TotalNodes": "2",
+     "State": "UP", "AllowGroups": "ALL", "AllowAccounts": "ALL", "PreemptMode": "OFF"},
+    {"PartitionName": "staff", "Default": "NO", "MaxTime": "UNLIMITED", "MaxNodes": "UNLIMITED", "TotalNodes": "1",
+     "State": "UP", "AllowGroups": "no-such-group-here", "AllowAccounts": "ALL"},
+    {"PartitionName": "old", "Default": "NO", "MaxTime": "UNLIMITED", "TotalNodes": "1", "State": "DOWN"},
+]
+GPU_NODES = [
+    *({"NodeName": f"a{i}", "CPUTot": "64", "RealMemory": "512000", "Gres": "gpu:a100:4(S:0-1)",
+       "Partitions": "a100"} for i in range(2)),
+    {"NodeName": "a2", "CPUTot": "128", "RealMemory": "1024000", "Gres": "gpu:a100:8(S:0-1)", "Partitions": "a100"},
+    *({"NodeName": f"h{i}", "CPUTot": "96", "RealMemory": "768000", "Gres": "gpu:h100:8", "Partitions": "h100"}
+      for i in range(2)),
+]
+
+
+def test_profile_of_a_gpu_cluster_names_its_gpu_types_and_what_differs(tmp_path):
+    config = {"ClusterName": "big", "MaxArraySize": "5001", "PreemptType": "preempt/none", "PreemptMode": "OFF"}
+    accounts = ("proj1", [{"Account": "proj1", "QOS": "normal,long", "DefaultQOS": "normal"},
+                          {"Account": "proj2", "QOS": "normal", "DefaultQOS": ""}])
+    text = profile_new.render("big", config, GPU_PARTITIONS, GPU_NODES, accounts)
+    path = tmp_path / "big.yaml"
+    path.write_text(text)
+    profile = profiles.from_file(path)
+    assert (profile.account, profile.qos, profile.default_partition, profile.max_array_size) == (
+        "proj1", "normal", "a100", 5001)
+    assert {n: (p.max_time, p.max_nodes) for n, p in profile.partitions.items()} == {
+        "a100": (2 * 24 * 60, 3), "h100": (4 * 60, 1)}  # (minutes)
+    assert (profile.node.gpus, profile.node.gpu_type, profile.node.cpus, profile.gpu_request) == (4, "a100", 64, "gres")
+    assert "1 x 8 x a100, 128 CPUs, 1024000M" in text and "2 x 8 x h100, 96 CPUs, 768000M" in text
+    assert "not here: staff (AllowGroups=no-such-group-here" in text and "not here: old (State=DOWN)" in text
+    assert "(allowed: long, normal)" in text
