@@ -12,8 +12,6 @@ is never overwritten without --force.
 
 from __future__ import annotations
 
-import getpass
-import grp
 import json
 import os
 import re
@@ -22,8 +20,8 @@ from pathlib import Path
 
 from tinygpt import durable
 
-from . import slurm_cli
 from .errors import LaunchError
+from .live_cluster import LiveCluster, Shape
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # a profile's name, as `--cluster NAME` finds it
 PLAIN = re.compile(r"[A-Za-z][A-Za-z0-9_./-]*")
@@ -37,20 +35,18 @@ def write(directory: Path, name: str | None, force: bool) -> Path:
     from . import json_schema
     from .profiles import from_file
 
-    config = slurm_cli.cluster_config()
-    partitions = slurm_cli.scontrol_records("partition")
-    nodes = slurm_cli.scontrol_records("node")
-    if config is None or partitions is None or nodes is None:
+    cluster = LiveCluster.ask()
+    if cluster is None:
         raise LaunchError("profile new: no Slurm answers here (scontrol show config/partition/node failed); run it "
                           "on a login node of the cluster; nothing was written")
-    name = name or config.get("ClusterName") or "cluster"
+    name = name or cluster.name or "cluster"
     if not NAME.fullmatch(name):
         raise LaunchError(f"--name: {name!r} is not a profile name; use letters, digits, '.', '_' and '-'")
     path = directory / f"{name}.yaml"
     if path.exists() and not force:
         raise LaunchError(f"profile new: {path} exists; nothing was written. Give another --name, or --force to "
                           f"write over it")
-    text = render(name, config, partitions, nodes, slurm_cli.associations(getpass.getuser()))
+    text = render(name, cluster)
     text = text.replace(SCHEMA_LINE, SCHEMA_LINE.replace("../../schemas/profile.schema.json",
                                                          os.path.relpath(json_schema.path("profile"), directory)))
     draft = path.with_name(f".{path.name}.new")
@@ -64,14 +60,14 @@ def write(directory: Path, name: str | None, force: bool) -> Path:
     return path
 
 
-def render(name: str, config: dict[str, str], partitions: list[dict[str, str]], nodes: list[dict[str, str]],
-           accounts: tuple[str | None, list[dict[str, str]]] | None) -> str:
+def render(name: str, cluster: LiveCluster) -> str:
     """The profile's YAML, with a comment on every value that was guessed and on what could not be learnt."""
-    usable, left_out = _usable(partitions, accounts)
+    config = cluster.config
+    usable = [n for n in cluster.partitions if cluster.refusal(n) is None]
     if not usable:
         raise LaunchError("profile new: Slurm lists no partition that is up and open to you; nothing was written")
-    default = next((p["PartitionName"] for p in usable if p.get("Default") == "YES"), usable[0]["PartitionName"])
-    shapes = {p["PartitionName"]: _shapes(nodes, p["PartitionName"]) for p in usable}
+    default = cluster.default_partition if cluster.default_partition in usable else usable[0]
+    shapes = {n: cluster.shapes(n) for n in usable}
     node = shapes[default].most_common(1)[0][0] if shapes[default] else (None, None, 0, None)
     lines = [
         SCHEMA_LINE,
@@ -79,19 +75,19 @@ def render(name: str, config: dict[str, str], partitions: list[dict[str, str]], 
         "# Check the values marked as guesses, and fill in what Slurm could not say (at the end).",
         f"name: {_scalar(name)}",
         f"cluster_name: {_scalar(config.get('ClusterName', name))}   # ClusterName: `--cluster auto` finds this file",
-        *_account_lines(accounts),
+        *_account_lines(cluster.accounts),
         "partitions:",
-        *(_partition_line(p, shapes[p["PartitionName"]], node) for p in usable),
-        *(f"  # not here: {why}" for why in left_out),
+        *(_partition_line(n, cluster.partitions[n], shapes[n], node) for n in usable),
+        *(f"  # not here: {n} ({cluster.refusal(n)})" for n in cluster.partitions if n not in usable),
         f"default_partition: {_scalar(default)}"
-        + ("   # Slurm's default partition" if any(p.get("Default") == "YES" for p in usable)
-           else "   # a guess: Slurm names no default partition"),
+        + ("   # Slurm's default partition" if default == cluster.default_partition
+           else "   # a guess: Slurm names no default partition open to you"),
         *_node_lines(node, default, shapes[default]),
         f"max_array_size: {config.get('MaxArraySize', '1001')}" + ("" if config.get("MaxArraySize")
                                                                   else "   # a guess: Slurm did not say"),
         f"# preemption: {config.get('PreemptType', 'preempt/none')}, mode {config.get('PreemptMode', 'OFF')}"
-        + "".join(f"; {p['PartitionName']} {p['PreemptMode']}" for p in usable
-                  if p.get("PreemptMode") not in (None, config.get("PreemptMode"))),
+        + "".join(f"; {n} {cluster.partitions[n]['PreemptMode']}" for n in usable
+                  if cluster.partitions[n].get("PreemptMode") not in (None, config.get("PreemptMode"))),
         "signal: USR2                   # a guess: the signal the trainers save on before the time limit",
         "signal_lead_s: 120             # a guess: seconds before the limit; time enough to save a checkpoint",
         "# Slurm cannot say these; fill them in:",
@@ -102,64 +98,17 @@ def render(name: str, config: dict[str, str], partitions: list[dict[str, str]], 
     return "\n".join(lines) + "\n"
 
 
-def _usable(partitions: list[dict[str, str]], accounts) -> tuple[list[dict[str, str]], list[str]]:
-    """The partitions that are up and open to this user (their groups, their accounts where accounting says),
-    and a line on each of the others."""
-    groups = _group_names()
-    mine = {row["Account"] for row in accounts[1]} if accounts else None
-    usable, left_out = [], []
-    for p in partitions:
-        name = p.get("PartitionName", "?")
-        allowed_groups = set(p.get("AllowGroups", "ALL").split(","))
-        allowed_accounts = set(p.get("AllowAccounts", "ALL").split(","))
-        if not p.get("State", "UP").startswith("UP"):
-            left_out.append(f"{name} (State={p.get('State')})")
-        elif "ALL" not in allowed_groups and not allowed_groups & groups:
-            left_out.append(f"{name} (AllowGroups={p['AllowGroups']}: none of your groups)")
-        elif mine is not None and "ALL" not in allowed_accounts and not allowed_accounts & mine:
-            left_out.append(f"{name} (AllowAccounts={p['AllowAccounts']}: none of your accounts)")
-        else:
-            usable.append(p)
-    return usable, left_out
-
-
-def _group_names() -> set[str]:
-    names = set()
-    for gid in {os.getgid(), *os.getgroups()}:
-        try:
-            names.add(grp.getgrgid(gid).gr_name)
-        except KeyError:  # (a group with no name here)
-            continue
-    return names
-
-
-def _shapes(nodes: list[dict[str, str]], partition: str) -> Counter:
-    """How many of the partition's nodes have each shape (CPUs, memory MB, GPUs, GPU type)."""
-    return Counter(_shape(n) for n in nodes if partition in n.get("Partitions", "").split(","))
-
-
-def _shape(node: dict[str, str]) -> tuple[int | None, int | None, int, str | None]:
-    gpus, gpu_type = 0, None
-    for gres in node.get("Gres", "(null)").split(","):  # gpu:a100:4(S:0-1), gpu:2, shard:...
-        fields = re.sub(r"\(.*?\)", "", gres).split(":")
-        if fields[0] == "gpu" and fields[-1].isdigit():
-            gpus += int(fields[-1])
-            gpu_type = fields[1] if len(fields) == 3 else gpu_type
-    cpus, mem = node.get("CPUTot", ""), node.get("RealMemory", "")
-    return (int(cpus) if cpus.isdigit() else None, int(mem) if mem.isdigit() else None, gpus, gpu_type)
-
-
-def _partition_line(p: dict[str, str], shapes: Counter, node: tuple) -> str:
+def _partition_line(name: str, p: dict[str, str], shapes: Counter, node: Shape) -> str:
     max_time = "INFINITE" if p.get("MaxTime", "UNLIMITED") == "UNLIMITED" else p["MaxTime"]
     total = p.get("TotalNodes", "")
     max_nodes = total if p.get("MaxNodes", "UNLIMITED") == "UNLIMITED" else p["MaxNodes"]
     fields = [f"max_time: {_scalar(max_time)}"] + ([f"max_nodes: {max_nodes}"] if max_nodes.isdigit() else [])
     notes = [f"{total} node(s)"] if total else []
-    notes += [f"{count} x {_describe(shape)}" for shape, count in shapes.most_common() if shape != node]
-    return f"  {_scalar(p['PartitionName'])}: {{{', '.join(fields)}}}   # {'; '.join(notes) or 'no node listed'}"
+    notes += [f"{count} x {_describe(other)}" for other, count in shapes.most_common() if other != node]
+    return f"  {_scalar(name)}: {{{', '.join(fields)}}}   # {'; '.join(notes) or 'no node listed'}"
 
 
-def _node_lines(node: tuple, default: str, shapes: Counter) -> list[str]:
+def _node_lines(node: Shape, default: str, shapes: Counter) -> list[str]:
     cpus, mem, gpus, gpu_type = node
     note = f"the nodes of {default}" + (f" ({shapes[node]} of {sum(shapes.values())})" if len(shapes) > 1 else "")
     lines = [f"node:   # {note}", f"  gpus: {gpus}"]
@@ -191,8 +140,8 @@ def _account_lines(accounts: tuple[str | None, list[dict[str, str]]] | None) -> 
     return lines
 
 
-def _describe(shape: tuple) -> str:
-    cpus, mem, gpus, gpu_type = shape
+def _describe(node: Shape) -> str:
+    cpus, mem, gpus, gpu_type = node
     return ", ".join([*([f"{gpus} x {gpu_type or 'GPU'}"] if gpus else []), f"{cpus} CPUs", f"{mem}M"])
 
 
