@@ -57,7 +57,8 @@ def test_sweep_is_one_sbatch_call_and_every_run_completes(tmp_path, workdir, tin
     spec = sweep_spec(tmp_path, tiny_corpus, "sweep4", "array_parallelism: 4\n")
     out = launch(str(spec), "--cluster", "local", "--workdir", str(workdir), env=env)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert len(count.read_text().splitlines()) == 1  # ONE job array
+    calls = count.read_text().splitlines()  # ONE job array, after `launch.py check`'s --test-only of its script
+    assert len(calls) == 2 and calls[0].startswith("--test-only ") and not calls[1].startswith("--test-only"), calls
     states = wait_all(workdir, "sweep4")
     assert set(states.values()) == {"COMPLETED"}, states
     run_dirs = sorted(p.name for p in (workdir / "runs" / "sweep4").iterdir())
@@ -147,9 +148,14 @@ def test_failed_sbatch_reports_sbatchs_own_message(tmp_path, workdir, tiny_corpu
                                              "resources: {time: '00:10:00', mem: 900G}"))
     prof = tmp_path / "big.yaml"
     prof.write_text("name: big\npartitions: {debug: {}}\nnode: {cpus: 2}\n")
+    # Checked first (live_check.py): sbatch --test-only says why in Slurm's words, and nothing is submitted
     out = launch(str(spec), "--cluster", str(prof), "--workdir", str(workdir))
     assert out.returncode == 1 and "Traceback" not in out.stderr
-    assert "sbatch rejected" in out.stderr and "memory" in out.stderr.lower()
+    assert "sbatch --test-only toomuch.sbatch: Slurm would refuse the job: allocation failure: Requested node " \
+           "configuration is not available" in out.stderr, out.stderr
+    unchecked = launch(str(spec), "--cluster", str(prof), "--workdir", str(workdir), "--no-check")
+    assert unchecked.returncode == 1 and "Traceback" not in unchecked.stderr
+    assert "sbatch rejected" in unchecked.stderr and "memory" in unchecked.stderr.lower()
 
 
 def test_status_shows_completed_running_and_cancelled_runs(tmp_path, workdir, tiny_corpus):

@@ -2,6 +2,7 @@
 
     python launch.py SPEC.yaml                  validate, write scripts and manifest, submit
     python launch.py SPEC.yaml --dry-run        the same without submitting: a table of runs and resources
+    python launch.py check SPEC.yaml            the spec against the live cluster, then sbatch --test-only
     python launch.py SPEC.yaml --local          run every run here on CPU, one after another
     python launch.py SPEC.yaml --chain          data job -> training array (afterok) -> report job (afterany)
     python launch.py status SPEC.yaml [--watch] a table of the sweep's runs
@@ -46,6 +47,9 @@ def parser() -> argparse.ArgumentParser:
         return p
 
     _launch_options(command("launch", "validate, write scripts and manifest, submit (the default command)",
+                            "a job or sweep YAML (see jobs/)"))
+    _launch_options(command("check", "the spec against the live cluster (partition, time, GPUs, account, QOS, "
+                                     "array size), then sbatch --test-only: when it would start; nothing submitted",
                             "a job or sweep YAML (see jobs/)"))
     p = command("status", "a table of the sweep's runs")
     p.add_argument("--watch", action="store_true", help="refresh until every run has ended")
@@ -93,6 +97,8 @@ def _launch_options(p: argparse.ArgumentParser) -> None:
                    help="jobs import the live checkout when they start, not a snapshot of the code as it is now")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="set a trainer key for every run, e.g. --set max_steps=300 (repeatable)")
+    p.add_argument("--no-check", action="store_true",
+                   help="submit without checking the spec against the live cluster first (see `launch.py check`)")
 
 
 def _resubmit_options(p: argparse.ArgumentParser) -> None:
@@ -107,6 +113,12 @@ def _resubmit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--exclude-failed-nodes", action="store_true",
                    help="also exclude the nodes on which a run of this sweep ended in NODE_FAIL or HUNG")
     p.add_argument("--dry-run", action="store_true", help="say what would be resubmitted, submit nothing")
+
+
+def _check(args: argparse.Namespace) -> int:
+    """`launch.py check SPEC`: what a launch would do, against the live cluster, submitting nothing."""
+    args.dry_run = True
+    return _launch(args)
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -206,16 +218,23 @@ def _launch(args) -> int:
         raise LaunchError(problems, str(args.spec))
     if args.hold and (args.local or (sweep.backend != "sbatch" and not args.chain)):
         raise LaunchError("--hold: only for submissions with the sbatch backend (or the data step of --chain)")
+    cluster = None  # (the live cluster, asked when the spec is checked against it)
+    if args.command == "check" or not (args.dry_run or args.local or args.no_check):
+        from . import live_check
+
+        cluster = live_check.before_writing(sweep)  # (nothing is written when it fails)
+    elif args.no_check and not (args.dry_run or args.local):
+        print("not checked against the live cluster (--no-check)")
     if not (args.dry_run or args.local or args.chain):
         plan_mod.prepare_data(sweep)  # (the data is read by every task: a corpus that fails stops us here)
     from . import manifest as manifest_mod
 
     # One command at a time writes a sweep: from the check that its jobs are not live to the last record.
     with manifest_mod.sweep_lock(sweep.dirs.jobs):
-        return _launch_locked(sweep, args)
+        return _launch_locked(sweep, args, cluster)
 
 
-def _launch_locked(sweep, args) -> int:
+def _launch_locked(sweep, args, cluster) -> int:
     from . import plan as plan_mod
 
     manifest_path = sweep.dirs.manifest
@@ -232,8 +251,14 @@ def _launch_locked(sweep, args) -> int:
 
         steps = chain.write_scripts(plan)
     _print_plan(plan, args, steps)
+    if cluster is not None:
+        from . import live_check
+
+        for estimate in live_check.before_submitting(plan, cluster):
+            print(f"slurm: {estimate}")
     if args.dry_run:
-        print("dry run: nothing submitted")
+        print(f"check: the spec fits cluster {cluster.name}; nothing submitted" if args.command == "check"
+              else "dry run: nothing submitted")
         return 0
     from . import backends
 
@@ -472,7 +497,7 @@ def _cancel(args) -> int:
 
 
 # Each command's handler: hand the parsed arguments to the module that does it, print.
-HANDLERS = {"launch": _launch, "status": _status, "cancel": _cancel, "report": _report, "sync": _sync,
+HANDLERS = {"launch": _launch, "check": _check, "status": _status, "cancel": _cancel, "report": _report, "sync": _sync,
             "resubmit": _resubmit, "logs": _logs, "schema": _schema, "profile": _profile}
 
 

@@ -59,6 +59,16 @@ def sbatch(script_path: str, extra: list[str] | None = None) -> str:
     return job_id
 
 
+def sbatch_test_only(script_path: str) -> tuple[bool, str]:
+    """`sbatch --test-only`: whether Slurm would take the script, and its words (when the job would start, on
+    which nodes; or why not). Nothing is submitted."""
+    out = _run(["sbatch", "--test-only", script_path], timeout=30)
+    if out is None:
+        return False, "sbatch is not on PATH or did not answer"
+    said = " ".join((out.stderr + out.stdout).split()).replace("sbatch: ", "")
+    return out.returncode == 0, said
+
+
 def scancel(job_ids: list[str], signal: str | None = None) -> tuple[bool, str]:
     if not job_ids:
         return True, "nothing to cancel"

@@ -1,0 +1,125 @@
+"""`launch.py check SPEC`, and the same check at the start of every submission: the spec against the live
+cluster (what Slurm says of its partitions, nodes and the user's accounts), then `sbatch --test-only`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from gpu_cluster import GPU_CLUSTER
+
+from conftest import ROOT, launch, tiny_yaml
+from tinygpt.launch import live_check
+from tinygpt.launch import spec as spec_mod
+
+LOCAL = yaml.safe_load((ROOT / "hpc_lab" / "clusters" / "local.yaml").read_text())
+
+
+def queue() -> list[str]:
+    return subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=30).stdout.split()
+
+
+def spec_with(tmp_path: Path, corpus: Path, name: str, profile: dict | None = None, resources: str = "",
+              grid: str = "") -> Path:
+    """A spec for the local cluster's Slurm, its cluster profile (local.yaml changed by `profile`) beside it."""
+    cluster = tmp_path / f"{name}-profile.yaml"
+    cluster.write_text(yaml.safe_dump({**LOCAL, **(profile or {})}))
+    spec = tmp_path / f"{name}.yaml"
+    spec.write_text(f"name: {name}\ncluster: {cluster}\ntrain: {{data_file: {corpus}, {tiny_yaml(max_steps=5)}}}\n"
+                    f"resources: {{time: '00:05:00'{resources}}}\n{grid}")
+    return spec
+
+
+@pytest.mark.slurm
+def test_check_of_a_good_spec_gives_slurms_estimate_and_submits_nothing(tmp_path, tiny_corpus):
+    before = queue()
+    out = launch("check", str(spec_with(tmp_path, tiny_corpus, "good")), "--workdir", str(tmp_path / "w"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "slurm: good.sbatch: would start at " in out.stdout and "in partition debug" in out.stdout
+    assert "check: the spec fits cluster local; nothing submitted" in out.stdout
+    assert queue() == before
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("name, profile, resources, grid, message", [
+    ("stale", {"partitions": {**LOCAL["partitions"], "gpu": {"max_time": "INFINITE"}}}, ", partition: gpu", "",
+     "resources.partition (or the profile's default_partition): `gpu` is not a partition of cluster local (it has "
+     "debug, low, low-cancel, high); name one of those"),
+    ("gpus", {"node": {"gpus": 4, "gpu_type": "a100", "cpus": 2}, "gpu_request": "gres"}, ", gpus_per_node: 1", "",
+     "resources.gpus_per_node: 1, and the nodes of partition debug have no GPU; set gpus_per_node: 0, or choose a "
+     "partition with GPUs"),
+    ("account", None, ", account: nosuch", "",
+     "resources.account (or the profile's): `nosuch` is not one of your accounts"),
+    ("array", {"cluster_name": None, "max_array_size": 5000}, "", f"grid: {{seed: {list(range(1100))}}}\n",
+     "max_array_size (profile local): array.sbatch's task ids reach 1099, and this cluster's MaxArraySize is "
+     "1001"),
+    ("elsewhere", {"cluster_name": "a100cluster"}, "", "",
+     "cluster: profile `local` is for cluster `a100cluster`, and this Slurm is `local`"),
+])
+def test_a_spec_the_live_cluster_would_refuse_is_named_and_nothing_is_submitted(tmp_path, tiny_corpus, name,
+                                                                                 profile, resources, grid, message):
+    spec = spec_with(tmp_path, tiny_corpus, name, profile, resources, grid)
+    before = queue()
+    for command in (["check", str(spec)], [str(spec)]):  # `check`, and a plain submission: the same verdict
+        out = launch(*command, "--workdir", str(tmp_path / "w"))
+        assert out.returncode == 1 and message in out.stderr, out.stdout + out.stderr
+        assert "Traceback" not in out.stderr
+    assert queue() == before
+
+
+def test_the_check_reads_time_limits_gpu_types_and_qos_from_what_slurm_says(tmp_path):
+    """A GPU cluster's records (gpu_cluster.GPU_CLUSTER: a100 and h100 partitions, MaxTime 2 days and 4 h),
+    which the local cluster cannot show."""
+    def problems(resources: dict, profile: dict) -> list[str]:
+        cluster = tmp_path / "big.yaml"
+        cluster.write_text(yaml.safe_dump({"name": "big", "cluster_name": "big", "partitions": {
+            "a100": {"max_time": "2-00:00:00"}, "h100": {"max_time": "4-00:00:00"}}, "gpu_request": "gres",
+            **profile}))
+        spec = tmp_path / "s.yaml"
+        spec.write_text(yaml.safe_dump({"name": "s", "cluster": str(cluster), "resources": resources}))
+        return live_check.spec_problems(spec_mod.load(spec, tmp_path), GPU_CLUSTER)
+
+    h100 = {"node": {"gpus": 8, "gpu_type": "h100"}}
+    assert problems({"partition": "h100", "time": "08:00:00", "gpus_per_node": 8}, h100) == [
+        "resources.time: 08:00:00 is over partition h100's MaxTime 04:00:00; ask for at most 04:00:00 (a run "
+        "stopped at its limit resumes in its next job)"]
+    assert problems({"partition": "h100", "nodes": 2, "gpus_per_node": 8}, h100) == [
+        "resources.nodes: 2 is more than partition h100 gives one job (1); ask for at most 1"]
+    assert problems({"partition": "a100", "gpus_per_node": 8}, h100) == [
+        "node.gpu_type (profile big): `h100` is not a GPU type on partition a100's nodes (they have a100); set "
+        "node.gpu_type to one of those, or choose the partition that has h100"]
+    a100 = {"node": {"gpus": 8, "gpu_type": "a100"}}
+    assert problems({"partition": "a100", "gpus_per_node": 8, "qos": "long"}, a100) == []  # (one node has 8)
+    assert problems({"partition": "a100", "gpus_per_node": 8, "account": "proj2", "qos": "long"}, a100) == [
+        "resources.qos (or the profile's): `long` is not a QOS you may use with account proj2 (normal); name one of "
+        "those"]
+    assert problems({"partition": "staff"}, {"partitions": {"staff": {}}}) == [
+        "resources.partition (or the profile's default_partition): partition `staff` is not open to you "
+        "(AllowGroups=no-such-group-here: none of your groups); choose another"]
+
+
+@pytest.mark.slurm
+def test_a_submission_fails_closed_when_slurm_cannot_answer_and_no_check_says_it_was_not_checked(tmp_path,
+                                                                                                 tiny_corpus):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    real = subprocess.run(["which", "scontrol"], capture_output=True, text=True).stdout.strip()
+    # scontrol refuses `show partition` as a controller that times out would; the rest goes to the real one
+    (bindir / "scontrol").write_text(f'#!/bin/bash\nif [ "$3" = partition ]; then echo "slurm_load_partitions '
+                                     f'error: Socket timed out" >&2; exit 1; fi\nexec {real} "$@"\n')
+    (bindir / "scontrol").chmod(0o755)
+    env = {"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
+    spec, work = spec_with(tmp_path, tiny_corpus, "blind"), tmp_path / "w"
+    before = queue()
+    out = launch(str(spec), "--workdir", str(work), env=env)
+    assert out.returncode == 1 and live_check.NO_ANSWER in out.stderr, out.stdout + out.stderr
+    assert queue() == before and not (work / "jobs").exists()
+    held = launch(str(spec), "--workdir", str(work), "--no-check", "--hold", env=env)
+    assert held.returncode == 0 and "not checked against the live cluster (--no-check)" in held.stdout, held.stderr
+    from tinygpt.launch.manifest import load
+
+    job = load(work / "jobs" / "blind" / "manifest.json").submissions[0].job_id
+    subprocess.run(["scancel", job], check=True, timeout=30)
