@@ -12,8 +12,10 @@ import yaml
 from gpu_cluster import GPU_CLUSTER
 
 from conftest import ROOT, launch, tiny_yaml
+from slurm_helpers import sbatch, wait_until
 from tinygpt.launch import live_check
 from tinygpt.launch import spec as spec_mod
+from tinygpt.launch.manifest import load
 
 LOCAL = yaml.safe_load((ROOT / "hpc_lab" / "clusters" / "local.yaml").read_text())
 
@@ -119,7 +121,25 @@ def test_a_submission_fails_closed_when_slurm_cannot_answer_and_no_check_says_it
     assert queue() == before and not (work / "jobs").exists()
     held = launch(str(spec), "--workdir", str(work), "--no-check", "--hold", env=env)
     assert held.returncode == 0 and "not checked against the live cluster (--no-check)" in held.stdout, held.stderr
-    from tinygpt.launch.manifest import load
-
     job = load(work / "jobs" / "blind" / "manifest.json").submissions[0].job_id
     subprocess.run(["scancel", job], check=True, timeout=30)
+
+
+@pytest.mark.slurm
+def test_status_shows_when_slurm_expects_a_pending_run_to_start(tmp_path, tiny_corpus):
+    spec, work = spec_with(tmp_path, tiny_corpus, "later"), tmp_path / "w"
+    # Every node taken, for ten minutes at most: the sweep's job waits, and Slurm can say until when
+    jobs = [sbatch("--nodes=2", "--exclusive", "--time=00:10:00", "--output=/dev/null",
+                   script="#!/bin/bash\nsleep 600\n")]
+    try:
+        assert launch(str(spec), "--workdir", str(work)).returncode == 0
+        jobs.append(load(work / "jobs" / "later" / "manifest.json").task_job_ids()[0])
+
+        def estimated() -> str | None:
+            out = launch("status", str(spec), "--workdir", str(work)).stdout
+            return next((line for line in out.splitlines() if "PENDING" in line and "starts 20" in line), None)
+
+        row = wait_until(estimated, timeout=60, poll=0.5, what="status showing the pending run's estimated start")
+        assert jobs[1] in row
+    finally:
+        subprocess.run(["scancel", *jobs], timeout=30)

@@ -202,6 +202,18 @@ def squeue_states(job_ids: list[str]) -> dict[str, JobState] | None:
     return states
 
 
+def start_estimates(job_ids: list[str]) -> dict[str, str]:
+    """{job id: when Slurm expects it to start} of the pending jobs it has an estimate for (`squeue --start`)."""
+    out = _run(["squeue", "--start", "-h", "-r", "-j", ",".join(job_ids), "-o", "%i|%S"]) if job_ids else None
+    if out is None or out.returncode != 0:
+        return {}
+    starts = {}
+    for job_id, _, start in (line.partition("|") for line in out.stdout.splitlines()):
+        if start.strip() not in ("", "N/A", "Unknown"):
+            starts |= {one: start.strip() for one in expand_array_id(job_id)}
+    return starts
+
+
 def restart_counts(job_ids: list[str]) -> dict[str, int]:
     """Restarts per job from scontrol (works without accounting, for jobs the controller still knows)."""
     counts: dict[str, int] = {}

@@ -65,6 +65,7 @@ class Row:
     run_dir: str
     nodes: str = ""  # where its latest life ran
     history: tuple[str, ...] = ()  # its earlier submissions: "JOB STATE on NODES", oldest first
+    starts: str = ""  # when Slurm expects its pending job to start (squeue --start), where it says
 
     def __post_init__(self) -> None:
         self.state = RunState(self.state)
@@ -113,8 +114,10 @@ def collect(manifest: Manifest) -> list[Row]:
         slurm_states = job_states(wanted, manifest.first_submitted())
         restarts = slurm_cli.restart_counts(jobs_of([j for j in wanted if slurm_states.get(j) is None
                                                      or slurm_states[j].restarts is None]))
+        pending = [j for j in wanted if slurm_states.get(j) and slurm_states[j].state == "PENDING"]
+        starts = slurm_cli.start_estimates(jobs_of(pending)) if pending else {}
     else:
-        restarts = {}
+        restarts, starts = {}, {}
     history = submission_history(manifest)
     rows = []
     for run in manifest.runs:
@@ -140,7 +143,7 @@ def collect(manifest: Manifest) -> list[Row]:
             eta = progress["elapsed_s"] / step * (max_steps - step)
         rows.append(Row(run.index, run.name, job_id or "-", state, source, restart_count, step, max_steps,
                         progress.get("train_loss"), progress.get("val_loss"), progress.get("tokens_per_s"), eta,
-                        str(run_dir), nodes, history.get(run.index, ())))
+                        str(run_dir), nodes, history.get(run.index, ()), starts.get(job_id, "")))
     return rows
 
 

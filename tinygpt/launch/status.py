@@ -31,7 +31,7 @@ def cells(r: Row) -> dict[str, str]:
         "train": "-" if r.train_loss is None else f"{r.train_loss:.4f}",
         "val": "-" if r.val_loss is None else f"{r.val_loss:.4f}",
         "tok/s": "-" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}",
-        "ETA": "-" if r.eta_s is None else format_duration(r.eta_s),
+        "ETA": f"starts {r.starts}" if r.starts else "-" if r.eta_s is None else format_duration(r.eta_s),
         "before": " > ".join(r.history) or "-",
         "run dir": r.run_dir,
     }
