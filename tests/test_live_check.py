@@ -3,6 +3,7 @@ cluster (what Slurm says of its partitions, nodes and the user's accounts), then
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -24,14 +25,14 @@ def queue() -> list[str]:
     return subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=30).stdout.split()
 
 
-def spec_with(tmp_path: Path, corpus: Path, name: str, profile: dict | None = None, resources: str = "",
+def spec_with(tmp_path: Path, corpus: Path, name: str, profile: dict | None = None, resources: dict | None = None,
               grid: str = "") -> Path:
     """A spec for the local cluster's Slurm, its cluster profile (local.yaml changed by `profile`) beside it."""
     cluster = tmp_path / f"{name}-profile.yaml"
     cluster.write_text(yaml.safe_dump({**LOCAL, **(profile or {})}))
     spec = tmp_path / f"{name}.yaml"
     spec.write_text(f"name: {name}\ncluster: {cluster}\ntrain: {{data_file: {corpus}, {tiny_yaml(max_steps=5)}}}\n"
-                    f"resources: {{time: '00:05:00'{resources}}}\n{grid}")
+                    f"resources: {json.dumps({'time': '00:05:00', **(resources or {})})}\n{grid}")
     return spec
 
 
@@ -45,22 +46,31 @@ def test_check_of_a_good_spec_gives_slurms_estimate_and_submits_nothing(tmp_path
     assert queue() == before
 
 
-@pytest.mark.slurm
-@pytest.mark.parametrize("name, profile, resources, grid, message", [
-    ("stale", {"partitions": {**LOCAL["partitions"], "gpu": {"max_time": "INFINITE"}}}, ", partition: gpu", "",
+# What the live cluster refuses, and the message that says so: (name, the profile's changes over local.yaml, the
+# spec's resources, its grid, the message)
+REFUSED = [
+    ("stale", {"partitions": {**LOCAL["partitions"], "gpu": {"max_time": "INFINITE"}}}, {"partition": "gpu"}, "",
      "resources.partition (or the profile's default_partition): `gpu` is not a partition of cluster local (it has "
-     "debug, low, low-cancel, high); name one of those"),
-    ("gpus", {"node": {"gpus": 4, "gpu_type": "a100", "cpus": 2}, "gpu_request": "gres"}, ", gpus_per_node: 1", "",
+     "debug, low, low-cancel, high, short); name one of those"),
+    ("limit", {"partitions": {**LOCAL["partitions"], "short": {"max_time": "INFINITE"}}},
+     {"partition": "short", "time": "01:00:00"}, "",
+     "resources.time: 01:00:00 is over partition short's MaxTime 00:30:00; ask for at most 00:30:00 (a run stopped "
+     "at its limit resumes in its next job)"),
+    ("gpus", {"node": {"gpus": 4, "gpu_type": "a100", "cpus": 2}, "gpu_request": "gres"}, {"gpus_per_node": 1}, "",
      "resources.gpus_per_node: 1, and the nodes of partition debug have no GPU; set gpus_per_node: 0, or choose a "
      "partition with GPUs"),
-    ("account", None, ", account: nosuch", "",
+    ("account", None, {"account": "nosuch"}, "",
      "resources.account (or the profile's): `nosuch` is not one of your accounts"),
-    ("array", {"cluster_name": None, "max_array_size": 5000}, "", f"grid: {{seed: {list(range(1100))}}}\n",
+    ("array", {"cluster_name": None, "max_array_size": 5000}, None, f"grid: {{seed: {list(range(1100))}}}\n",
      "max_array_size (profile local): array.sbatch's task ids reach 1099, and this cluster's MaxArraySize is "
      "1001"),
-    ("elsewhere", {"cluster_name": "a100cluster"}, "", "",
+    ("elsewhere", {"cluster_name": "a100cluster"}, None, "",
      "cluster: profile `local` is for cluster `a100cluster`, and this Slurm is `local`"),
-])
+]
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("name, profile, resources, grid, message", REFUSED, ids=[case[0] for case in REFUSED])
 def test_a_spec_the_live_cluster_would_refuse_is_named_and_nothing_is_submitted(tmp_path, tiny_corpus, name,
                                                                                  profile, resources, grid, message):
     spec = spec_with(tmp_path, tiny_corpus, name, profile, resources, grid)

@@ -34,8 +34,9 @@ def test_profile_new_writes_what_slurm_says_and_a_sweep_runs_with_it_unchanged(t
     node1 = next(n for n in live("node") if n["NodeName"] == "node1")
     assert written["cluster_name"] == cluster and list(written["partitions"]) == list(partitions)
     assert written["default_partition"] == next(n for n, p in partitions.items() if p["Default"] == "YES")
-    assert all(written["partitions"][n] == {"max_time": "INFINITE", "max_nodes": int(p["TotalNodes"])}
-               for n, p in partitions.items())
+    assert written["partitions"] == {n: {"max_time": "INFINITE" if p["MaxTime"] == "UNLIMITED" else p["MaxTime"],
+                                         "max_nodes": int(p["TotalNodes"])} for n, p in partitions.items()}
+    assert written["partitions"]["short"]["max_time"] == "00:30:00"  # (the local cluster's partition with a limit)
     assert written["node"] == {"gpus": 0, "cpus": int(node1["CPUTot"]), "mem": f"{node1['RealMemory']}M"}
     assert written["gpu_request"] == "none" and written["max_array_size"] == 1001
     assert "# preemption: preempt/partition_prio, mode REQUEUE" in text and "low-cancel CANCEL" in text

@@ -13,7 +13,8 @@
 # sacct will not answer), --preemption (three more partitions over the same nodes, for jobs that are
 # preempted the two ways clusters do it: `low` (PreemptMode=REQUEUE: Slurm requeues the job itself),
 # `low-cancel` (PreemptMode=CANCEL: the job ends PREEMPTED) and `high`, whose jobs take their nodes;
-# `debug`, the default, is never preempted).
+# `debug`, the default, is never preempted). Always there besides `debug`: `short`, the same nodes with a
+# time limit of 30 minutes.
 #
 # The cluster's timers are those of a test cluster, where tests wait on every transition: see the
 # "Timers" comment in the slurm.conf below (a node that stops answering is DOWN after 10 s, not 300).
@@ -199,6 +200,14 @@ PartitionName=low Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode
 PartitionName=low-cancel Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=CANCEL
 PartitionName=high Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF"
 fi
+# `short`: the same nodes with a time limit, as clusters have (`launch.py check` refuses a job over it); never
+# preempted.
+short="PartitionName=short Nodes=ALL MaxTime=00:30:00 State=UP"
+if [ "$PREEMPTION" = 1 ]; then
+  short="$short PriorityTier=1 PreemptMode=OFF"
+fi
+partition_lines="$partition_lines
+$short"
 
 new_conf=$(mktemp)
 cat >"$new_conf" <<EOF
