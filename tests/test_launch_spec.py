@@ -587,22 +587,25 @@ def test_a_job_accounting_still_calls_running_takes_the_state_the_controller_saw
     def sacct_states(jobs, since):
         return {"7_0": slurm_cli.JobState("7_0", "RUNNING", 0, "sacct"),
                 "7_1": slurm_cli.JobState("7_1", "COMPLETED", 0, "sacct"),
-                "8": slurm_cli.JobState("8", "RUNNING", 0, "sacct")}
+                "8": slurm_cli.JobState("8", "RUNNING", 0, "sacct"),
+                "10": slurm_cli.JobState("10", "PENDING", 0, "sacct")}
 
     def squeue_states(jobs):
         asked.append(jobs)
         return {"7_0": slurm_cli.JobState("7_0", "FAILED", None, "squeue"),
                 "7_1": slurm_cli.JobState("7_1", "COMPLETED", None, "squeue"),
                 "8": slurm_cli.JobState("8", "RUNNING", None, "squeue"),
-                "9": slurm_cli.JobState("9", "PENDING", None, "squeue", "Priority")}
+                "9": slurm_cli.JobState("9", "PENDING", None, "squeue", "Priority"),
+                "10": slurm_cli.JobState("10", "PENDING", None, "squeue", "Resources", "", "2026-12-02T03:00:00")}
 
     monkeypatch.setattr(slurm_cli, "sacct_states", sacct_states)
     monkeypatch.setattr(slurm_cli, "squeue_states", squeue_states)
-    found = states.job_states(["7_0", "7_1", "8", "9"], None)
+    found = states.job_states(["7_0", "7_1", "8", "9", "10"], None)
     assert {job: (s.state, s.source) for job, s in found.items()} == {
         "7_0": ("FAILED", "squeue"), "7_1": ("COMPLETED", "sacct"), "8": ("RUNNING", "sacct"),
-        "9": ("PENDING", "squeue")}
-    assert asked == [["7", "8", "9"]]  # once, by job, for those accounting does not show ended
+        "9": ("PENDING", "squeue"), "10": ("PENDING", "sacct")}
+    assert found["10"].starts == "2026-12-02T03:00:00"  # (the controller's estimate, on accounting's record)
+    assert asked == [["10", "7", "8", "9"]]  # once, by job, for those accounting does not show ended
 
 
 def test_a_local_sweep_says_which_runs_failed_and_has_no_job_to_cancel_or_resubmit(tmp_path, tiny_corpus):

@@ -25,6 +25,7 @@ class JobState:
     source: str  # "sacct" or "squeue"
     reason: str = ""
     nodes: str = ""  # where its latest life ran (Slurm's node list), "" when not known
+    starts: str = ""  # a pending job's expected start (squeue's %S), "" when Slurm has no estimate
 
 
 def available() -> bool:
@@ -186,7 +187,7 @@ def squeue_states(job_ids: list[str]) -> dict[str, JobState] | None:
     their end); None when squeue is unavailable."""
     if not job_ids:
         return {}
-    out = _run(["squeue", "-h", "-r", "-t", "all", "-j", ",".join(job_ids), "-o", "%i|%T|%r|%N"])
+    out = _run(["squeue", "-h", "-r", "-t", "all", "-j", ",".join(job_ids), "-o", "%i|%T|%r|%N|%S"])
     if out is None:
         return None
     if out.returncode != 0:
@@ -194,24 +195,12 @@ def squeue_states(job_ids: list[str]) -> dict[str, JobState] | None:
         return {} if "Invalid job id" in out.stderr else None
     states: dict[str, JobState] = {}
     for line in out.stdout.splitlines():
-        parts = line.split("|")
-        if len(parts) >= 2:
-            for one in expand_array_id(parts[0]):
-                states[one] = JobState(one, parts[1], None, "squeue", parts[2] if len(parts) > 2 else "",
-                                       parts[3] if len(parts) > 3 else "")
+        job_id, state, reason, nodes, start = (line.split("|") + [""] * 5)[:5]
+        if state:
+            starts = start.strip() if state == "PENDING" and start.strip() not in ("N/A", "Unknown") else ""
+            for one in expand_array_id(job_id):
+                states[one] = JobState(one, state, None, "squeue", reason, nodes, starts)
     return states
-
-
-def start_estimates(job_ids: list[str]) -> dict[str, str]:
-    """{job id: when Slurm expects it to start} of the pending jobs it has an estimate for (`squeue --start`)."""
-    out = _run(["squeue", "--start", "-h", "-r", "-j", ",".join(job_ids), "-o", "%i|%S"]) if job_ids else None
-    if out is None or out.returncode != 0:
-        return {}
-    starts = {}
-    for job_id, _, start in (line.partition("|") for line in out.stdout.splitlines()):
-        if start.strip() not in ("", "N/A", "Unknown"):
-            starts |= {one: start.strip() for one in expand_array_id(job_id)}
-    return starts
 
 
 def restart_counts(job_ids: list[str]) -> dict[str, int]:

@@ -10,6 +10,7 @@ step, on the nodes of the ranks that stopped answering.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -65,7 +66,7 @@ class Row:
     run_dir: str
     nodes: str = ""  # where its latest life ran
     history: tuple[str, ...] = ()  # its earlier submissions: "JOB STATE on NODES", oldest first
-    starts: str = ""  # when Slurm expects its pending job to start (squeue --start), where it says
+    starts: str = ""  # when Slurm expects its pending job to start, where it says (squeue's estimate)
 
     def __post_init__(self) -> None:
         self.state = RunState(self.state)
@@ -114,10 +115,8 @@ def collect(manifest: Manifest) -> list[Row]:
         slurm_states = job_states(wanted, manifest.first_submitted())
         restarts = slurm_cli.restart_counts(jobs_of([j for j in wanted if slurm_states.get(j) is None
                                                      or slurm_states[j].restarts is None]))
-        pending = [j for j in wanted if slurm_states.get(j) and slurm_states[j].state == "PENDING"]
-        starts = slurm_cli.start_estimates(jobs_of(pending)) if pending else {}
     else:
-        restarts, starts = {}, {}
+        restarts = {}
     history = submission_history(manifest)
     rows = []
     for run in manifest.runs:
@@ -143,7 +142,7 @@ def collect(manifest: Manifest) -> list[Row]:
             eta = progress["elapsed_s"] / step * (max_steps - step)
         rows.append(Row(run.index, run.name, job_id or "-", state, source, restart_count, step, max_steps,
                         progress.get("train_loss"), progress.get("val_loss"), progress.get("tokens_per_s"), eta,
-                        str(run_dir), nodes, history.get(run.index, ()), starts.get(job_id, "")))
+                        str(run_dir), nodes, history.get(run.index, ()), js.starts if js else ""))
     return rows
 
 
@@ -157,8 +156,12 @@ def job_states(wanted: list[str], since: float | None) -> dict[str, slurm_cli.Jo
     queued = (slurm_cli.squeue_states(jobs_of(unsure)) or {}) if unsure else {}
     states = dict(accounted)
     for job in unsure:
-        if job in queued and (job not in accounted or RunState(queued[job].state).ended):
+        if job not in queued:
+            continue
+        if job not in accounted or RunState(queued[job].state).ended:
             states[job] = queued[job]
+        elif queued[job].starts:  # (accounting's record, with the controller's estimate of a pending start)
+            states[job] = dataclasses.replace(accounted[job], starts=queued[job].starts)
     return states
 
 
