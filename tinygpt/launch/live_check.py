@@ -119,8 +119,8 @@ def array_problems(plan: Plan, cluster: LiveCluster) -> list[str]:
     """Task ids must stay below MaxArraySize (plan.py splits at Slurm's own when the profile is this cluster's)."""
     limit = cluster.config.get("MaxArraySize", "")
     problems = []
-    for path, array, *_ in plan.scripts if limit.isdigit() else []:
-        top = max(int(n) for n in re.findall(r"\d+", array.split("%")[0]))
+    for path, _, offset, indices in plan.scripts if limit.isdigit() else []:
+        top = (indices[-1] - offset) // plan.sweep.pack  # the task of its last run (Submission.task_of)
         if top >= int(limit):
             problems.append(f"max_array_size (profile {plan.sweep.profile.name}): {path.name}'s task ids reach {top}, "
                             f"and this cluster's MaxArraySize is {limit} (ids must stay below it); set max_array_size: "

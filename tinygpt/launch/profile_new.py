@@ -23,7 +23,6 @@ from tinygpt import durable
 from .errors import LaunchError
 from .live_cluster import LiveCluster, Shape
 
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # a profile's name, as `--cluster NAME` finds it
 PLAIN = re.compile(r"[A-Za-z][A-Za-z0-9_./-]*")
 SCHEMA_LINE = "# yaml-language-server: $schema=../../schemas/profile.schema.json"  # (from hpc_lab/clusters/)
 YAML_WORDS = {"y", "n", "yes", "no", "on", "off", "true", "false", "null"}  # plain, YAML reads them otherwise
@@ -33,14 +32,14 @@ def write(directory: Path, name: str | None, force: bool) -> Path:
     """Ask Slurm, write `<directory>/<name or ClusterName>.yaml`, return its path. Nothing is written when Slurm
     does not answer, the name is not a profile name, or the file exists (without `force`)."""
     from . import json_schema
-    from .profiles import from_file
+    from .profiles import PROFILE_NAME, from_file
 
     cluster = LiveCluster.ask()
     if cluster is None:
         raise LaunchError("profile new: no Slurm answers here (scontrol show config/partition/node failed); run it "
                           "on a login node of the cluster; nothing was written")
     name = name or cluster.name or "cluster"
-    if not NAME.fullmatch(name):
+    if not PROFILE_NAME.fullmatch(name):
         raise LaunchError(f"--name: {name!r} is not a profile name; use letters, digits, '.', '_' and '-'")
     path = directory / f"{name}.yaml"
     if path.exists() and not force:

@@ -39,6 +39,7 @@ from . import passthrough
 from .errors import LaunchError
 
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "hpc_lab" / "clusters"
+PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # what `--cluster NAME` finds as PROFILE_DIR/NAME.yaml
 GPU_REQUESTS = ("gpus-per-node", "gres", "none")
 # Trainer keys a profile may set for every run on its cluster (checked with the trainer's own schema).
 TRAINER_KEYS = ("precision", "compile", "peak_flops", "loggers", "wandb_mode", "wandb_project", "wandb_entity")
@@ -244,7 +245,7 @@ def load(name_or_path: str) -> Profile:
                               f"profile YAML, or a profile name ({', '.join(available())})")
         return from_file(path)
     path = PROFILE_DIR / f"{name_or_path}.yaml"
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", name_or_path) or not path.is_file():
+    if not PROFILE_NAME.fullmatch(name_or_path) or not path.is_file():
         raise LaunchError(
             f"cluster: unknown cluster profile `{name_or_path}`{schema.suggest(name_or_path, available())}; "
             f"available: {', '.join(available()) or 'none'} (files in {PROFILE_DIR}), "
