@@ -50,7 +50,7 @@ def parser() -> argparse.ArgumentParser:
                             "a job or sweep YAML (see jobs/)"))
     _launch_options(command("check", "the spec against the live cluster (partition, time, GPUs, account, QOS, "
                                      "array size), then sbatch --test-only: when it would start; nothing submitted",
-                            "a job or sweep YAML (see jobs/)"))
+                            "a job or sweep YAML (see jobs/)"), submits=False)
     p = command("status", "a table of the sweep's runs")
     p.add_argument("--watch", action="store_true", help="refresh until every run has ended")
     p.add_argument("--interval", type=float, default=5.0, help="seconds between refreshes")
@@ -82,21 +82,25 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def _launch_options(p: argparse.ArgumentParser) -> None:
+def _launch_options(p: argparse.ArgumentParser, submits: bool = True) -> None:
+    """The options of `launch.py SPEC`; `check`, which submits nothing, has those that shape the plan alone."""
     p.add_argument("--cluster", help="profile name in hpc_lab/clusters/, a profile path, or auto "
                                      "(overrides the spec's `cluster`)")
     p.add_argument("--backend", help="sbatch or submitit (overrides the spec's `backend`)")
-    p.add_argument("--dry-run", action="store_true", help="write scripts and manifest, submit nothing")
-    p.add_argument("--local", action="store_true", help="run here on CPU instead of submitting")
-    p.add_argument("--hold", action="store_true",
-                   help="submit held (sbatch --hold); start them with `scontrol release JOBID`")
-    p.add_argument("--nproc", type=int, default=1, help="with --local: gloo ranks per run (default 1)")
     p.add_argument("--chain", action="store_true",
                    help="three jobs: data preparation, the training array after it, the sweep report after that")
     p.add_argument("--no-snapshot", action="store_true",
                    help="jobs import the live checkout when they start, not a snapshot of the code as it is now")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="set a trainer key for every run, e.g. --set max_steps=300 (repeatable)")
+    if not submits:
+        p.set_defaults(dry_run=True, local=False, hold=False, nproc=1, no_check=False)
+        return
+    p.add_argument("--dry-run", action="store_true", help="write scripts and manifest, submit nothing")
+    p.add_argument("--local", action="store_true", help="run here on CPU instead of submitting")
+    p.add_argument("--hold", action="store_true",
+                   help="submit held (sbatch --hold); start them with `scontrol release JOBID`")
+    p.add_argument("--nproc", type=int, default=1, help="with --local: gloo ranks per run (default 1)")
     p.add_argument("--no-check", action="store_true",
                    help="submit without checking the spec against the live cluster first (see `launch.py check`)")
 
@@ -113,12 +117,6 @@ def _resubmit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--exclude-failed-nodes", action="store_true",
                    help="also exclude the nodes on which a run of this sweep ended in NODE_FAIL or HUNG")
     p.add_argument("--dry-run", action="store_true", help="say what would be resubmitted, submit nothing")
-
-
-def _check(args: argparse.Namespace) -> int:
-    """`launch.py check SPEC`: what a launch would do, against the live cluster, submitting nothing."""
-    args.dry_run = True
-    return _launch(args)
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -497,7 +495,8 @@ def _cancel(args) -> int:
 
 
 # Each command's handler: hand the parsed arguments to the module that does it, print.
-HANDLERS = {"launch": _launch, "check": _check, "status": _status, "cancel": _cancel, "report": _report, "sync": _sync,
+# (`check` is the launch command as a dry run that is checked: its defaults say so, in _launch_options)
+HANDLERS = {"launch": _launch, "check": _launch, "status": _status, "cancel": _cancel, "report": _report, "sync": _sync,
             "resubmit": _resubmit, "logs": _logs, "schema": _schema, "profile": _profile}
 
 
