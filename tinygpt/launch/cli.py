@@ -467,7 +467,6 @@ def _logs(args) -> int:
 def _resubmit(args) -> int:
     from . import manifest as manifest_mod
     from . import resubmit
-    from .states import collect
 
     states = resubmit.parse_states(args.states)
     changes = resubmit.parse_changes(args.time, args.mem, args.exclude)
@@ -475,11 +474,12 @@ def _resubmit(args) -> int:
     manifest_mod.load(path)  # (a sweep never launched is an error here, before the lock makes its folder)
     with manifest_mod.sweep_lock(path.parent):
         manifest = manifest_mod.load(path)  # (as it is once no other command can change it)
+        rows = resubmit.collect_rows(manifest)
         if args.exclude_failed_nodes:
-            bad = resubmit.failed_nodes(collect(manifest), manifest)
+            bad = resubmit.failed_nodes(rows, manifest)
             print(f"nodes where a run ended in NODE_FAIL or HUNG: {', '.join(bad) or 'none'}")
             changes = resubmit.parse_changes(args.time, args.mem, [*args.exclude, *bad])
-        ids = resubmit.resubmit(manifest, states, changes, args.dry_run)
+        ids = resubmit.resubmit(manifest, rows, states, changes, args.dry_run)
     if ids:
         print(f"submitted as job array {', '.join(ids)}; follow with `python launch.py status {args.spec}`")
     return 0

@@ -83,11 +83,10 @@ def failed_nodes(rows: list[Row], manifest: Manifest) -> list[str]:
     return list(dict.fromkeys(nodes))
 
 
-def resubmit(manifest: Manifest, states: tuple[str, ...], changes: Changes, dry_run: bool) -> list[str]:
-    """Submit the chosen runs again; return the new job ids (none for a dry run or when nothing matched)."""
-    if manifest.backend not in backends.BACKENDS or not manifest.slurm_submissions():
-        return backends.Local().resubmit(manifest, [], {}, {}, dry_run)  # (it says why not)
-    rows = collect_rows(manifest)
+def resubmit(manifest: Manifest, rows: list[Row], states: tuple[str, ...], changes: Changes,
+             dry_run: bool) -> list[str]:
+    """Submit the chosen runs again (`rows`: collect_rows'); return the new job ids (none for a dry run or when
+    nothing matched)."""
     chosen = select(rows, states)
     if not chosen:
         print(f"nothing to resubmit: no run's latest job ended in {', '.join(states)}")
@@ -102,6 +101,9 @@ def resubmit(manifest: Manifest, states: tuple[str, ...], changes: Changes, dry_
 
 
 def collect_rows(manifest: Manifest) -> list[Row]:
+    """The sweep's runs, with how Slurm says their jobs ended: what resubmit chooses from."""
+    if manifest.backend not in backends.BACKENDS or not manifest.slurm_submissions():
+        backends.Local().resubmit(manifest, [], {}, {}, False)  # (no job to send again: it says why)
     rows = collect(manifest)
     if rows and all(r.source == "run dir" for r in rows if r.job_id != "-"):
         raise LaunchError("resubmit: Slurm does not say how the sweep's jobs ended (no sacct or squeue answer); "
