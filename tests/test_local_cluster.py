@@ -43,3 +43,17 @@ def test_up_refuses_a_host_name_that_resolves_off_this_machine_and_starts_nothin
     assert (home / "etc" / "slurm.conf").is_file()
     assert not list((home / "run").iterdir())
     assert Path(os.readlink(etc_slurm / "slurm.conf")) == home / "etc" / "slurm.conf"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--nodes", "2", "--gpus", "2:a100,2:h100,1"], "--gpus: 3 node specs for 2 node(s); give one for all, or one per"),
+    (["--gpus", "two"], "--gpus: 'two' is not N[:TYPE] (e.g. 4 or 4:a100)"),
+    (["--gpus", "2:"], "--gpus: '2:' is not N[:TYPE]"),
+    (["--accounts", "--no-accounting"], "--accounts needs accounting; drop --no-accounting"),
+])
+def test_up_refuses_cluster_options_that_do_not_fit_together_before_touching_anything(tmp_path, args, message):
+    home = tmp_path / "home"
+    out = subprocess.run(["bash", str(UP), *args], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "TINYGPT_SLURM_HOME": str(home)})
+    assert out.returncode == 2 and message in out.stderr, out.stdout + out.stderr
+    assert not home.exists()

@@ -81,7 +81,7 @@ if [ "$MODE" = purge ]; then
   rm -rf /run/tinygpt-slurmd
   made mariadb-data && rm -rf /var/lib/mysql && echo "down.sh: removed MariaDB's data folder"
   made munge-key && rm -f /etc/munge/munge.key && echo "down.sh: removed the munge key"
-  for link in /etc/slurm/slurm.conf /etc/slurm/slurmdbd.conf; do
+  for link in /etc/slurm/slurm.conf /etc/slurm/slurmdbd.conf /etc/slurm/gres.conf; do
     [ -L "$link" ] && rm -f "$link"
   done
   rm -rf "$HOME_DIR"

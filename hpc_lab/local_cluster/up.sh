@@ -13,8 +13,13 @@
 # sacct will not answer), --preemption (three more partitions over the same nodes, for jobs that are
 # preempted the two ways clusters do it: `low` (PreemptMode=REQUEUE: Slurm requeues the job itself),
 # `low-cancel` (PreemptMode=CANCEL: the job ends PREEMPTED) and `high`, whose jobs take their nodes;
-# `debug`, the default, is never preempted). Always there besides `debug`: `short`, the same nodes with a
-# time limit of 30 minutes.
+# `debug`, the default, is never preempted), --gpus N[:TYPE][,N[:TYPE]...] (GPUs on each node, as
+# stand-ins: Slurm schedules, accounts for and hands them out, no device exists and the trainers run on CPU;
+# one N[:TYPE] for every node, or one per node, e.g. `--nodes 2 --gpus 2:a100,2:h100`), --accounts
+# (accounts and limits enforced as on a university cluster: account `tinygpt`, the user's default, with QOS
+# `normal` and `capped` (a job of at most 10 minutes, refused at submission above it), and account `elsewhere`,
+# which the user is not in; AccountingStorageEnforce=associations,limits,qos). Always there besides `debug`:
+# `short`, the same nodes with a time limit of 30 minutes.
 #
 # The cluster's timers are those of a test cluster, where tests wait on every transition: see the
 # "Timers" comment in the slurm.conf below (a node that stops answering is DOWN after 10 s, not 300).
@@ -34,7 +39,9 @@ CPUS=$(nproc)
 RESET=0
 ACCOUNTING=1
 PREEMPTION=0
-usage() { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; }
+GPUS=""
+ACCOUNTS=0
+usage() { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --nodes) NODES=${2:?--nodes needs a number}; shift 2 ;;
@@ -44,12 +51,25 @@ while [ $# -gt 0 ]; do
     --reset) RESET=1; shift ;;
     --no-accounting) ACCOUNTING=0; shift ;;
     --preemption) PREEMPTION=1; shift ;;
+    --gpus) GPUS=${2:?--gpus needs N[:TYPE]}; shift 2 ;;
+    --gpus=*) GPUS=${1#*=}; shift ;;
+    --accounts) ACCOUNTS=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "up.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
 case "$NODES" in ''|*[!0-9]*|0) echo "up.sh: --nodes must be a whole number >= 1, got '$NODES'" >&2; exit 2 ;; esac
 case "$CPUS" in ''|*[!0-9]*|0) echo "up.sh: --cpus must be a whole number >= 1, got '$CPUS'" >&2; exit 2 ;; esac
+IFS=, read -r -a GPU_SPECS <<<"$GPUS"
+for spec in "${GPU_SPECS[@]}"; do
+  [[ "$spec" =~ ^[0-9]+(:[A-Za-z][A-Za-z0-9_-]*)?$ ]] \
+    || { echo "up.sh: --gpus: '$spec' is not N[:TYPE] (e.g. 4 or 4:a100)" >&2; exit 2; }
+done
+case "${#GPU_SPECS[@]}" in 0|1|"$NODES") ;;
+  *) echo "up.sh: --gpus: ${#GPU_SPECS[@]} node specs for $NODES node(s); give one for all, or one per node" >&2; exit 2 ;;
+esac
+[ "$ACCOUNTS" = 1 ] && [ "$ACCOUNTING" = 0 ] \
+  && { echo "up.sh: --accounts needs accounting; drop --no-accounting" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "up.sh: run as root (sudo $0 $*)" >&2; exit 2; }
 
 HOME_DIR=${TINYGPT_SLURM_HOME:-/var/lib/tinygpt-slurm}
@@ -163,26 +183,60 @@ fi
 options="--nodes $NODES --cpus $CPUS"
 [ "$ACCOUNTING" = 1 ] || options+=" --no-accounting"
 [ "$PREEMPTION" = 1 ] && options+=" --preemption"
+[ -n "$GPUS" ] && options+=" --gpus $GPUS"
+[ "$ACCOUNTS" = 1 ] && options+=" --accounts"
+gres_of() {  # gres_of N: node N's GPUs as a slurm.conf Gres value (gpu:a100:2, gpu:2), empty for none
+  local spec count type
+  [ "${#GPU_SPECS[@]}" = 0 ] && return 0
+  spec=${GPU_SPECS[$(( ${#GPU_SPECS[@]} == 1 ? 0 : $1 - 1 ))]}
+  count=${spec%%:*} type=${spec#"$count"}
+  [ "$count" -gt 0 ] && echo "gpu${type}:$count"
+  return 0
+}
 free_mb=$(awk '/MemTotal/ {print int($2 / 1024)}' /proc/meminfo)
 node_mem=$(( free_mb * 6 / 10 / NODES ))
 [ "$node_mem" -ge 256 ] || die memory "" "only ${free_mb} MB of memory; Slurm nodes need at least 256 MB each"
 
 if [ "$NODES" = 1 ]; then
   ctld_host="$HOST" dbd_addr=localhost
-  node_lines="NodeName=$HOST CPUs=$CPUS RealMemory=$node_mem State=UNKNOWN"
   slurmd_pid="$RUN/slurmd.pid"
 else
   ctld_host="$HOST($SUBNET.1)" dbd_addr="$SUBNET.1"  # reachable from the nodes too (sacct in a job)
-  node_lines=""
-  for n in $(seq 1 "$NODES"); do
-    node_lines+="NodeName=node$n NodeAddr=$(node_addr "$n") CPUs=$CPUS RealMemory=$node_mem State=UNKNOWN"$'\n'
-  done
   slurmd_pid="/run/tinygpt-slurmd/slurmd.pid"  # each node's mount namespace sees its own folder here
 fi
+# GPUs that Slurm schedules, accounts for and hands out (SLURM_GPUS_ON_NODE, CUDA_VISIBLE_DEVICES), and that
+# are not there: each is a character device under $HOME_DIR/dev with /dev/null's numbers (1, 3), which slurmd
+# only stats. Slurm 22.05 drops a gpu GRES that has no File (a Count alone gives the nodes no GPU), and gives
+# no CUDA_VISIBLE_DEVICES for a File that is not a device. No CUDA exists: the trainers run on CPU.
+stand_in_gpu() {  # stand_in_gpu PATH
+  mknod -m 666 "$1" c 1 3 2>/dev/null && return 0
+  : >"$1"
+  say "warning: cannot make device $1 (mknod); jobs get SLURM_GPUS_ON_NODE but no CUDA_VISIBLE_DEVICES"
+}
+node_lines="" gres_lines=""
+for n in $(seq 1 "$NODES"); do
+  if [ "$NODES" = 1 ]; then name=$HOST addr=""; else name=node$n addr=" NodeAddr=$(node_addr "$n")"; fi
+  gres=$(gres_of "$n")
+  node_lines+="NodeName=$name$addr CPUs=$CPUS RealMemory=$node_mem${gres:+ Gres=$gres} State=UNKNOWN"$'\n'
+  if [ -n "$gres" ]; then
+    IFS=: read -r -a g <<<"$gres"
+    count=${g[-1]}
+    mkdir -p "$HOME_DIR/dev/$name"
+    for i in $(seq 0 $(( count - 1 ))); do
+      [ -e "$HOME_DIR/dev/$name/gpu$i" ] || stand_in_gpu "$HOME_DIR/dev/$name/gpu$i"
+    done
+    files=$HOME_DIR/dev/$name/gpu$( [ "$count" = 1 ] && echo 0 || echo "[0-$(( count - 1 ))]")
+    gres_lines+="NodeName=$name Name=gpu${g[2]:+ Type=${g[1]}} File=$files"$'\n'
+  fi
+done
 if [ "$ACCOUNTING" = 1 ]; then
   accounting="AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=$dbd_addr
 JobAcctGatherType=jobacct_gather/linux"
+  # GPUs are accounted for (sacct's AllocTRES: gres/gpu=N) once they are named here.
+  [ -n "$gres_lines" ] && accounting+=$'\n'"AccountingStorageTRES=gres/gpu"
+  # With --accounts a job needs an association (user, account) and keeps to its QOS's limits.
+  [ "$ACCOUNTS" = 1 ] && accounting+=$'\n'"AccountingStorageEnforce=associations,limits,qos"
 else
   accounting="AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none"
@@ -245,7 +299,8 @@ DefMemPerCPU=$(( node_mem / CPUS ))
 KillWait=15
 MinJobAge=600
 JobCompType=jobcomp/none
-$accounting
+${gres_lines:+GresTypes=gpu
+}$accounting
 $node_lines
 $partition_lines
 EOF
@@ -258,6 +313,16 @@ else
   rm -f "$new_conf"
 fi
 ln -sfn "$ETC/slurm.conf" /etc/slurm/slurm.conf
+if [ -n "$gres_lines" ]; then
+  printf '# Written by hpc_lab/local_cluster/up.sh %s: GPUs that are stand-ins (no device)\n%s' \
+    "$options" "$gres_lines" >"$ETC/gres.conf.new"
+  cmp -s "$ETC/gres.conf.new" "$ETC/gres.conf" || conf_changed=1
+  mv "$ETC/gres.conf.new" "$ETC/gres.conf"
+  ln -sfn "$ETC/gres.conf" /etc/slurm/gres.conf
+else
+  [ -e "$ETC/gres.conf" ] && conf_changed=1
+  rm -f "$ETC/gres.conf" /etc/slurm/gres.conf
+fi
 
 if [ "$ACCOUNTING" = 1 ]; then
   cat >"$ETC/slurmdbd.conf.new" <<EOF
@@ -349,6 +414,28 @@ EOF
   fi
 fi
 
+# --- 6b. accounts (--accounts): what the user may charge and how much, enforced ----------------------------
+ACCOUNT_USERS=root
+[ -n "${SUDO_USER:-}" ] && [ "$SUDO_USER" != root ] && ACCOUNT_USERS+=" $SUDO_USER"
+has_assoc() {  # has_assoc USER ACCOUNT: accounting holds the association
+  [ -n "$(sacctmgr -n -P show assoc cluster="$CLUSTER" user="$1" account="$2" format=account 2>/dev/null)" ]
+}
+if [ "$ACCOUNTS" = 1 ]; then
+  dbd() { sacctmgr -i "$@" >>"$LOG/sacctmgr.out" 2>&1 || die slurmdbd "$LOG/sacctmgr.out" "sacctmgr $* failed"; }
+  # Refused at submission (DenyOnLimit), not left pending, when a job asks for more than 10 minutes.
+  [ -n "$(sacctmgr -n -P show qos capped format=name 2>/dev/null)" ] \
+    || dbd add qos capped MaxWall=00:10:00 Flags=DenyOnLimit Description="at most 10 minutes a job"
+  for account in tinygpt elsewhere; do
+    [ -n "$(sacctmgr -n -P show account "$account" format=account 2>/dev/null)" ] \
+      || dbd add account "$account" Cluster="$CLUSTER" Description="$account" Organization=tinygpt-local
+  done
+  for user in $ACCOUNT_USERS; do
+    has_assoc "$user" tinygpt || dbd add user "$user" Account=tinygpt Cluster="$CLUSTER"
+    dbd modify user "$user" where cluster="$CLUSTER" account=tinygpt set QOS=normal,capped DefaultQOS=normal
+    dbd modify user "$user" set DefaultAccount=tinygpt
+  done
+fi
+
 # --- 7. slurmctld ------------------------------------------------------------------------------------------
 if [ "$conf_changed" = 1 ] && alive "$RUN/slurmctld.pid" slurmctld; then
   say "configuration changed: restarting slurmctld and slurmd"
@@ -392,6 +479,14 @@ fi
 if [ "$ACCOUNTING" = 1 ]; then
   wait_for 30 sacct -n -X -S now-1hours || die slurmdbd "$LOG/slurmdbd.log" "sacct does not answer"
 fi
+ctld_knows() {  # ctld_knows USER: slurmctld holds the user's association with account tinygpt
+  has_line "$(scontrol show assoc_mgr users="$1" accounts=tinygpt flags=assoc 2>/dev/null)" "Account=tinygpt "
+}
+if [ "$ACCOUNTS" = 1 ]; then
+  for user in $ACCOUNT_USERS; do
+    wait_for 30 ctld_knows "$user" || die slurmctld "$LOG/slurmctld.log" "does not know $user's account tinygpt"
+  done
+fi
 if [ "$RESET" = 1 ]; then
   left=$(squeue -h -o %i 2>/dev/null | paste -sd' ' -)
   if [ -n "$left" ]; then
@@ -402,5 +497,7 @@ if [ "$RESET" = 1 ]; then
   fi
 fi
 partitions=$(sinfo -h -o '%P' 2>/dev/null | paste -sd, -)
-say "cluster '$CLUSTER' is up: $NODES node(s) ($names), $CPUS CPUs each, partitions ${partitions:-debug}" \
+extras=${GPUS:+, GPUs $GPUS}
+[ "$ACCOUNTS" = 1 ] && extras+=", accounts tinygpt (yours, QOS normal and capped) and elsewhere"
+say "cluster '$CLUSTER' is up: $NODES node(s) ($names), $CPUS CPUs each$extras, partitions ${partitions:-debug}" \
     "($(awk -v t0="$T0" -v t1="$(date +%s.%N)" 'BEGIN {printf "%.1f", t1 - t0}') s)"
