@@ -173,15 +173,44 @@ def slurm_problem() -> str | None:
     return None
 
 
-_SLURM_PROBLEM: list = []
+def _output(*cmd: str) -> str:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def cluster_lacks(need: str) -> str | None:
+    """Why the cluster lacks what `@pytest.mark.slurm(needs=[...])` asks for, and the up.sh option that gives it
+    (CI's cluster has them all)."""
+    if need == "gpus":
+        gres = _output("sinfo", "-h", "-o", "%G")
+        if "gpu:a100:" not in gres or "gpu:h100:" not in gres:
+            return "its nodes have no GPUs of types a100 and h100 (up.sh --gpus 2:a100,2:h100)"
+    elif need == "accounts":
+        enforce = next((line for line in _output("scontrol", "show", "config").splitlines()
+                        if line.startswith("AccountingStorageEnforce")), "")
+        if "associations" not in enforce or "tinygpt" not in _output("sacctmgr", "-n", "-P", "show", "account"):
+            return "it has no accounts and limits enforced (up.sh --accounts)"
+    else:
+        raise ValueError(f"unknown need {need!r}")
+    return None
+
+
+_SLURM_PROBLEM: dict = {}
 
 
 def pytest_runtest_setup(item):
-    if item.get_closest_marker("slurm") is None:
+    marker = item.get_closest_marker("slurm")
+    if marker is None:
         return
-    if not _SLURM_PROBLEM:
-        _SLURM_PROBLEM.append(slurm_problem())
-    problem = _SLURM_PROBLEM[0]
+    if None not in _SLURM_PROBLEM:
+        _SLURM_PROBLEM[None] = slurm_problem()
+    problem = _SLURM_PROBLEM[None]
+    for need in marker.kwargs.get("needs", ()) if problem is None else ():
+        if need not in _SLURM_PROBLEM:
+            _SLURM_PROBLEM[need] = cluster_lacks(need)
+        problem = problem or _SLURM_PROBLEM[need]
     if problem is None:
         return
     if os.environ.get("TINYGPT_REQUIRE_SLURM") == "1":

@@ -19,7 +19,8 @@ from . import durable
 
 REPO = Path(__file__).resolve().parent.parent
 SLURM_KEYS = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_RESTART_COUNT",
-              "SLURM_JOB_NODELIST", "SLURM_JOB_PARTITION", "SLURM_CLUSTER_NAME", "SLURM_NTASKS")
+              "SLURM_JOB_NODELIST", "SLURM_JOB_PARTITION", "SLURM_CLUSTER_NAME", "SLURM_NTASKS",
+              "SLURM_JOB_ACCOUNT", "SLURM_GPUS_ON_NODE")
 
 
 def _run(cmd: list[str]) -> str | None:
@@ -74,6 +75,9 @@ def collect(hostnames: list[str], world_size: int, device: str) -> dict:
         "nccl": nccl,
         "device": device,
         "gpus": gpu_names(),
+        # The GPUs this process may use, as Slurm (and, for a packed run, its share) left them: the count is
+        # right on a cluster whose GPUs have no driver here, too.
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "hostnames": hostnames,
         "world_size": world_size,
         "slurm": {k: os.environ[k] for k in SLURM_KEYS if k in os.environ},

@@ -173,7 +173,9 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    from .precision import take_pack_share
     from .train import exit_process
 
     preemption.install_early_recorder()  # (a signal between trials is recorded, not fatal)
+    take_pack_share()
     exit_process(main(sys.argv[1:]))

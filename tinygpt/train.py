@@ -15,7 +15,7 @@ import os
 import sys
 
 from . import config as config_mod
-from . import preemption
+from . import precision, preemption
 from .errors import FULL, filesystem_message
 
 
@@ -60,6 +60,7 @@ def cli() -> None:
     action; the trainer's handler picks up what was recorded.
     """
     preemption.install_early_recorder()
+    precision.take_pack_share()
     exit_process(main())
 
 

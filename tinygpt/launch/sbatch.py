@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tinygpt import preemption
+from tinygpt.precision import PACK_SLOT_ENV
 
 from . import directives
 from .profiles import Profile
@@ -98,10 +99,10 @@ def _single(p: ScriptParams) -> list[str]:
 
 
 def _packed(p: ScriptParams) -> list[str]:
-    """`pack` runs at once in one task: one srun step each (--overlap: they share the task's CPUs and GPUs;
-    each trainer gets its share of the CPUs as threads), each with its own log. Slurm's signal reaches
-    every step; each trainer saves and exits with EXIT_REQUEUE (told so by TINYGPT_REQUEUE=script), and
-    once all have ended the script requeues the task, so that every run resumes."""
+    """`pack` runs at once in one task: one srun step each (--overlap: they share the task's CPUs; each trainer
+    gets its share of the CPUs as threads, and takes its share of the GPUs, told its slot), each with its own
+    log. Slurm's signal reaches every step; each trainer saves and exits with EXIT_REQUEUE (told so by
+    TINYGPT_REQUEUE=script), and once all have ended the script requeues the task, so that every run resumes."""
     q = shlex.quote
     task_log = '"${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID}_${SLURM_ARRAY_TASK_ID:-0}"'
     return [
@@ -113,7 +114,8 @@ def _packed(p: ScriptParams) -> list[str]:
         f"  {CONFIG_LINE}",
         f"  LOG={q(p.log_dir)}/{task_log}.run$RUN_INDEX.out",
         f"  {LIFE_LINE} | tee -a \"$LOG\"",
-        f'  {preemption.REQUEUE_ENV}=script SLURM_CPUS_PER_TASK="$CPUS" srun --overlap --ntasks=1 --nodes=1 '
+        f'  {preemption.REQUEUE_ENV}=script {PACK_SLOT_ENV}="$(( RUN_INDEX - FIRST ))/{p.pack}" '
+        'SLURM_CPUS_PER_TASK="$CPUS" srun --overlap --ntasks=1 --nodes=1 '
         f'{_trainer(p)} >> "$LOG" 2>&1 &',
         "  pids+=($!)",
         "done",

@@ -15,7 +15,7 @@
                                   # also partition, qos, account, constraint, exclude (nodes), and
                                   # sbatch_options / srun_args passed through (see passthrough.py)
     array_parallelism: 4          # at most this many array tasks at once
-    pack: 2                       # two runs at once in each array task, sharing its CPUs and GPUs
+    pack: 2                       # two runs at once in each array task: they share its CPUs, split its GPUs
     snapshot_max_file_mb: 10      # the code snapshot refuses a tracked file larger than this
 
 With both `grid` and `runs`, the sweep has the grid's points followed by the explicit runs. Each run's
@@ -108,7 +108,8 @@ class SpecFile(schema.Schema):
     runs: list[dict[str, Any]] | None = Field(None, description="explicit runs: trainer keys and an optional name")
     resources: ResourcesRequest = Field(default_factory=ResourcesRequest, description="what each job asks for")
     array_parallelism: OptInt = Field(None, ge=1, description="at most this many array tasks at once")
-    pack: OptInt = Field(None, ge=1, description="runs at once in each array task, sharing its CPUs and GPUs")
+    pack: OptInt = Field(None, ge=1, description=(
+        "runs at once in each array task: they share its CPUs and split its GPUs"))
     snapshot_max_file_mb: OptFloat = Field(None, gt=0, lt=1e9, description=(
         "the code snapshot refuses a tracked file larger than this"),
         json_schema_extra={"hint": "megabytes: the largest tracked file a code snapshot copies"})
@@ -170,7 +171,7 @@ class Sweep:
     runs: list[Run] = field(default_factory=list)
     varying: list[str] = field(default_factory=list)  # keys whose value differs between runs
     search: dict[str, Any] | None = None  # an Optuna search's settings (search.py); its runs are the workers
-    pack: int = 1  # runs at once in each array task, sharing its CPUs and GPUs
+    pack: int = 1  # runs at once in each array task: they share its CPUs and split its GPUs
     snapshot_max_file_mb: float = MAX_FILE_MB  # the code snapshot refuses a tracked file larger than this
 
     @property
@@ -332,7 +333,7 @@ def load(path: str | Path, workdir: str | Path = ".", cluster: str | None = None
     pack = _pack(spec.pack or 1, backend, optuna, problems)
     if pack > 1 and resources and (resources.nodes, resources.tasks_per_node) != (1, 1):
         problems.append("pack: packed runs are one process each; ask for resources nodes: 1, tasks_per_node: 1 "
-                        "(their CPUs and GPUs are shared among the packed runs)")
+                        "(the packed runs share the task's CPUs, and each takes its share of its GPUs)")
     unique_problems = list(dict.fromkeys(problems))
     if unique_problems:
         raise LaunchError(unique_problems, str(path))
