@@ -56,11 +56,20 @@ REFUSED = [
      {"partition": "short", "time": "01:00:00"}, "",
      "resources.time: 01:00:00 is over partition short's MaxTime 00:30:00; ask for at most 00:30:00 (a run stopped "
      "at its limit resumes in its next job)"),
-    ("gpus", {"node": {"gpus": 4, "gpu_type": "a100", "cpus": 2}, "gpu_request": "gres"}, {"gpus_per_node": 1}, "",
-     "resources.gpus_per_node: 1, and the nodes of partition debug have no GPU; set gpus_per_node: 0, or choose a "
-     "partition with GPUs"),
-    ("account", None, {"account": "nosuch"}, "",
-     "resources.account (or the profile's): `nosuch` is not one of your accounts"),
+    ("gpu-type", {"node": {"gpus": 2, "gpu_type": "v100", "cpus": 2}, "gpu_request": "gres"}, {"gpus_per_node": 1},
+     "", "node.gpu_type (profile local): `v100` is not a GPU type on partition debug's nodes (they have a100, h100); "
+     "set node.gpu_type to one of those, or choose the partition that has v100"),
+    ("gpus", {"node": {"gpus": 4, "gpu_type": "a100", "cpus": 2}, "gpu_request": "gres"},
+     {"gpus_per_node": 4, "tasks_per_node": 1}, "",
+     "resources.gpus_per_node: 4 is more than a node of partition debug holds (2); ask for at most 2, and more "
+     "nodes"),
+    # (up.sh --accounts: the user is in account tinygpt, not in elsewhere; QOS capped refuses jobs over 10 minutes)
+    ("account", None, {"account": "elsewhere"}, "",
+     "resources.account (or the profile's): `elsewhere` is not one of your accounts (root, tinygpt); name one of "
+     "those"),
+    ("qos", None, {"qos": "capped", "time": "00:20:00"}, "",
+     "resources.time: 00:20:00 is over QOS capped's MaxWall 00:10:00; ask for at most 00:10:00, or another QOS "
+     "(resources.qos (or the profile's))"),
     ("array", {"cluster_name": None, "max_array_size": 5000}, None, f"grid: {{seed: {list(range(1100))}}}\n",
      "max_array_size (profile local): array.sbatch's task ids reach 1099, and this cluster's MaxArraySize is "
      "1001"),
@@ -69,7 +78,7 @@ REFUSED = [
 ]
 
 
-@pytest.mark.slurm
+@pytest.mark.slurm(needs=["gpus", "accounts"])
 @pytest.mark.parametrize("name, profile, resources, grid, message", REFUSED, ids=[case[0] for case in REFUSED])
 def test_a_spec_the_live_cluster_would_refuse_is_named_and_nothing_is_submitted(tmp_path, tiny_corpus, name,
                                                                                  profile, resources, grid, message):

@@ -21,8 +21,8 @@ def live(kind: str) -> list[dict[str, str]]:
     return slurm_cli.scontrol_records(kind)
 
 
-@pytest.mark.slurm
-def test_profile_new_writes_what_slurm_says_and_a_sweep_runs_with_it_unchanged(tmp_path, tiny_corpus):
+@pytest.mark.slurm(needs=["gpus", "accounts"])
+def test_profile_new_writes_what_slurm_says_and_sweeps_run_with_it_unchanged(tmp_path, tiny_corpus):
     out = launch("profile", "new", "--dir", str(tmp_path))
     assert out.returncode == 0, out.stdout + out.stderr
     path = tmp_path / "local.yaml"
@@ -37,23 +37,32 @@ def test_profile_new_writes_what_slurm_says_and_a_sweep_runs_with_it_unchanged(t
     assert written["partitions"] == {n: {"max_time": "INFINITE" if p["MaxTime"] == "UNLIMITED" else p["MaxTime"],
                                          "max_nodes": int(p["TotalNodes"])} for n, p in partitions.items()}
     assert written["partitions"]["short"]["max_time"] == "00:30:00"  # (the local cluster's partition with a limit)
-    assert written["node"] == {"gpus": 0, "cpus": int(node1["CPUTot"]), "mem": f"{node1['RealMemory']}M"}
-    assert written["gpu_request"] == "none" and written["max_array_size"] == 1001
+    # The default partition's nodes differ (up.sh --gpus 2:a100,2:h100): the first kind is the profile's node, the
+    # other is said beside each partition.
+    assert written["node"] == {"gpus": 2, "gpu_type": "a100", "cpus": int(node1["CPUTot"]),
+                               "mem": f"{node1['RealMemory']}M"}
+    assert f"# 2 node(s); 1 x 2 x h100, {node1['CPUTot']} CPUs, {node1['RealMemory']}M" in text
+    assert written["gpu_request"] == "gres" and written["max_array_size"] == 1001
+    # The user's account and QOS (up.sh --accounts), and what limits the others
+    assert (written["account"], written["qos"]) == ("tinygpt", "normal")
+    assert "# your default QOS (allowed: capped (MaxWall 00:10:00), normal)" in text
     assert "# preemption: preempt/partition_prio, mode REQUEUE" in text and "low-cancel CANCEL" in text
     assert text.count("# a guess") == 2 and "# modules:" in text and "# setup:" in text
     # It passes the profile schema (the loader's and the editors' JSON Schema), and is used as it is.
     assert profiles.from_file(path).cluster_name == cluster
     jsonschema.Draft202012Validator(json.loads(json_schema.path("profile").read_text())).validate(written)
-    spec = tmp_path / "s.yaml"
-    spec.write_text(f"name: s\ntrain: {{data_file: {tiny_corpus}, {tiny_yaml(max_steps=10, eval_interval=5)}}}\n"
-                    "resources: {time: '00:05:00'}\n")
-    work = tmp_path / "w"
-    submitted = launch(str(spec), "--cluster", str(path), "--workdir", str(work))
-    assert submitted.returncode == 0 and "cluster local" in submitted.stdout, submitted.stdout + submitted.stderr
     from tinygpt.launch.manifest import load
 
-    job = load(work / "jobs" / "s" / "manifest.json").task_job_ids()[0]
-    assert wait(job) == "COMPLETED"
+    work = tmp_path / "w"
+    for name, resources in (("cpu", "{time: '00:05:00'}"), ("gpu", "{time: '00:05:00', gpus_per_node: 1}")):
+        spec = tmp_path / f"{name}.yaml"
+        spec.write_text(f"name: {name}\ntrain: {{data_file: {tiny_corpus}, {tiny_yaml(max_steps=10, eval_interval=5)}}}"
+                        f"\nresources: {resources}\n")
+        submitted = launch(str(spec), "--cluster", str(path), "--workdir", str(work))
+        assert submitted.returncode == 0 and "cluster local" in submitted.stdout, submitted.stdout + submitted.stderr
+        manifest = load(work / "jobs" / name / "manifest.json")
+        assert wait(manifest.task_job_ids()[0]) == "COMPLETED"
+    assert "#SBATCH --gres=gpu:a100:1" in (work / "jobs" / "gpu" / "gpu.sbatch").read_text()
 
 
 @pytest.mark.slurm

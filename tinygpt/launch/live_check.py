@@ -3,9 +3,10 @@ of every submission (`--no-check` skips it, and the output says so).
 
 Asked of Slurm: the profile is this cluster's; the partition exists, is up and open to the user; the time
 fits its MaxTime and the nodes its size; the GPUs asked for are on its nodes, of the profile's GRES type; the
-account and QOS are the user's (where accounting answers); each job array's task ids stay below
-MaxArraySize. Then `sbatch --test-only` of each batch script: Slurm's own verdict, and its estimate of when
-the job would start. When Slurm does not answer, nothing is submitted (the check fails closed).
+account and QOS are the user's, and the time fits the QOS's MaxWall (where accounting answers); each job
+array's task ids stay below MaxArraySize. Then `sbatch --test-only` of each batch script: Slurm's own
+verdict, and its estimate of when the job would start. When Slurm does not answer, nothing is submitted
+(the check fails closed).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def spec_problems(sweep: Sweep, cluster: LiveCluster) -> list[str]:
 def _size_problems(sweep: Sweep, cluster: LiveCluster, partition: str) -> list[str]:
     r, prof, p = sweep.resources, sweep.profile, cluster.partitions[partition]
     problems = []
-    limit = parse_time_min(p.get("MaxTime", "UNLIMITED"))
+    limit = _minutes(p.get("MaxTime", "UNLIMITED"))
     if limit is not None and r.time_min > limit:
         problems.append(f"resources.time: {r.time} is over partition {partition}'s MaxTime {p['MaxTime']}; ask for "
                         f"at most {p['MaxTime']} (a run stopped at its limit resumes in its next job)")
@@ -112,7 +113,21 @@ def _account_problems(sweep: Sweep, cluster: LiveCluster) -> list[str]:
     if r.qos and allowed is not None and r.qos not in allowed:
         return [f"{SOURCE['qos']}: `{r.qos}` is not a QOS you may use with account "
                 f"{r.account or cluster.accounts[0]} ({', '.join(sorted(allowed)) or 'none'}); name one of those"]
+    qos = r.qos or cluster.default_qos(r.account)
+    wall = (cluster.qos_max_wall or {}).get(qos or "", "")
+    limit = _minutes(wall) if wall else None
+    if limit is not None and r.time_min > limit:
+        return [f"resources.time: {r.time} is over QOS {qos}'s MaxWall {wall}; ask for at most {wall}, or another "
+                f"QOS ({SOURCE['qos']})"]
     return []
+
+
+def _minutes(slurm_time: str) -> int | None:
+    """A time limit as Slurm printed it, in minutes; None for none, or for text that is not a time."""
+    try:
+        return parse_time_min(slurm_time)
+    except ValueError:
+        return None
 
 
 def array_problems(plan: Plan, cluster: LiveCluster) -> list[str]:

@@ -24,6 +24,7 @@ class LiveCluster:
     partitions: dict[str, dict[str, str]]  # scontrol show partition, by name, in Slurm's order
     nodes: list[dict[str, str]]  # scontrol show node
     accounts: tuple[str | None, list[dict[str, str]]] | None  # (default account, associations); None: no answer
+    qos_max_wall: dict[str, str] | None = None  # {QOS: MaxWall, '' for none}; None: accounting did not answer
 
     @classmethod
     def ask(cls) -> LiveCluster | None:
@@ -34,7 +35,7 @@ class LiveCluster:
         if config is None or partitions is None or nodes is None:
             return None
         return cls(config, {p.get("PartitionName", "?"): p for p in partitions}, nodes,
-                   slurm_cli.associations(getpass.getuser()))
+                   slurm_cli.associations(getpass.getuser()), slurm_cli.qos_max_wall())
 
     @property
     def name(self) -> str | None:
@@ -53,6 +54,14 @@ class LiveCluster:
             return None
         account = account or self.accounts[0]
         return {q for row in self.accounts[1] if row["Account"] == account for q in row.get("QOS", "").split(",") if q}
+
+    def default_qos(self, account: str | None) -> str | None:
+        """The QOS a job of `account` (the user's default account when None) gets when it names none."""
+        if not self.accounts:
+            return None
+        account = account or self.accounts[0]
+        return next((row["DefaultQOS"] for row in self.accounts[1] if row["Account"] == account
+                     and row.get("DefaultQOS")), None)
 
     def refusal(self, name: str) -> str | None:
         """Why the user may not submit to partition `name` (it is down, closed to their groups or accounts)."""

@@ -114,6 +114,14 @@ def associations(user: str) -> tuple[str | None, list[dict[str, str]]] | None:
     return default.stdout.strip() or None, rows
 
 
+def qos_max_wall() -> dict[str, str] | None:
+    """{QOS: its MaxWall, '' for none} from accounting; None when sacctmgr does not answer."""
+    out = _run(["sacctmgr", "-n", "-P", "show", "qos", "format=Name,MaxWall"], timeout=10)
+    if out is None or out.returncode != 0:
+        return None
+    return dict(line.split("|", 1) for line in out.stdout.splitlines() if "|" in line)
+
+
 def cluster_name() -> str | None:
     return (cluster_config() or {}).get("ClusterName")
 
