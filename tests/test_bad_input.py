@@ -24,6 +24,8 @@ CASES = [
     ("wrong-type-bool", "train", "--bias maybe", "bias: expected true or false"),
     ("negative-lr", "train", "--lr -0.001", "lr: must be > 0, got -0.001"),
     ("dropout-1", "train", "--dropout 1.0", "dropout: must be in [0, 1), got 1.0"),
+    ("unknown-optimizer", "spec", "name: s\ntrain: {optimizer: muom}\n",
+     "optimizer: expected one of adamw or muon, got 'muom'"),
     ("heads-divide", "train", "--n-embd 100 --n-head 3", "n_embd: 100 is not divisible by n_head 3"),
     ("min-lr-above-lr", "train", "--lr 1e-4 --min-lr 1e-3", "min_lr: 0.001 is above lr 0.0001"),
     ("block-too-long", "train", "--data-file {tiny} --block-size 2000", "block_size: the val split"),

@@ -91,9 +91,10 @@ def test_two_ranks_of_ddp_around_the_compiled_model_stay_in_sync_and_rank0_alone
 
 
 @pytest.mark.distributed
-def test_two_rank_run_stopped_and_resumed_is_identical(tmp_path, tiny_corpus):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_two_rank_run_stopped_and_resumed_is_identical(tmp_path, tiny_corpus, optimizer):
     whole, part = tmp_path / "whole", tmp_path / "part"
-    common = ["--dropout", "0.1", "--log-interval", "1", "--grad-accum", "2"]
+    common = ["--dropout", "0.1", "--log-interval", "1", "--grad-accum", "2", "--optimizer", optimizer]
     torchrun(tmp_path, tiny_corpus, whole, *common)
     torchrun(tmp_path, tiny_corpus, part, *common, "--stop-after", "10")
     torchrun(tmp_path, tiny_corpus, part, *common)

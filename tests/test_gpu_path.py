@@ -43,7 +43,7 @@ def test_inductor_training_has_no_graph_break_and_no_recompile_after_the_first_e
     counters = dynamo_counters()
     graphs_at_eval = []
 
-    def count(step, val_loss):
+    def count(step, val_loss, train_s):
         graphs_at_eval.append(counters["stats"]["unique_graphs"])
         return False
 

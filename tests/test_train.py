@@ -13,6 +13,7 @@ import torch
 from conftest import ROOT, TINY_FLAGS, loss_series, python_env, read_metrics, run_module, train_tiny
 from tinygpt import checkpoint as ckpt
 from tinygpt import config, trainer
+from tinygpt.optimizers import Optimizers
 
 run = train_tiny
 
@@ -30,7 +31,7 @@ def test_weight_decay_applies_to_matrices_only():
     from tinygpt.model import GPT
 
     model = GPT(config.ModelConfig(block_size=8, n_layer=1, n_head=1, n_embd=8, bias=True), vocab_size=10)
-    opt = trainer.make_optimizer(model, config.OptimConfig(weight_decay=0.1), fused=False)
+    opt = Optimizers(model, config.OptimConfig(weight_decay=0.1), fused=False)
     decayed, plain = opt.param_groups
     assert decayed["weight_decay"] == 0.1 and all(p.dim() == 2 for p in decayed["params"])
     assert plain["weight_decay"] == 0.0 and all(p.dim() == 1 for p in plain["params"])

@@ -94,8 +94,14 @@ class DataConfig(schema.Schema):
 
 class OptimConfig(schema.Schema):
     max_steps: Int = _f(1600, "optimizer steps to train for", ge=1)
-    lr: Float = _f(5e-3, "peak learning rate", gt=0)
-    min_lr: Float = _f(2e-4, "learning rate at the end of the cosine decay", ge=0)
+    optimizer: Literal["adamw", "muon"] = _f(
+        "adamw", "adamw, or muon: Muon for the blocks' matrices, AdamW for the rest (tinygpt/optimizers.py)")
+    lr: Float = _f(5e-3, "peak learning rate (AdamW's)", gt=0)
+    min_lr: Float = _f(2e-4, "learning rate at the end of the cosine decay (Muon's ends at the same fraction of "
+                             "muon_lr)", ge=0)
+    muon_lr: Float = _f(0.02, "Muon's peak learning rate (optimizer: muon)", gt=0)
+    muon_momentum: Float = _f(0.95, "Muon's momentum (optimizer: muon)", ge=0, lt=1)
+    muon_weight_decay: Float = _f(0.0, "Muon's decoupled weight decay (optimizer: muon)", ge=0)
     warmup_steps: Int = _f(50, "linear warm-up steps", ge=0)
     lr_decay_steps: OptInt = _f(None, "steps of the cosine decay (default: max_steps)", ge=1)
     weight_decay: Float = _f(0.1, "AdamW weight decay, applied to matrices only", ge=0)

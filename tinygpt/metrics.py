@@ -16,7 +16,8 @@ from pathlib import Path
 from . import durable
 
 # The fields readers rely on, and the type each must have when present (a number: int or float, not bool).
-NUMBERS = ("train_loss", "val_loss", "lr", "tokens_per_s", "elapsed_s", "mfu", "best_val_loss", "loss_scale")
+NUMBERS = ("train_loss", "val_loss", "lr", "tokens_per_s", "elapsed_s", "train_s", "mfu", "best_val_loss",
+           "loss_scale")
 
 
 def parse(line: str | bytes) -> dict | None:
@@ -95,3 +96,19 @@ class MetricsLog:
         sinks, self.sinks = self.sinks, []
         for sink in sinks:
             sink.close()
+
+
+def crossing(points: list[dict], target: float, keys: tuple[str, ...] = ("step", "train_s")) -> dict | None:
+    """Where a curve of evaluations (records with `val_loss` and `keys`, in step order) first reaches `target`:
+    each of `keys` interpolated linearly between the evaluations on either side of it, and `bracket`, the
+    distance between those two in steps as a share of the crossing's step; None when it never does."""
+    before = None
+    for p in points:
+        if p["val_loss"] <= target:
+            if before is None:  # (reached at the first evaluation: nothing before it to interpolate from)
+                return {**{k: p[k] for k in keys}, "bracket": 1.0}
+            f = (before["val_loss"] - target) / (before["val_loss"] - p["val_loss"])
+            at = {k: before[k] + f * (p[k] - before[k]) for k in keys}
+            return {**at, "bracket": (p["step"] - before["step"]) / at["step"]}
+        before = p
+    return None

@@ -27,11 +27,12 @@ from .model import GPT
 @dataclass
 class TrainState:
     """Where the loop is: completed steps, the best validation loss, and seconds of training over every
-    life of the run (this life's clock starts with `start_clock`)."""
+    life of the run (this life's clock starts with `start_clock`), of which `eval_s` went to evaluations."""
 
     step: int = 0
     best_val_loss: float | None = None
     elapsed_before_s: float = 0.0
+    eval_s: float = 0.0
     _clock_start: float = field(default_factory=time.perf_counter, repr=False)
 
     def start_clock(self) -> None:
@@ -40,13 +41,19 @@ class TrainState:
     def elapsed_s(self) -> float:
         return self.elapsed_before_s + time.perf_counter() - self._clock_start
 
+    def train_s(self) -> float:
+        """Seconds of the run so far that did not go to evaluations: what time-to-loss figures count."""
+        return self.elapsed_s() - self.eval_s
+
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "best_val_loss": self.best_val_loss, "elapsed_s": self.elapsed_s()}
+        return {"step": self.step, "best_val_loss": self.best_val_loss, "elapsed_s": self.elapsed_s(),
+                "eval_s": self.eval_s}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
         self.best_val_loss = state["best_val_loss"]
         self.elapsed_before_s = float(state["elapsed_s"])
+        self.eval_s = float(state.get("eval_s", 0.0))  # (checkpoints from before it was kept: none counted)
 
 
 class ScalerState:

@@ -32,6 +32,7 @@ from .config import ModelConfig, TrainConfig
 from .data import Batches, prepare_from_config
 from .metrics import MetricsLog
 from .model import GPT
+from .optimizers import OptimizerMismatch, Optimizers
 from .rundir_lock import RunDirLock
 from .sample import sample_text
 from .watchdog import Watchdog
@@ -64,15 +65,6 @@ def lr_at(step: int, cfg: config_mod.OptimConfig) -> float:
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.lr - cfg.min_lr)
 
 
-def make_optimizer(model: GPT, cfg: config_mod.OptimConfig, fused: bool) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only: biases and LayerNorm gains do not decay."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused or None)
-
-
 def peak_memory_mb(device: str) -> float:
     """Peak memory of this process: allocated GPU memory on CUDA, resident set size on CPU."""
     if device.startswith("cuda"):
@@ -96,8 +88,9 @@ def train(cfg: TrainConfig, requeue_hook=None, eval_hook=None) -> TrainResult:
 
     requeue_hook: called on rank 0, after the checkpoint is saved, instead of `scontrol requeue` when a
     preemption signal asks for a requeue (the submitit backend hands over to submitit's handler here).
-    eval_hook: called as eval_hook(step, val_loss) after each evaluation; a true answer (on any rank) stops
-    the run there, saved, as pruned (a search's pruner, e.g. Optuna's, answers it).
+    eval_hook: called as eval_hook(step, val_loss, train_s) after each evaluation (train_s: the run's seconds
+    so far that were not evaluations); a true answer (on any rank) stops the run there, saved, as pruned (a
+    search's pruner, e.g. Optuna's, answers it, and its time budget and target).
     """
     trainer = Trainer(cfg, requeue_hook, eval_hook)
     try:
@@ -174,7 +167,10 @@ class Trainer:
                           "streams": train_state.RankStreams(self.batches, self.dist, cfg.run.seed, self.state,
                                                              self.say)}
             if resume is not None:
-                resume.restore(self.parts)
+                try:
+                    resume.restore(self.parts)
+                except OptimizerMismatch as err:
+                    raise TrainingError(f"resume: {err}") from None
                 self.say(f"resumed from {resume.path} at step {self.state.step}")
             self.start_step = self.state.step
             self.last_val: float | None = None
@@ -251,7 +247,7 @@ class Trainer:
             self.say("note: the checkpoint's model settings win over this run's: " + ", ".join(differs))
         return saved
 
-    def _build(self, cfg: TrainConfig) -> tuple[Batches, GPT, torch.optim.Optimizer, torch.amp.GradScaler]:
+    def _build(self, cfg: TrainConfig) -> tuple[Batches, GPT, Optimizers, torch.amp.GradScaler]:
         """Batches, model, optimizer and grad scaler, seeded: the same weights on every rank."""
         batches = Batches(self.prepared, cfg.model.block_size, cfg.data.batch_size, cfg.run.seed, self.dist.rank,
                           cfg.data.eval_windows)
@@ -259,7 +255,10 @@ class Trainer:
         model = GPT(cfg.model, self.prepared.vocab_size, cfg.run.activation_checkpointing).to(self.device)
         # Dropout noise differs per rank (the weights do not: DDP broadcasts rank 0's at start).
         train_state.seed_everything(cfg.run.seed + 1 + self.dist.rank)
-        optimizer = make_optimizer(model, cfg.optim, self.policy.fused_adamw)
+        try:
+            optimizer = Optimizers(model, cfg.optim, self.policy.fused_adamw)
+        except OptimizerMismatch as err:
+            raise TrainingError(str(err)) from None
         scaler = torch.amp.GradScaler(self.policy.device_type, enabled=self.policy.use_scaler)
         return batches, model, optimizer, scaler
 
@@ -322,10 +321,13 @@ class Trainer:
                     self._log_train(loss, lr)
                 pruned = False
                 if step % run.eval_interval == 0 or step == o.max_steps:
-                    self._log_eval(self.evaluate())
+                    began = time.perf_counter()
+                    losses = self.evaluate()
+                    self.state.eval_s += time.perf_counter() - began
+                    self._log_eval(losses)
                     self.watchdog.beat(self.state.step)
                     pruned = self.eval_hook is not None and dist_mod.any_rank(
-                        bool(self.eval_hook(step, self.last_val)), self.device)
+                        bool(self.eval_hook(step, self.last_val, self.state.train_s())), self.device)
                 # A signal is never dropped for a pruning at the same step: the run leaves saved, and the next
                 # life evaluates it again.
                 stop = self._stop_reason() or ("pruned" if pruned and step < o.max_steps else None)
@@ -341,8 +343,7 @@ class Trainer:
         and its learning rate."""
         o = self.cfg.optim
         lr = lr_at(self.state.step, o)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        self.optimizer.set_lr(lr)
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(o.grad_accum):
             x, y = self.batches.next_train()
@@ -355,10 +356,11 @@ class Trainer:
                     loss = loss / o.grad_accum
                 self.scaler.scale(loss).backward()
             loss_sum += loss.detach()
+        for optimizer in self.optimizer:  # (with fp16: the true gradients, for the clip and the overflow check)
+            self.scaler.unscale_(optimizer)
         if o.grad_clip > 0:
-            self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), o.grad_clip)
-        self.scaler.step(self.optimizer)
+        self.optimizer.step(self.scaler)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.state.step += 1
@@ -424,7 +426,7 @@ class Trainer:
         best = self.state.best_val_loss
         self.state.best_val_loss = self.last_val if best is None else min(best, self.last_val)
         self.metrics.write({"step": step, "val_loss": losses["val"], "train_loss": losses["train"],
-                            "elapsed_s": self.state.elapsed_s()})
+                            "elapsed_s": self.state.elapsed_s(), "train_s": self.state.train_s()})
         max_steps = self.cfg.optim.max_steps
         self.say(f"val    {step:>{len(str(max_steps))}}/{max_steps} | val loss {losses['val']:.4f} | "
                  f"train loss {losses['train']:.4f}")
