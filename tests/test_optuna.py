@@ -31,8 +31,9 @@ def optuna_spec(tmp_path: Path, corpus: Path, name: str, trials: int, workers: i
 def test_a_true_eval_hook_answer_stops_the_run_saved_as_pruned(tmp_path, tiny_corpus, data_dir):
     seen = []
 
-    def prune_at_ten(step, val_loss):
+    def prune_at_ten(step, val_loss, train_s):
         seen.append((step, round(val_loss, 3)))
+        assert 0 < train_s < read_metrics(tmp_path / "run")[-1]["elapsed_s"]  # (the evaluation's time left out)
         return step >= 10
 
     cfg = config.resolve([*TINY_FLAGS, "--data-file", str(tiny_corpus), "--out-dir", str(tmp_path / "run")])
@@ -80,6 +81,41 @@ def test_workers_share_one_study_locally_and_the_report_ranks_the_trials(tmp_pat
     report = (work / "runs" / "local-search" / "report.md").read_text()
     assert "## Search (Optuna)" in report and "| 1 | " in report
     assert (work / "runs" / "local-search" / "search.png").is_file()
+
+
+def test_a_search_with_a_target_scores_the_seconds_to_it_and_stops_each_trial_there(tmp_path, tiny_corpus):
+    from tinygpt.launch import search
+    from tinygpt.launch.manifest import load
+
+    work, spec = tmp_path / "w", optuna_spec(tmp_path, tiny_corpus, "soonest", 3, 1, 200)
+    data = yaml.safe_load(spec.read_text())
+    target = {"target": 3.0, "budget_s": 120.0}
+    spec.write_text(yaml.safe_dump({**data, "search": {**data["search"], **target, "pruner": "none"}}))
+    out = launch(str(spec), "--local", "--workdir", str(work), timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = search.trials(load(work / "jobs" / "soonest" / "manifest.json"))
+    assert [r["state"] for r in rows] == ["COMPLETE"] * 3
+    for row in rows:
+        records = read_metrics(Path(row["run dir"]))
+        curve = [r for r in records if "train_s" in r]  # (its evaluations)
+        best = min(r["val_loss"] for r in curve)
+        if row["tokens to target"] is None:  # never reached it: budget_s, raised by how far it stayed above
+            assert records[-1]["event"] == "finished" and best > 3.0
+            assert row["value"] == pytest.approx(120.0 * (1 + best - 3.0))
+            continue
+        # It stopped at the first evaluation at or below the target, and scores the seconds of training to the
+        # crossing: between those of the evaluations either side of it.
+        assert curve[-1]["val_loss"] <= 3.0 < min([r["val_loss"] for r in curve[:-1]], default=9), curve
+        assert curve[-1]["step"] < 200 and records[-1]["event"] == "pruned"
+        low = curve[-2]["train_s"] if len(curve) > 1 else 0.0
+        assert low <= row["value"] <= curve[-1]["train_s"] < curve[-1]["elapsed_s"]
+        assert 0 < row["tokens to target"] <= curve[-1]["step"] * 4 * 16  # (batch 4 x block 16)
+    assert any(row["tokens to target"] for row in rows) and max(row["value"] for row in rows) < 240
+    status = launch("status", str(spec), "--workdir", str(work))
+    assert "tokens to target" in status.stdout, status.stdout
+    spec.write_text(yaml.safe_dump({**data, "search": {**data["search"], "target": 3.0}}))
+    refused = launch(str(spec), "--dry-run", "--workdir", str(tmp_path / "w2"))
+    assert refused.returncode == 1 and "search.budget_s: a search with a target needs budget_s" in refused.stderr
 
 
 @pytest.mark.slurm

@@ -113,7 +113,12 @@ def _train_trial(trial, manifest: Manifest, run: RunRecord) -> tuple[str, int | 
         raise TrialError(f"{params} is not a valid config ({err})") from None
     trial.set_user_attr("run_dir", str(out_dir))
 
-    def report(step: int, val_loss: float) -> bool:
+    curve: list[dict] = []  # this life's evaluations: {step, val_loss, train_s}
+
+    def report(step: int, val_loss: float, train_s: float) -> bool:
+        curve.append({"step": step, "val_loss": val_loss, "train_s": train_s})
+        if ended_by_budget(search, curve):
+            return True  # (scored below)
         trial.report(val_loss, step)
         return trial.should_prune()
 
@@ -121,14 +126,44 @@ def _train_trial(trial, manifest: Manifest, run: RunRecord) -> tuple[str, int | 
         result = trainer.train(cfg, eval_hook=report)
     except trainer.TrainingError as err:
         raise TrialError(str(err)) from None
+    ended = result.finished or (result.pruned and ended_by_budget(search, curve))  # (not by the pruner)
+    if ended and search.target is not None and curve:
+        tokens_per_step = cfg.data.batch_size * cfg.model.block_size * cfg.optim.grad_accum
+        value, facts = time_to_target(search, curve, tokens_per_step)
+        for key, fact in facts.items():
+            trial.set_user_attr(key, fact)
+        trial.study.tell(trial, value)
+        return "COMPLETE", None
+    if ended:
+        trial.study.tell(trial, result.best_val_loss)
+        return "COMPLETE", None
     if result.pruned:
         trial.set_user_attr("pruned_at", result.step)
         trial.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         return "PRUNED", None
-    if result.finished:
-        trial.study.tell(trial, result.best_val_loss)
-        return "COMPLETE", None
     return "RUNNING", result.exit_code  # stopped by a signal and saved: the trial resumes in the next life
+
+
+def ended_by_budget(search: SearchRecord, curve: list[dict]) -> bool:
+    """The trial is done before max_steps: it reached the search's target, or spent its seconds."""
+    last = curve[-1]
+    return (search.target is not None and last["val_loss"] <= search.target) or (
+        search.budget_s is not None and last["train_s"] >= search.budget_s)
+
+
+def time_to_target(search: SearchRecord, curve: list[dict], tokens_per_step: int) -> tuple[float, dict]:
+    """The trial's score in a search with a target: the seconds of training to it, placed between the
+    evaluations around the crossing; one that never reached it scores budget_s, raised by how far it stayed
+    above (so that the closer of two such trials ranks first, and both below any that reached it)."""
+    from .metrics import crossing
+
+    found = crossing(curve, search.target)
+    best = min(p["val_loss"] for p in curve)
+    if found is None:
+        return search.budget_s * (1.0 + best - search.target), {"reached": False, "best_val_loss": best}
+    return found["train_s"], {"reached": True, "train_s_to_target": round(found["train_s"], 2),
+                              "steps_to_target": round(found["step"], 1),
+                              "tokens_to_target": round(found["step"] * tokens_per_step)}
 
 
 def main(argv: list[str]) -> int:

@@ -126,6 +126,8 @@ class SearchRecord(_Record):
     seed: int
     sampler: str = "tpe"
     pruner: str = "asha"
+    target: float | None = None  # the val loss a trial stops at; the study minimises the seconds to it
+    budget_s: float | None = None  # the seconds of training after which a trial stops
 
 
 class Manifest(_Record):

@@ -32,14 +32,14 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, ValidationInfo, WithJsonSchema, field_validator
 
 from tinygpt import durable, schema
-from tinygpt.schema import Int, OptInt
+from tinygpt.schema import Int, OptFloat, OptInt
 
 if TYPE_CHECKING:
     from .manifest import Manifest
 
 METHODS = ("random", "optuna")
 DISTRIBUTIONS = ("choice", "uniform", "loguniform", "int")
-OPTUNA_KEYS = ("workers", "sampler", "pruner")  # the keys of method optuna alone
+OPTUNA_KEYS = ("workers", "sampler", "pruner", "target", "budget_s")  # the keys of method optuna alone
 SAMPLERS = ("tpe", "random")
 PRUNERS = ("asha", "median", "none")
 MAX_TRIALS = 100_000
@@ -93,6 +93,11 @@ class Search(schema.Schema):
     workers: OptInt = Field(None, ge=1, le=MAX_WORKERS, description="optuna: array tasks asking for trials")
     sampler: Literal[SAMPLERS] | None = Field(None, description="optuna: tpe (default) or random")
     pruner: Literal[PRUNERS] | None = Field(None, description="optuna: asha (default), median or none")
+    target: OptFloat = Field(None, gt=0, description=(
+        "optuna: a validation loss; a trial stops when it reaches it, and the study minimises the seconds of "
+        "training that took (needs budget_s)"))
+    budget_s: OptFloat = Field(None, gt=0, description=(
+        "optuna: seconds of training (evaluations not counted) after which a trial stops"))
     seed: Int = Field(0, description="the same spec and seed give the same trials")
     params: dict[str, Distribution] = Field(min_length=1, description="trainer keys and their distributions",
                                             json_schema_extra={"hint": "trainer keys and their distributions, e.g. "
@@ -115,6 +120,14 @@ class Search(schema.Schema):
             raise ValueError("is a key of method optuna; remove it, or set method: optuna")
         return value
 
+    @field_validator("budget_s")
+    @classmethod
+    def _a_budget_for_a_target(cls, budget: float | None, info: ValidationInfo) -> float | None:
+        if budget is None and info.data.get("target") is not None:
+            raise ValueError("a search with a target needs budget_s, the seconds after which a trial that has not "
+                             "reached it stops (and scores budget_s and more)")
+        return budget
+
     @field_validator("seed")
     @classmethod
     def _in_numpys_range(cls, seed: int, info: ValidationInfo) -> int:
@@ -127,8 +140,9 @@ class Search(schema.Schema):
 
     def settings(self) -> dict[str, Any]:
         """What the launcher and the workers keep of it: {method, trials, seed, dists[, workers, sampler,
-        pruner]}."""
-        extra = {"workers": self.workers or 1, "sampler": self.sampler or "tpe", "pruner": self.pruner or "asha"} \
+        pruner, target, budget_s]}."""
+        extra = {"workers": self.workers or 1, "sampler": self.sampler or "tpe", "pruner": self.pruner or "asha",
+                 **{k: getattr(self, k) for k in ("target", "budget_s") if getattr(self, k) is not None}} \
             if self.method == "optuna" else {}
         return {"method": self.method, "trials": self.trials, "seed": self.seed, "dists": dict(self.params), **extra}
 
@@ -201,7 +215,7 @@ def trials(manifest: Manifest) -> list[dict[str, Any]]:
                      "pruned at": t.user_attrs.get("pruned_at"),
                      "last value": t.intermediate_values[last] if last is not None else None,
                      "worker": t.user_attrs.get("worker"), "params": t.params,
-                     "run dir": t.user_attrs.get("run_dir")})
+                     "run dir": t.user_attrs.get("run_dir"), "tokens to target": t.user_attrs.get("tokens_to_target")})
     return rows
 
 
@@ -209,10 +223,13 @@ def trials_table(rows: list[dict[str, Any]], title: str):
     from rich.table import Table
 
     t = Table(title=title, title_justify="left")
-    for col in ("trial", "state", "value", "pruned at", "worker", "params"):
-        t.add_column(col, justify="right" if col in ("trial", "value", "pruned at", "worker") else "left")
+    targeted = any(r.get("tokens to target") is not None for r in rows)  # (value: seconds to the target)
+    columns = ("trial", "state", "value", *(["tokens to target"] if targeted else []), "pruned at", "worker", "params")
+    for col in columns:
+        t.add_column(col, justify="left" if col in ("state", "params") else "right")
     for r in rows:
-        t.add_row(str(r["trial"]), r["state"], "-" if r["value"] is None else f"{r['value']:.4f}",
+        tokens = [] if not targeted else ["-" if r["tokens to target"] is None else f"{r['tokens to target']:,}"]
+        t.add_row(str(r["trial"]), r["state"], "-" if r["value"] is None else f"{r['value']:.4f}", *tokens,
                   "-" if r["pruned at"] is None else str(r["pruned at"]),
                   "-" if r["worker"] is None else str(r["worker"]), params_text(r["params"]))
     return t
