@@ -94,3 +94,36 @@ def trial_options(doc: str, cases: tuple[str, ...] = ()):
         if not args.cases or set(args.cases) - set(cases):
             p.error(f"--cases: choose among {', '.join(cases)}")
     return args, random.Random(args.seed)
+
+
+def val_loss_on_windows(model, batches) -> float:
+    """The mean loss on the validation split's fixed, evenly spaced windows (tinygpt.data.Batches): what the
+    trainer's evaluation reports as val_loss, computed the same way."""
+    import torch
+
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for x, y in batches.eval_batches("val"):
+            total += model(x, y)[1].item() * x.size(0)
+            count += x.size(0)
+    model.train(was_training)
+    return total / count
+
+
+def full_split_val_loss(model, batches) -> float:
+    """The mean loss over every non-overlapping window of the validation split: what the windows estimate."""
+    import torch
+
+    was_training = model.training
+    model.eval()
+    T = batches.block_size
+    offsets = torch.arange(0, len(batches.val) - T - 1, T)
+    total = 0.0
+    with torch.no_grad():
+        for i in range(0, len(offsets), 256):
+            x, y = batches.windows("val", offsets[i:i + 256])
+            total += model(x, y)[1].item() * len(x)
+    model.train(was_training)
+    return total / len(offsets)
