@@ -118,6 +118,20 @@ def test_a_search_with_a_target_scores_the_seconds_to_it_and_stops_each_trial_th
     assert refused.returncode == 1 and "search.budget_s: a search with a target needs budget_s" in refused.stderr
 
 
+def test_a_search_with_a_target_prunes_at_equal_seconds_of_training_and_not_before_an_eighth_of_its_budget():
+    from tinygpt.launch.manifest import SearchRecord
+    from tinygpt.search_worker import make_pruner, report_at
+
+    timed = SearchRecord(dists={}, journal="j", trials=4, seed=0, target=1.92, budget_s=50.0)
+    plain = SearchRecord(dists={}, journal="j", trials=4, seed=0)
+    import optuna
+
+    default = optuna.pruners.SuccessiveHalvingPruner()._min_resource  # ("auto": from the first trial's steps)
+    assert make_pruner(timed)._min_resource == 6 and make_pruner(plain)._min_resource == default
+    assert make_pruner(timed.model_copy(update={"pruner": "median"}))._n_warmup_steps == 6
+    assert (report_at(timed, 400, 12.7), report_at(plain, 400, 12.7)) == (12, 400)
+
+
 @pytest.mark.slurm
 def test_two_workers_on_the_cluster_and_a_preempted_worker_resumes_its_trial(tmp_path, tiny_corpus):
     """The acceptance run: 2 workers, 12 trials, ASHA; worker 0 gets the time-limit signal mid-trial."""

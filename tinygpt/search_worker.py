@@ -37,10 +37,30 @@ def open_study(search: SearchRecord, name: str, worker: int):
     seed = search.seed + worker  # (workers with the same seed would draw the same startup trials)
     sampler = (optuna.samplers.TPESampler(seed=seed) if search.sampler == "tpe"
                else optuna.samplers.RandomSampler(seed=seed))
-    pruner = {"asha": optuna.pruners.SuccessiveHalvingPruner, "median": optuna.pruners.MedianPruner,
-              "none": optuna.pruners.NopPruner}[search.pruner]()
+    pruner = make_pruner(search)
     return optuna.create_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner,
                                direction="minimize", load_if_exists=True)
+
+
+def make_pruner(search: SearchRecord):
+    """The study's pruner. In a search for the recipe that reaches a target soonest, trials are compared at
+    equal seconds of training (they report their losses at whole seconds, `report_at`), not at equal steps,
+    whose cost differs with batch and width; and none is judged before an eighth of its budget (left to
+    themselves, ASHA and the median rule judged at the first evaluation, where the warm-up decides)."""
+    import optuna
+
+    if search.pruner == "none":
+        return optuna.pruners.NopPruner()
+    first = max(1, round(search.budget_s / 8)) if search.target is not None and search.budget_s else None
+    if search.pruner == "asha":
+        return optuna.pruners.SuccessiveHalvingPruner(**({"min_resource": first} if first else {}))
+    return optuna.pruners.MedianPruner(**({"n_warmup_steps": first} if first else {}))
+
+
+def report_at(search: SearchRecord, step: int, train_s: float) -> int:
+    """Where on the pruner's axis an evaluation lies: its step, or, in a search with a target, its whole
+    seconds of training."""
+    return int(train_s) if search.target is not None else step
 
 
 def suggest(trial, key: str, kind: str, args: list) -> Any:
@@ -119,7 +139,7 @@ def _train_trial(trial, manifest: Manifest, run: RunRecord) -> tuple[str, int | 
         curve.append({"step": step, "val_loss": val_loss, "train_s": train_s})
         if ended_by_budget(search, curve):
             return True  # (scored below)
-        trial.report(val_loss, step)
+        trial.report(val_loss, report_at(search, step, train_s))
         return trial.should_prune()
 
     try:
