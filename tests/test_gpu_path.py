@@ -56,8 +56,8 @@ def test_inductor_training_has_no_graph_break_and_no_recompile_after_the_first_e
     assert max_gap(compiled, eager) <= LOSS_TOLERANCE
     a, b = (ckpt.load(ckpt.path_for_step(out, 30)).parts for out in (compiled, eager))
     assert list(a["model"]) == list(b["model"]) and not any(k.startswith("_orig_mod") for k in a["model"])
-    assert a["optimizer"]["param_groups"] == b["optimizer"]["param_groups"]
-    assert list(a["optimizer"]["state"]) == list(b["optimizer"]["state"])
+    assert a["optimizer"]["adamw"]["param_groups"] == b["optimizer"]["adamw"]["param_groups"]
+    assert list(a["optimizer"]["adamw"]["state"]) == list(b["optimizer"]["adamw"]["state"])
 
 
 @pytest.mark.parametrize("first, second", [([], AOT), (AOT, [])], ids=["eager-then-compiled", "compiled-then-eager"])
@@ -142,8 +142,10 @@ def test_gpu_check_quick_passes_on_this_cpu(tmp_path):
     lines = [json.loads(line) for line in done.stdout.splitlines()]
     checks = {line["check"]: line for line in lines if "check" in line}
     assert done.returncode == 0 and lines[-1]["failed"] == [], done.stdout + done.stderr[-3000:]
-    assert list(checks) == ["compile", "precision", "resume", "throughput", "preempt", "nccl", "sample"]
+    assert list(checks) == ["compile", "precision", "resume", "throughput", "preempt", "nccl", "sample", "recipe"]
     assert all(c["ok"] for c in checks.values())
+    assert set(checks["recipe"]["runs"]) >= {"nanogpt", "ours"} and all(
+        checks["recipe"]["runs"][r]["reached"] for r in ("nanogpt", "ours"))
     from tinygpt.precision import cpu_has_bf16
 
     assert ("bf16_val_loss" in checks["precision"]) == cpu_has_bf16()

@@ -133,7 +133,8 @@ def test_checkpoint_holds_every_part_and_loads_weights_only(tmp_path, tiny_corpu
     parts = state["parts"]
     assert list(parts) == list(trainer.Trainer.PARTS)
     assert not any(k.startswith(("_orig_mod", "module.")) for k in parts["model"])
-    assert parts["optimizer"]["state"] and parts["scaler"] == {}  # fp32 on CPU: no scaler
+    assert parts["optimizer"]["kind"] == "adamw" and parts["optimizer"]["adamw"]["state"]
+    assert parts["scaler"] == {}  # fp32 on CPU: no scaler
     assert parts["train"]["step"] == 20 and parts["train"]["best_val_loss"] > 0 and parts["train"]["elapsed_s"] > 0
     assert parts["streams"]["world_size"] == 1 and {"python", "numpy", "torch"} <= parts["streams"]["rng"][0].keys()
 
