@@ -31,6 +31,10 @@ throughput run; the last line names what it left out.
 * throughput: the large config (6x384, block 256, batch 64): auto (bf16, compiled), fp16, fp32 (TF32),
   and auto with the published recipe's dropout 0.2: ms/iter, tokens/s, MFU against the GPU's datasheet
   peak (tinygpt.precision.PEAK_FLOPS), peak memory.
+* recipe: the time to val 1.47 of nanoGPT's shakespeare_char recipe (AdamW, 5000 steps) and of ours
+  (jobs/shakespeare-char-gpu.yaml: Muon, 2500 steps), one after the other under the auto policy: seconds of
+  training and tokens to the crossing (metrics.crossing), and the final loss. The quick mode on CPU runs
+  both shrunk, for the code path only.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ from pathlib import Path
 from common import PRESETS, ROOT, SHAKESPEARE, data_flags, flags_for, run_trainer
 from tinygpt import metrics as metrics_mod
 
-CHECKS = ("compile", "precision", "resume", "throughput", "preempt", "nccl", "sample")  # the GPU figures first
+CHECKS = ("compile", "precision", "resume", "throughput", "preempt", "nccl", "sample", "recipe")  # GPU figures first
 QUICK = dict(n_layer=2, n_head=2, n_embd=64, block_size=32, batch_size=8)  # the quick mode's model: seconds a run
 
 
@@ -338,6 +342,40 @@ def check_throughput(device: str, quick: bool, tmp: Path) -> dict:
     gpu = torch.cuda.get_device_name() if device.startswith("cuda") else None
     expect(all(math.isfinite(r["final_train_loss"]) for r in runs.values()), f"non-finite loss: {runs}")
     return {"config": config, "gpu": gpu, "runs": runs}
+
+
+# nanoGPT's config/train_shakespeare_char.py, as our trainer's keys
+NANOGPT_GPU = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64, dropout=0.2, lr=1e-3,
+                   min_lr=1e-4, warmup_steps=100, max_steps=5000, beta2=0.99, eval_interval=100, eval_windows=500)
+RECIPE_TARGET = 1.47
+
+
+def check_recipe(device: str, quick: bool, tmp: Path) -> dict:
+    import yaml
+
+    ours = yaml.safe_load((ROOT / "jobs" / "shakespeare-char-gpu.yaml").read_text())["train"]
+    runs = {}
+    for label, recipe in (("nanogpt", NANOGPT_GPU), ("ours", ours)):
+        recipe = {k: v for k, v in recipe.items() if k not in ("dataset", "precision", "compile")}
+        if quick:  # the code path only: one small block, a few steps, a target every run reaches
+            recipe.update(n_layer=1, n_embd=48, block_size=32, batch_size=4, max_steps=20, eval_interval=10,
+                          eval_windows=16, warmup_steps=2)
+        out = tmp / f"recipe-{label}"
+        ran(trainer(out, device, *flags_for(recipe), *data_flags(), "--precision", "auto", "--compile",
+                    "auto" if not quick else "off", "--ckpt-interval", str(recipe["max_steps"]), timeout=3600),
+            f"the {label} recipe")
+        curve = [r for r in metrics(out) if "train_s" in r]
+        start = next(r for r in metrics(out) if r.get("event") == "start")
+        found = metrics_mod.crossing(curve, 10.0 if quick else RECIPE_TARGET)
+        runs[label] = {"final_val_loss": round(curve[-1]["val_loss"], 4), "reached": found is not None,
+                       **({"train_s": round(found["train_s"], 1), "step": round(found["step"]),
+                           "tokens": round(found["step"] * start["tokens_per_step"])} if found else {})}
+    if quick:
+        NOT_CHECKED.append(f"recipe: the time to val {RECIPE_TARGET} (quick mode: both recipes shrunk)")
+    expect(all(r["reached"] for r in runs.values()) or not quick, f"a quick recipe run did not reach 10: {runs}")
+    if runs["nanogpt"].get("train_s") and runs["ours"].get("train_s"):
+        runs["ratio_ours_to_nanogpt"] = round(runs["ours"]["train_s"] / runs["nanogpt"]["train_s"], 3)
+    return {"target": RECIPE_TARGET, "runs": runs}
 
 
 def main() -> None:

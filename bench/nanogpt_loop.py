@@ -1,6 +1,6 @@
 """nanoGPT's CPU recipe for Tiny Shakespeare as a bare PyTorch loop: the yardstick of bench/time_to_loss.py.
 
-    python bench/nanogpt_loop.py --seed 1 --eval-every 50 --windows 250     # prints one JSON object
+    python bench/nanogpt_loop.py --seed 1 --eval-every 50 --windows 2000 --data-dir DIR   # prints a JSON object
 
 What nanoGPT's README runs on a CPU (`config/train_shakespeare_char.py --device=cpu --compile=False
 --block_size=64 --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128 --max_iters=2000 --lr_decay_iters=2000
@@ -42,7 +42,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--eval-every", type=int, default=50)
-    parser.add_argument("--windows", type=int, default=250)
+    parser.add_argument("--windows", type=int, default=2000)
     parser.add_argument("--data-dir", required=True)
     args = parser.parse_args()
 

@@ -1,11 +1,11 @@
 """Time to a validation loss on Tiny Shakespeare, ours against nanoGPT's CPU recipe, measured in one run.
 
-    python bench/time_to_loss.py                               # recipe cpu against nanogpt, 1 seed, val 1.92
-    python bench/time_to_loss.py --seeds 3 --recipe cpu-adamw  # three seeds each, alternated
+    python bench/time_to_loss.py                                        # recipe cpu against nanogpt, 1 seed
+    python bench/time_to_loss.py --seeds 3 --recipe cpu-adamw cpu-muon  # three seeds each, alternated
 
-For each seed in turn: our trainer (`python -m tinygpt.train`, the recipe named), then nanoGPT's CPU recipe
-as a bare PyTorch loop (bench/nanogpt_loop.py). Both are scored by one estimator: the mean loss on
-`--windows` fixed, evenly spaced validation windows of 64 characters (tinygpt.data's: the trainer's own
+For each seed in turn: our trainer (`python -m tinygpt.train`) on each recipe named, then nanoGPT's CPU
+recipe as a bare PyTorch loop (bench/nanogpt_loop.py). Both are scored by one estimator: the mean loss on
+`--windows` (2000) fixed, evenly spaced validation windows of 64 characters (tinygpt.data's: the trainer's own
 evaluation, and the loop's, run on the same windows), every `--eval-every` steps (default: a fortieth of
 the run), its time kept out of the training time and in the wall time. A crossing of the target is placed
 by linear interpolation between the evaluations on either side of it; the distance between those two, as a
@@ -36,47 +36,60 @@ KEYS = ("step", "train_s", "elapsed_s")  # of each evaluation: placed at the cro
 # Our CPU recipes, at nanoGPT's context of 64 characters so that one estimator scores both (the search that
 # chose them: jobs/recipe-search.yaml, docs/recipe-search.md).
 RECIPES = {
-    "cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=16, lr=5e-3, min_lr=2e-4,
-                warmup_steps=50, max_steps=1600),
+    # The best trial of each search (jobs/recipe-search.yaml, jobs/recipe-search-muon.yaml; 16 trials each)
+    "cpu-adamw": dict(n_layer=2, n_head=4, n_embd=64, block_size=64, batch_size=32, lr=4.16e-3, min_lr=1e-4,
+                      warmup_steps=50, max_steps=1600),
+    "cpu-muon": dict(n_layer=2, n_head=4, n_embd=96, block_size=64, batch_size=12, optimizer="muon",
+                     muon_lr=0.02047, lr=4.146e-3, min_lr=1e-4, warmup_steps=25, max_steps=800),
     # nanoGPT's recipe run by our trainer: the loop's overhead against a bare one
     "nanogpt-cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, lr=1e-3, min_lr=1e-4,
                         max_steps=2000, warmup_steps=100, weight_decay=0.1, beta2=0.99),
 }
 
+def smoke_recipe() -> dict:
+    """The CPU recipe, as jobs/smoke.yaml (the smoke run) trains it: its model and optimisation keys."""
+    import yaml
+
+    train = yaml.safe_load((ROOT / "jobs" / "smoke.yaml").read_text())["train"]
+    return {k: v for k, v in train.items() if k not in ("dataset", "eval_interval", "eval_windows", "sample_tokens",
+                                                       "sample_prompt")}
+
+
+RECIPES["cpu"] = smoke_recipe()
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--recipe", choices=sorted(RECIPES), default="cpu")
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="change our recipe")
+    parser.add_argument("--recipe", choices=sorted(RECIPES), nargs="+", default=["cpu"],
+                        help="our recipes (each seed runs them all, in this order, then nanoGPT's)")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="change our recipes")
     parser.add_argument("--target", type=float, nargs="+", default=[1.92, 1.886],
                         help="val losses to time (the first is the one the ratios are of)")
     parser.add_argument("--seeds", type=int, default=1)
-    parser.add_argument("--windows", type=int, default=250, help="evaluation windows (fixed, evenly spaced)")
+    parser.add_argument("--windows", type=int, default=2000, help="evaluation windows (fixed, evenly spaced)")
     parser.add_argument("--eval-every", type=int, default=None, help="steps between evaluations")
     parser.add_argument("--no-nanogpt", action="store_true", help="ours alone")
     args = parser.parse_args()
     if not SHAKESPEARE.exists():
         raise SystemExit(f"{SHAKESPEARE} is absent; this benchmark needs Tiny Shakespeare")
-    recipe = dict(RECIPES[args.recipe])
-    for item in args.set:
-        key, _, value = item.partition("=")
-        recipe[key] = value
-    results: dict[str, list[dict]] = {"ours": [], "nanogpt": []}
+    recipes = {name: {**RECIPES[name], **dict(item.partition("=")[::2] for item in args.set)} for name in args.recipe}
+    results: dict[str, list[dict]] = {name: [] for name in [*recipes, *([] if args.no_nanogpt else ["nanogpt"])]}
     with tempfile.TemporaryDirectory(prefix="tinygpt-ttl-") as tmp:
         for seed in range(1, args.seeds + 1):
-            contenders = [("ours", lambda s=seed: ours(recipe, s, args, Path(tmp)))]
-            if not args.no_nanogpt:
-                contenders.append(("nanogpt", lambda s=seed: nanogpt(s, args, Path(tmp))))
-            for name, run in contenders:
-                figures = {"contender": name, "seed": seed, **run()}
+            for name in results:
+                if name == "nanogpt":
+                    figures = nanogpt(seed, args, Path(tmp))
+                else:
+                    figures = ours(recipes[name], seed, args, Path(tmp), Path(tmp) / f"{name}-{seed}")
+                figures = {"contender": name, "seed": seed, **figures}
                 figures["targets"] = {str(t): rounded(crossing(figures["points"], t, KEYS)) for t in args.target}
                 results[name].append(figures)
                 print(json.dumps({k: v for k, v in figures.items() if k != "points"}), flush=True)
     summarise(results, args.target)
 
 
-def ours(recipe: dict, seed: int, args, tmp: Path) -> dict:
-    """Our trainer on `recipe`: its evaluations, as the points of the curve."""
+def ours(recipe: dict, seed: int, args, tmp: Path, out: Path) -> dict:
+    """Our trainer on `recipe`, in run directory `out`: its evaluations, as the points of the curve."""
     from tinygpt import checkpoint as ckpt
     from tinygpt import metrics
     from tinygpt.data import Batches, prepare_from_config
@@ -84,7 +97,6 @@ def ours(recipe: dict, seed: int, args, tmp: Path) -> dict:
 
     steps = int(recipe.get("max_steps", 1600))
     every = args.eval_every or max(10, steps // 40)
-    out = tmp / f"ours-{seed}"
     cmd = [sys.executable, "-m", "tinygpt.train", *flags_for(recipe), "--data-file", str(SHAKESPEARE),
            "--data-dir", str(tmp / "data"), "--out-dir", str(out), "--seed", str(seed), "--eval-interval", str(every),
            "--log-interval", str(every), "--ckpt-interval", str(steps), "--eval-windows", str(args.windows),
@@ -125,34 +137,34 @@ def rounded(found: dict | None) -> dict | None:
 
 
 def summarise(results: dict[str, list[dict]], targets: list[float]) -> None:
-    def spread(values: list[float]) -> str:
+    def spread(values: list[float], form: str = ",.1f") -> str:
         if not values:
             return "not reached"
-        return f"{statistics.median(values):,.1f} ({min(values):,.1f} to {max(values):,.1f})"
+        return f"{statistics.median(values):{form}} ({min(values):{form}} to {max(values):{form}})"
 
     medians: dict[tuple[str, str, str], float] = {}
     for name, runs in results.items():
         if not runs:
             continue
-        final = spread([r["points"][-1]["val_loss"] for r in runs])
+        final = spread([r["points"][-1]["val_loss"] for r in runs], ".4f")
         print(f"\n{name}: {len(runs)} seed(s); final val on the windows {final}, whole split "
-              f"{spread([r['full_val_loss'] for r in runs])}")
+              f"{spread([r['full_val_loss'] for r in runs], '.4f')}")
         for t in map(str, targets):
             hits = [r for r in runs if r["targets"][t]]
             figures = {"train s": [r["targets"][t]["train_s"] for r in hits],
                        "wall s": [r["targets"][t]["elapsed_s"] + r["startup_s"] for r in hits],
                        "tokens": [r["targets"][t]["step"] * r["tokens_per_step"] for r in hits]}
             print(f"  to {t}: reached by {len(hits)} of {len(runs)}; "
-                  + "; ".join(f"{k} {spread(v)}" for k, v in figures.items()))
+                  + "; ".join(f"{k} {spread(v, ',.0f' if k == 'tokens' else ',.1f')}" for k, v in figures.items()))
             for k, v in figures.items():
                 if len(hits) == len(runs):
                     medians[(name, t, k)] = statistics.median(v)
-    if results["nanogpt"]:
+    for name in (n for n in results if n != "nanogpt" and results.get("nanogpt")):
         for t in map(str, targets):
             both = [k for k in ("train s", "wall s", "tokens")
-                    if ("ours", t, k) in medians and ("nanogpt", t, k) in medians]
-            ratios = [f"{k} {medians[('ours', t, k)] / medians[('nanogpt', t, k)]:.2f}" for k in both]
-            print(f"ours / nanogpt to {t}: {', '.join(ratios) or 'not reached by every seed of both'}")
+                    if (name, t, k) in medians and ("nanogpt", t, k) in medians]
+            ratios = [f"{k} {medians[(name, t, k)] / medians[('nanogpt', t, k)]:.2f}" for k in both]
+            print(f"{name} / nanogpt to {t} (medians): {', '.join(ratios) or 'not reached by every seed of both'}")
 
 
 if __name__ == "__main__":
