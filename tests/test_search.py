@@ -56,7 +56,7 @@ def test_search_combines_with_explicit_runs_but_not_with_a_grid(tmp_path):
     ({**SEARCH, "params": {"n_layer": {"int": [1.5, 3]}}}, "search.params.n_layer: int: expected two whole numbers"),
     ({**SEARCH, "params": {"lr": {"uniform": [3, 1]}}}, "search.params.lr: uniform: expected two numbers [low, high]"),
     ({**SEARCH, "params": {"n_layers": {"choice": [1]}}}, "search.params: unknown key `n_layers` (did you mean"),
-    ({**SEARCH, "budget": 3}, "unknown key `search.budget`; valid keys of `search` are"),
+    ({**SEARCH, "budgets": 3}, "unknown key `search.budgets` (did you mean `budget_s`?); valid keys of `search` are"),
 ])
 def test_bad_search_sections_are_named(tmp_path, section, message):
     with pytest.raises(LaunchError) as err:
