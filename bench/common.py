@@ -98,16 +98,17 @@ def trial_options(doc: str, cases: tuple[str, ...] = ()):
 
 def val_loss_on_windows(model, batches) -> float:
     """The mean loss on the validation split's fixed, evenly spaced windows (tinygpt.data.Batches): what the
-    trainer's evaluation reports as val_loss, computed the same way."""
+    trainer's evaluation reports as val_loss, by the trainer's own arithmetic (fp32 on the CPU)."""
+    from contextlib import nullcontext
+
     import torch
+
+    from tinygpt.trainer import window_loss_sums
 
     was_training = model.training
     model.eval()
-    total, count = 0.0, 0
     with torch.no_grad():
-        for x, y in batches.eval_batches("val"):
-            total += model(x, y)[1].item() * x.size(0)
-            count += x.size(0)
+        total, count = window_loss_sums(model, batches, "val", "cpu", nullcontext)
     model.train(was_training)
     return total / count
 

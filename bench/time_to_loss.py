@@ -92,10 +92,11 @@ def ours(recipe: dict, seed: int, args, tmp: Path, out: Path) -> dict:
     """Our trainer on `recipe`, in run directory `out`: its evaluations, as the points of the curve."""
     from tinygpt import checkpoint as ckpt
     from tinygpt import metrics
+    from tinygpt.config import build
     from tinygpt.data import Batches, prepare_from_config
     from tinygpt.train_state import model_from
 
-    steps = int(recipe.get("max_steps", 1600))
+    steps = build(recipe).optim.max_steps  # (the trainer's default where the recipe does not say)
     every = args.eval_every or max(10, steps // 40)
     cmd = [sys.executable, "-m", "tinygpt.train", *flags_for(recipe), "--data-file", str(SHAKESPEARE),
            "--data-dir", str(tmp / "data"), "--out-dir", str(out), "--seed", str(seed), "--eval-interval", str(every),

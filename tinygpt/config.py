@@ -221,6 +221,10 @@ class TrainConfig(schema.Schema):
     def flat(self) -> dict[str, Any]:
         return {k: v for section in self.to_dict().values() for k, v in section.items()}
 
+    def tokens_per_step(self, world_size: int = 1) -> int:
+        """Tokens in one optimizer step: the global batch (micro-batches of every rank) times the context."""
+        return self.data.batch_size * self.optim.grad_accum * world_size * self.model.block_size
+
 
 SECTION_NAMES = tuple(TrainConfig.model_fields)
 PATH_KEYS = ("data_file", "data_dir", "out_dir", "resume")  # the keys that hold paths

@@ -35,7 +35,7 @@ class Optimizers:
     """AdamW alone, or Muon and AdamW side by side: what the trainer steps, schedules and checkpoints."""
 
     def __init__(self, model: GPT, cfg: OptimConfig, fused: bool):
-        self.kind, self.cfg = cfg.optimizer, cfg
+        self.cfg = cfg
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         to_muon = muon_parameters(model) if cfg.optimizer == "muon" else set()
         decay = [p for n, p in named if p.dim() >= 2 and n not in to_muon]
@@ -49,6 +49,10 @@ class Optimizers:
                                         f"torch {torch.__version__}; install torch>=2.9, or use optimizer: adamw")
             self.parts["muon"] = torch.optim.Muon([p for n, p in named if n in to_muon], lr=cfg.muon_lr,
                                                   momentum=cfg.muon_momentum, weight_decay=cfg.muon_weight_decay)
+
+    @property
+    def kind(self) -> str:
+        return self.cfg.optimizer
 
     def set_lr(self, lr: float) -> None:
         """This step's AdamW rate `lr` (the schedule's); Muon's is its own peak scaled the same way."""

@@ -148,8 +148,7 @@ def _train_trial(trial, manifest: Manifest, run: RunRecord) -> tuple[str, int | 
         raise TrialError(str(err)) from None
     ended = result.finished or (result.pruned and ended_by_budget(search, curve))  # (not by the pruner)
     if ended and search.target is not None and curve:
-        tokens_per_step = cfg.data.batch_size * cfg.model.block_size * cfg.optim.grad_accum
-        value, facts = time_to_target(search, curve, tokens_per_step)
+        value, facts = time_to_target(search, curve, cfg.tokens_per_step())
         for key, fact in facts.items():
             trial.set_user_attr(key, fact)
         trial.study.tell(trial, value)

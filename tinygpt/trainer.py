@@ -65,6 +65,22 @@ def lr_at(step: int, cfg: config_mod.OptimConfig) -> float:
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.lr - cfg.min_lr)
 
 
+def window_loss_sums(model: GPT, batches: Batches, split: str, device: str, autocast, rank: int = 0,
+                     world_size: int = 1) -> tuple[float, int]:
+    """The loss summed over the fixed windows of `split` that fall to `rank` (every world_size-th batch), and how
+    many windows that was: the arithmetic of every evaluation (bench/ scores a bare loop with it too)."""
+    total, count = 0.0, 0
+    for i, (x, y) in enumerate(batches.eval_batches(split)):
+        if i % world_size != rank:
+            continue
+        x, y = x.to(device), y.to(device)
+        with autocast():
+            _, loss = model(x, y)
+        total += loss.item() * x.size(0)
+        count += x.size(0)
+    return total, count
+
+
 def peak_memory_mb(device: str) -> float:
     """Peak memory of this process: allocated GPU memory on CUDA, resident set size on CPU."""
     if device.startswith("cuda"):
@@ -279,8 +295,7 @@ class Trainer:
             peak = precision_mod.peak_flops_for(torch.cuda.get_device_name(self.device))
         flops = precision_mod.flops_per_token(self.model.num_params(), cfg.model.n_layer, cfg.model.n_embd,
                                               cfg.model.block_size)
-        tokens = cfg.data.batch_size * cfg.model.block_size * cfg.optim.grad_accum * world
-        return Meter(tokens, flops, peak, world, cfg.optim.max_steps, self.start_step)
+        return Meter(cfg.tokens_per_step(world), flops, peak, world, cfg.optim.max_steps, self.start_step)
 
     def _record_start(self, resume: ckpt.Checkpoint | None) -> None:
         """Say what runs, and record the start in metrics.jsonl and provenance.json."""
@@ -375,15 +390,8 @@ class Trainer:
         model.eval()
         out = {}
         for split in ("train", "val"):
-            total, count = 0.0, 0
-            for i, (x, y) in enumerate(self.batches.eval_batches(split)):
-                if i % d.world_size != d.rank:
-                    continue
-                x, y = x.to(self.device), y.to(self.device)
-                with self.policy.autocast():
-                    _, loss = model(x, y)
-                total += loss.item() * x.size(0)
-                count += x.size(0)
+            total, count = window_loss_sums(model, self.batches, split, self.device, self.policy.autocast, d.rank,
+                                            d.world_size)
             if d.is_distributed:
                 t = torch.tensor([total, count], dtype=torch.float64, device=self.device)
                 torch.distributed.all_reduce(t)

@@ -185,13 +185,8 @@ options="--nodes $NODES --cpus $CPUS"
 [ "$PREEMPTION" = 1 ] && options+=" --preemption"
 [ -n "$GPUS" ] && options+=" --gpus $GPUS"
 [ "$ACCOUNTS" = 1 ] && options+=" --accounts"
-gres_of() {  # gres_of N: node N's GPUs as a slurm.conf Gres value (gpu:a100:2, gpu:2), empty for none
-  local spec count type
-  [ "${#GPU_SPECS[@]}" = 0 ] && return 0
-  spec=${GPU_SPECS[$(( ${#GPU_SPECS[@]} == 1 ? 0 : $1 - 1 ))]}
-  count=${spec%%:*} type=${spec#"$count"}
-  [ "$count" -gt 0 ] && echo "gpu${type}:$count"
-  return 0
+node_gpus() {  # node_gpus N: node N's --gpus spec (COUNT or COUNT:TYPE), empty for none
+  [ "${#GPU_SPECS[@]}" = 0 ] || echo "${GPU_SPECS[$(( ${#GPU_SPECS[@]} == 1 ? 0 : $1 - 1 ))]}"
 }
 free_mb=$(awk '/MemTotal/ {print int($2 / 1024)}' /proc/meminfo)
 node_mem=$(( free_mb * 6 / 10 / NODES ))
@@ -216,17 +211,19 @@ stand_in_gpu() {  # stand_in_gpu PATH
 node_lines="" gres_lines=""
 for n in $(seq 1 "$NODES"); do
   if [ "$NODES" = 1 ]; then name=$HOST addr=""; else name=node$n addr=" NodeAddr=$(node_addr "$n")"; fi
-  gres=$(gres_of "$n")
+  spec=$(node_gpus "$n")
+  count=${spec%%:*} type=""
+  [ "$spec" = "$count" ] || type=${spec#*:}
+  gres=""
+  [ "${count:-0}" -gt 0 ] && gres="gpu${type:+:$type}:$count"  # (slurm.conf's Gres: gpu:a100:2, gpu:2)
   node_lines+="NodeName=$name$addr CPUs=$CPUS RealMemory=$node_mem${gres:+ Gres=$gres} State=UNKNOWN"$'\n'
   if [ -n "$gres" ]; then
-    IFS=: read -r -a g <<<"$gres"
-    count=${g[-1]}
     mkdir -p "$HOME_DIR/dev/$name"
     for i in $(seq 0 $(( count - 1 ))); do
       [ -e "$HOME_DIR/dev/$name/gpu$i" ] || stand_in_gpu "$HOME_DIR/dev/$name/gpu$i"
     done
     files=$HOME_DIR/dev/$name/gpu$( [ "$count" = 1 ] && echo 0 || echo "[0-$(( count - 1 ))]")
-    gres_lines+="NodeName=$name Name=gpu${g[2]:+ Type=${g[1]}} File=$files"$'\n'
+    gres_lines+="NodeName=$name Name=gpu${type:+ Type=$type} File=$files"$'\n'
   fi
 done
 if [ "$ACCOUNTING" = 1 ]; then

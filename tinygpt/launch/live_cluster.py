@@ -48,20 +48,21 @@ class LiveCluster:
     def my_accounts(self) -> set[str] | None:
         return {row["Account"] for row in self.accounts[1]} if self.accounts else None
 
-    def allowed_qos(self, account: str | None) -> set[str] | None:
-        """The QOS the user may use with `account` (their default account when None); None: not known."""
+    def _associations(self, account: str | None) -> list[dict[str, str]] | None:
+        """The user's associations with `account` (their default account when None); None: not known."""
         if not self.accounts:
             return None
         account = account or self.accounts[0]
-        return {q for row in self.accounts[1] if row["Account"] == account for q in row.get("QOS", "").split(",") if q}
+        return [row for row in self.accounts[1] if row.get("Account") == account]
+
+    def allowed_qos(self, account: str | None) -> set[str] | None:
+        """The QOS the user may use with `account` (their default account when None); None: not known."""
+        rows = self._associations(account)
+        return None if rows is None else {q for row in rows for q in row.get("QOS", "").split(",") if q}
 
     def default_qos(self, account: str | None) -> str | None:
         """The QOS a job of `account` (the user's default account when None) gets when it names none."""
-        if not self.accounts:
-            return None
-        account = account or self.accounts[0]
-        return next((row["DefaultQOS"] for row in self.accounts[1] if row["Account"] == account
-                     and row.get("DefaultQOS")), None)
+        return next((row["DefaultQOS"] for row in self._associations(account) or [] if row.get("DefaultQOS")), None)
 
     def refusal(self, name: str) -> str | None:
         """Why the user may not submit to partition `name` (it is down, closed to their groups or accounts)."""

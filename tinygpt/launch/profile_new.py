@@ -74,7 +74,7 @@ def render(name: str, cluster: LiveCluster) -> str:
         "# Check the values marked as guesses, and fill in what Slurm could not say (at the end).",
         f"name: {_scalar(name)}",
         f"cluster_name: {_scalar(config.get('ClusterName', name))}   # ClusterName: `--cluster auto` finds this file",
-        *_account_lines(cluster.accounts, cluster.qos_max_wall),
+        *_account_lines(cluster),
         "partitions:",
         *(_partition_line(n, cluster.partitions[n], shapes[n], node) for n in usable),
         *(f"  # not here: {n} ({cluster.refusal(n)})" for n in cluster.partitions if n not in usable),
@@ -123,15 +123,15 @@ def _node_lines(node: Shape, default: str, shapes: Counter) -> list[str]:
     return lines
 
 
-def _account_lines(accounts: tuple[str | None, list[dict[str, str]]] | None,
-                   max_wall: dict[str, str] | None) -> list[str]:
+def _account_lines(cluster: LiveCluster) -> list[str]:
+    accounts, max_wall = cluster.accounts, cluster.qos_max_wall
     if accounts is None:
         return ["# account: ...   # sacctmgr did not answer (no accounting here?): the account your jobs are "
                 "charged to, if any"]
     default, rows = accounts
     lines = [f"account: {_scalar(default)}   # your default account (of {', '.join(r['Account'] for r in rows)})"
              if default else "# account: ...   # accounting names no default account for you"]
-    default_qos = next((r["DefaultQOS"] for r in rows if r.get("Account") == default and r.get("DefaultQOS")), None)
+    default_qos = cluster.default_qos(None)
     allowed = [q + (f" (MaxWall {max_wall[q]})" if (max_wall or {}).get(q) else "")
                for q in sorted({q for r in rows for q in r.get("QOS", "").split(",") if q})]
     if default_qos:
