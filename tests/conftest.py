@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -216,6 +217,74 @@ def pytest_runtest_setup(item):
     if os.environ.get("TINYGPT_REQUIRE_SLURM") == "1":
         pytest.fail(f"TINYGPT_REQUIRE_SLURM=1 but Slurm is not available: {problem}", pytrace=False)
     pytest.skip(f"Slurm not available: {problem}")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Hermetic tests: a test that is not marked `slurm` runs as on a machine without Slurm, whether or not a cluster
+# is up, so that it gives the same answer in CI and on a newcomer's laptop. For its whole protocol (setup, call,
+# teardown: the module-scoped fixtures it sets up too), Slurm's commands are off PATH and the variables that
+# steer them are unset; a `slurm` test sees the cluster.
+
+SLURM_COMMANDS = frozenset({"sacct", "sacctmgr", "salloc", "sattach", "sbatch", "sbcast", "scancel", "scontrol",
+                            "scrontab", "sdiag", "sh5util", "sinfo", "sprio", "squeue", "sreport", "srun", "sshare",
+                            "sstat", "strigger", "sview"})
+SLURM_VARIABLES = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "SQUEUE_", "SACCT_", "SINFO_", "SCONTROL_")
+_WITHOUT_SLURM: dict[str, str] = {}  # {PATH folder that holds a Slurm command: the same folder without them}
+
+
+def path_without_slurm(path: str) -> str:
+    """PATH with each folder that holds a Slurm command replaced by a copy of it (links) that does not."""
+    folders = []
+    for folder in path.split(os.pathsep):
+        if folder not in _WITHOUT_SLURM:
+            _WITHOUT_SLURM[folder] = folder
+            try:
+                names = set(os.listdir(folder)) if folder else set()
+            except OSError:
+                names = set()
+            if names & SLURM_COMMANDS:
+                mirror = Path(tempfile.mkdtemp(prefix="tinygpt-path-without-slurm-"))
+                for name in names - SLURM_COMMANDS:
+                    (mirror / name).symlink_to(Path(folder) / name)
+                _WITHOUT_SLURM[folder] = str(mirror)
+        folders.append(_WITHOUT_SLURM[folder])
+    return os.pathsep.join(folders)
+
+
+def slurm_that_records(folder: Path) -> tuple[dict[str, str], Path]:
+    """Stand-ins for every Slurm command, each writing its command line to a log and failing as a controller
+    that does not answer: (the environment that puts them on PATH, the log). The log stays absent while
+    nothing asks Slurm anything."""
+    bindir, log = folder / "slurm-that-records", folder / "slurm-asked.log"
+    bindir.mkdir(parents=True)
+    for name in SLURM_COMMANDS:
+        (bindir / name).write_text(f'#!/bin/sh\necho "{name} $*" >> {shlex.quote(str(log))}\n'
+                                   f'echo "{name}: error: Unable to contact slurm controller (connect failure)" >&2\n'
+                                   f'exit 1\n')
+        (bindir / name).chmod(0o755)
+    return {"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}, log
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if item.get_closest_marker("slurm") is not None:
+        yield
+        return
+    saved = dict(os.environ)
+    for name in [n for n in os.environ if n.startswith(SLURM_VARIABLES)]:
+        del os.environ[name]
+    os.environ["PATH"] = path_without_slurm(os.environ.get("PATH", os.defpath))
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def pytest_sessionfinish(session):
+    for folder, mirror in _WITHOUT_SLURM.items():
+        if mirror != folder:
+            shutil.rmtree(mirror, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------------------------------
