@@ -187,3 +187,28 @@ def test_docs_table_lists_every_case_with_its_real_message(outcomes):
         DOC.write_text(text)
     assert DOC.read_text() == text, ("docs/errors.md is out of date; regenerate with "
                                      "TINYGPT_REGEN_DOCS=1 python -m pytest tests/test_bad_input.py")
+
+
+@pytest.mark.parametrize("command", [[], ["check"]], ids=["launch", "check"])
+def test_every_local_problem_is_said_before_slurm_is_asked(tmp_path, tiny_corpus, command):
+    """A mistake in the spec is the same message on every machine, and nobody waits on a controller to hear it:
+    the #SBATCH values and the options are checked here, all at once, then the corpus and data_dir, and Slurm is
+    not asked."""
+    from conftest import launch, slurm_that_records
+
+    recording, asked = slurm_that_records(tmp_path)
+    spec = tmp_path / "local.yaml"
+    spec.write_text(f"name: s\nbackend: submitit\ntrain: {{data_file: {tiny_corpus}, data_dir: /proc/nope}}\n"
+                    f"resources: {{exclude: \"node1\\n#SBATCH --hold\"}}\n")
+    hold = ["--hold"] if not command else []
+    out = launch(*command, str(spec), "--workdir", str(tmp_path / "w"), *hold, env=recording)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.startswith(f"error: {spec}: "), out.stderr
+    assert "resources.exclude: 'node1\\n#SBATCH --hold' (for --exclude) holds a line break" in out.stderr
+    assert ("--hold: only for submissions with the sbatch backend" in out.stderr) == bool(hold)
+    spec.write_text(f"name: s\ntrain: {{data_file: {tiny_corpus}, data_dir: /proc/nope}}\n")
+    out = launch(*command, str(spec), "--workdir", str(tmp_path / "w"), env=recording)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert f"error: {spec}: run `base`: data_dir: cannot write the prepared data under '/proc/nope'" in out.stderr
+    assert not asked.exists(), asked.read_text()
+    assert not (tmp_path / "w").exists()

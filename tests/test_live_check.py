@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from gpu_cluster import GPU_CLUSTER
 
 from conftest import ROOT, launch, tiny_yaml
+from gpu_cluster import GPU_CLUSTER
 from slurm_helpers import sbatch, wait_until
 from tinygpt.launch import live_check
 from tinygpt.launch import spec as spec_mod

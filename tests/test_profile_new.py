@@ -8,9 +8,9 @@ import subprocess
 import jsonschema
 import pytest
 import yaml
-from gpu_cluster import GPU_CLUSTER
 
-from conftest import ROOT, launch, tiny_yaml
+from conftest import ROOT, launch, slurm_that_records, tiny_yaml
+from gpu_cluster import GPU_CLUSTER
 from slurm_helpers import wait
 from tinygpt.launch import json_schema, profile_new, profiles
 
@@ -96,8 +96,15 @@ def test_profile_new_without_a_slurm_writes_nothing(tmp_path):
                  env={"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"})
     assert out.returncode == 1 and "no Slurm answers here" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "out").exists()
-    bad = launch("profile", "new", "--name", "../elsewhere", "--dir", str(tmp_path / "out"))
+    # Its own flags are checked first: a mistake in them is said without asking Slurm anything.
+    recording, asked = slurm_that_records(tmp_path)
+    bad = launch("profile", "new", "--name", "../elsewhere", "--dir", str(tmp_path / "out"), env=recording)
     assert bad.returncode == 1 and "--name: '../elsewhere' is not a profile name" in bad.stderr
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "mine.yaml").write_text("name: mine\n")
+    taken = launch("profile", "new", "--name", "mine", "--dir", str(tmp_path / "out"), env=recording)
+    assert taken.returncode == 1 and "mine.yaml exists; nothing was written" in taken.stderr
+    assert not asked.exists(), asked.read_text()
 
 
 def test_profile_of_a_gpu_cluster_names_its_gpu_types_and_what_differs(tmp_path):

@@ -196,7 +196,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _launch(args) -> int:
-    from . import plan as plan_mod
     from . import spec as spec_mod
 
     if args.nproc < 1:
@@ -210,12 +209,7 @@ def _launch(args) -> int:
             raise LaunchError(f"--set {item!r}: write KEY=VALUE, e.g. --set max_steps=300")
         overrides[key.strip()] = value
     sweep = spec_mod.load(args.spec, args.workdir, cluster=args.cluster, backend=args.backend, overrides=overrides)
-    from .slurm_options import unwritable
-
-    if problems := unwritable(sweep):  # every value an #SBATCH line will carry, as sbatch will read it
-        raise LaunchError(problems, str(args.spec))
-    if args.hold and (args.local or (sweep.backend != "sbatch" and not args.chain)):
-        raise LaunchError("--hold: only for submissions with the sbatch backend (or the data step of --chain)")
+    _refuse_local_problems(sweep, args)
     cluster = None  # (the live cluster, asked when the spec is checked against it)
     if args.command == "check" or not (args.dry_run or args.local or args.no_check):
         from . import live_check
@@ -223,13 +217,28 @@ def _launch(args) -> int:
         cluster = live_check.before_writing(sweep)  # (nothing is written when it fails)
     elif args.no_check and not (args.dry_run or args.local):
         print("not checked against the live cluster (--no-check)")
-    if not (args.dry_run or args.local or args.chain):
-        plan_mod.prepare_data(sweep)  # (the data is read by every task: a corpus that fails stops us here)
     from . import manifest as manifest_mod
 
     # One command at a time writes a sweep: from the check that its jobs are not live to the last record.
     with manifest_mod.sweep_lock(sweep.dirs.jobs):
         return _launch_locked(sweep, args, cluster)
+
+
+def _refuse_local_problems(sweep, args) -> None:
+    """Everything this machine can check beyond the spec's schema, before Slurm is asked anything: the values the
+    #SBATCH lines will carry (as sbatch will read them) and the options, all at once; then, for a submission or
+    a check with none of those, each corpus prepared where the jobs will read it (its file decodes, data_dir
+    takes the prepared data; written only for a spec fit to go). The same message on every machine."""
+    from . import plan as plan_mod
+    from .slurm_options import unwritable
+
+    problems = unwritable(sweep)
+    if args.hold and (args.local or (sweep.backend != "sbatch" and not args.chain)):
+        problems.append("--hold: only for submissions with the sbatch backend (or the data step of --chain)")
+    if not problems and (args.command == "check" or not (args.dry_run or args.local or args.chain)):
+        problems = plan_mod.prepare_data(sweep)[1]  # (read by every task: a corpus that fails stops us here)
+    if problems:
+        raise LaunchError(problems, str(args.spec))
 
 
 def _launch_locked(sweep, args, cluster) -> int:
@@ -282,7 +291,10 @@ def _chain_here(plan, backend, spec: str) -> int:
     from . import manifest as manifest_mod
     from . import plan as plan_mod
 
-    print(f"=== chain, data: prepared {', '.join(plan_mod.prepare_data(plan.sweep))}")
+    prepared, problems = plan_mod.prepare_data(plan.sweep)
+    if problems:
+        raise LaunchError(problems, spec)
+    print(f"=== chain, data: prepared {', '.join(prepared)}")
     try:
         backend.submit(plan)
     finally:

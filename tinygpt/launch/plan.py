@@ -120,19 +120,19 @@ def corpora(sweep: Sweep) -> list[Run]:
     return list(first.values())
 
 
-def prepare_data(sweep: Sweep) -> list[str]:
-    """Prepare each distinct corpus once on this node, so array tasks only read. Returns what was prepared."""
+def prepare_data(sweep: Sweep) -> tuple[list[str], list[str]]:
+    """Prepare each distinct corpus once on this node, so array tasks only read: (the prepared folders, the
+    problems of the corpora that could not be prepared, one message each)."""
     from tinygpt.data import DataError, prepare_from_config
 
-    from .errors import LaunchError
-
-    done = []
+    done, problems = [], []
     for run in corpora(sweep):
         data = run.config.data
         try:
             prepared = prepare_from_config(data.dataset, data.data_file, data.data_dir,
                                            warn=lambda m: print(f"warning: {m}", file=sys.stderr))
         except DataError as err:
-            raise LaunchError(f"run `{run.name}`: {err}") from None
+            problems.append(f"run `{run.name}`: {err}")
+            continue
         done.append(str(prepared.path))
-    return done
+    return done, problems

@@ -32,19 +32,17 @@ def write(directory: Path, name: str | None, force: bool) -> Path:
     """Ask Slurm, write `<directory>/<name or ClusterName>.yaml`, return its path. Nothing is written when Slurm
     does not answer, the name is not a profile name, or the file exists (without `force`)."""
     from . import json_schema
-    from .profiles import PROFILE_NAME, from_file
+    from .profiles import from_file
 
+    if name is not None:  # (its own flags first: a mistake in them is said without asking Slurm)
+        _refuse_name(directory, name, force)
     cluster = LiveCluster.ask()
     if cluster is None:
         raise LaunchError("profile new: no Slurm answers here (scontrol show config/partition/node failed); run it "
                           "on a login node of the cluster; nothing was written")
     name = name or cluster.name or "cluster"
-    if not PROFILE_NAME.fullmatch(name):
-        raise LaunchError(f"--name: {name!r} is not a profile name; use letters, digits, '.', '_' and '-'")
+    _refuse_name(directory, name, force)
     path = directory / f"{name}.yaml"
-    if path.exists() and not force:
-        raise LaunchError(f"profile new: {path} exists; nothing was written. Give another --name, or --force to "
-                          f"write over it")
     text = render(name, cluster)
     text = text.replace(SCHEMA_LINE, SCHEMA_LINE.replace("../../schemas/profile.schema.json",
                                                          os.path.relpath(json_schema.path("profile"), directory)))
@@ -57,6 +55,16 @@ def write(directory: Path, name: str | None, force: bool) -> Path:
         raise
     os.replace(draft, path)
     return path
+
+
+def _refuse_name(directory: Path, name: str, force: bool) -> None:
+    from .profiles import PROFILE_NAME
+
+    if not PROFILE_NAME.fullmatch(name):
+        raise LaunchError(f"--name: {name!r} is not a profile name; use letters, digits, '.', '_' and '-'")
+    if (directory / f"{name}.yaml").exists() and not force:
+        raise LaunchError(f"profile new: {directory / f'{name}.yaml'} exists; nothing was written. Give another "
+                          f"--name, or --force to write over it")
 
 
 def render(name: str, cluster: LiveCluster) -> str:
