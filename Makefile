@@ -1,6 +1,6 @@
 # Set up and run. `make smoke` trains a small model on CPU; `make test` runs the test suite.
 # TORCH_SPEC chooses the torch to install: on these machines torch==2.13.0 is the CPU wheel on disk;
-# on a GPU cluster use e.g. TORCH_SPEC='torch>=2.4' (or a CUDA wheel index in PIP_EXTRA_INDEX_URL).
+# on a GPU cluster use e.g. TORCH_SPEC='torch>=2.9' (or a CUDA wheel index in PIP_EXTRA_INDEX_URL).
 PYTHON     ?= python3
 VENV       ?= .venv
 TORCH_SPEC ?= torch==2.13.0
