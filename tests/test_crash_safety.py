@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TINY_FLAGS, loss_series, python_env, read_metrics, slow_saves
+from forked import Forked
 from tinygpt import checkpoint as ckpt
 from tinygpt.trainer import Trainer
 
@@ -20,9 +21,13 @@ CRASH_FLAGS = [*TINY_FLAGS, "--max-steps", "400", "--ckpt-interval", "4", "--kee
                "--log-interval", "1", "--eval-interval", "25", "--dropout", "0.1"]
 
 
-def trainer(corpus, out, data_dir, *extra):
-    return [sys.executable, "-m", "tinygpt.train", *CRASH_FLAGS, "--data-file", str(corpus), "--out-dir", str(out),
-            "--data-dir", str(data_dir), *extra]
+def trainer_args(corpus, out, data_dir, *extra) -> list[str]:
+    return [*CRASH_FLAGS, "--data-file", str(corpus), "--out-dir", str(out), "--data-dir", str(data_dir), *extra]
+
+
+def trainer(corpus, out, data_dir, *extra, env: dict | None = None) -> Forked:
+    """A trainer process (forked warm: tests/forked.py), its output kept for communicate()."""
+    return Forked("tinygpt.train", trainer_args(corpus, out, data_dir, *extra), env or python_env())
 
 
 def catches(pid: int, sig: int) -> bool:
@@ -49,7 +54,7 @@ def last_logged_step(out) -> int:
     return max(steps, default=-1)
 
 
-def wait_for(what: str, predicate, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+def wait_for(what: str, predicate, proc: subprocess.Popen | Forked, timeout: float = 120.0) -> None:
     """Until `predicate()` holds; fails loudly if the trainer ends first or the time runs out."""
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -63,26 +68,26 @@ def wait_for(what: str, predicate, proc: subprocess.Popen, timeout: float = 120.
 
 
 def test_sigkill_at_chosen_moments_leaves_a_complete_checkpoint_and_an_exact_resume(tmp_path, tiny_corpus):
-    """Six lives, each SIGKILLed at an event: three while a checkpoint is being written (the write stalls
-    after its bytes, before the rename, so the kill surely lands there), three a seeded number of steps into
+    """Twenty lives, each SIGKILLed at an event: ten while a checkpoint is being written (the write stalls
+    after its bytes, before the rename, so the kill surely lands there), ten a seeded number of steps into
     training (wherever the trainer then is: a step, a log line, a write). Never at a moment a clock chose.
     (bench/lock_trials.py --kill kills many more lives, at moments it draws.)"""
     data_dir = tmp_path / "data"
     reference = tmp_path / "reference"
-    subprocess.run(trainer(tiny_corpus, reference, data_dir), check=True, capture_output=True, env=python_env())
+    first = trainer(tiny_corpus, reference, data_dir)
+    assert first.wait(300) == 0, first.communicate()[1]
 
     out = tmp_path / "killed"
     folder = ckpt.checkpoint_dir(out)
     rng = random.Random(20261129)
-    moments = ["mid-write"] * 3 + ["mid-training"] * 3
+    moments = ["mid-write"] * 10 + ["mid-training"] * 10
     rng.shuffle(moments)
     saved_before = False
     for moment in moments:
         before = last_logged_step(out)
         leftovers = set(folder.glob(".step_*.tmp"))
         stall = 3600 if moment == "mid-write" else 0  # the first write of this life never finishes
-        proc = subprocess.Popen(trainer(tiny_corpus, out, data_dir), stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True, env=python_env(**slow_saves(stall)))
+        proc = trainer(tiny_corpus, out, data_dir, env=python_env(**slow_saves(stall)))
         if moment == "mid-write":
             wait_for("checkpoint write", lambda old=leftovers: set(folder.glob(".step_*.tmp")) - old,
                      proc)
@@ -102,13 +107,12 @@ def test_sigkill_at_chosen_moments_leaves_a_complete_checkpoint_and_an_exact_res
         newest = ckpt.load_newest(out, pytest.fail, PARTS)
         assert newest.path == names[-1] and newest.step >= 4
     assert saved_before and last_logged_step(out) < 400  # every life was killed before the end
-    done = subprocess.run(trainer(tiny_corpus, out, data_dir), capture_output=True, text=True, env=python_env())
-    assert done.returncode == 0, done.stderr
+    done = trainer(tiny_corpus, out, data_dir)
+    assert done.wait(300) == 0, done.communicate()[1]
     assert loss_series(out) == loss_series(reference)  # nothing lost or repeated, bit for bit
 
 
-def run_until_logging(cmd, out, env):
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+def run_until_logging(proc: Forked, out) -> Forked:
     wait_for("third step", lambda: last_logged_step(out) >= 3, proc)
     return proc
 
@@ -118,7 +122,7 @@ def test_preemption_signal_without_scontrol_saves_and_exits_for_resubmission(tmp
     bindir = tmp_path / "bin"  # a PATH with python but no scontrol, as inside a container
     bindir.mkdir()
     env = python_env(SLURM_JOB_ID="4242", PATH=str(bindir), **slow_saves(0.05))
-    proc = run_until_logging(trainer(tiny_corpus, out, tmp_path / "data"), out, env)
+    proc = run_until_logging(trainer(tiny_corpus, out, tmp_path / "data", env=env), out)
     proc.send_signal(signal.SIGUSR2)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 75, stdout + stderr  # EXIT_REQUEUE: the batch script resubmits
@@ -130,7 +134,7 @@ def test_preemption_signal_without_scontrol_saves_and_exits_for_resubmission(tmp
 
 def test_sigterm_saves_and_stops_without_requeue(tmp_path, tiny_corpus):
     out = tmp_path / "run"
-    proc = run_until_logging(trainer(tiny_corpus, out, tmp_path / "data"), out, python_env())
+    proc = run_until_logging(trainer(tiny_corpus, out, tmp_path / "data"), out)
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=60)
     assert proc.returncode == 0
@@ -142,7 +146,7 @@ def test_sigterm_saves_and_stops_without_requeue(tmp_path, tiny_corpus):
 def test_requeue_loops_are_capped(tmp_path, tiny_corpus):
     out = tmp_path / "run"
     env = python_env(SLURM_JOB_ID="4242", SLURM_RESTART_COUNT="3")
-    proc = run_until_logging(trainer(tiny_corpus, out, tmp_path / "data", "--max-requeues", "3"), out, env)
+    proc = run_until_logging(trainer(tiny_corpus, out, tmp_path / "data", "--max-requeues", "3", env=env), out)
     proc.send_signal(signal.SIGUSR2)
     proc.communicate(timeout=60)
     assert proc.returncode == 0
@@ -198,12 +202,14 @@ def test_checkpoint_loads_with_weights_only_and_rejects_garbage(tmp_path):
 
 
 def test_an_early_preemption_signal_is_kept_until_training_can_stop(tmp_path, tiny_corpus):
-    """Slurm's warning can arrive while Python is still importing torch: the run saves at its first step."""
+    """Slurm's warning can arrive while Python is still importing torch: the run saves at its first step.
+    (An interpreter of its own, started cold: its start is what this is about.)"""
     out = tmp_path / "run"
     bindir = tmp_path / "bin"  # no scontrol: the trainer asks the batch script to resubmit (exit 75)
     bindir.mkdir()
-    proc = subprocess.Popen(trainer(tiny_corpus, out, tmp_path / "data"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=python_env(SLURM_JOB_ID="4242", PATH=str(bindir)))
+    proc = subprocess.Popen([sys.executable, "-m", "tinygpt.train", *trainer_args(tiny_corpus, out, tmp_path / "data")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=python_env(SLURM_JOB_ID="4242", PATH=str(bindir)))
     # The moment the early recorder catches SIGUSR2 (the kernel's SigCgt mask says so): torch is not
     # imported yet, let alone a step taken.
     wait_for("handler for SIGUSR2", lambda: catches(proc.pid, signal.SIGUSR2), proc)
@@ -217,8 +223,7 @@ def test_an_early_preemption_signal_is_kept_until_training_can_stop(tmp_path, ti
 def test_a_late_preemption_signal_does_not_kill_a_finished_run(tmp_path, tiny_corpus):
     """The time limit's warning can arrive while the run writes its sample: it must still end well."""
     out = tmp_path / "run"
-    cmd = trainer(tiny_corpus, out, tmp_path / "data", "--max-steps", "30", "--sample-tokens", "20000")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env())
+    proc = trainer(tiny_corpus, out, tmp_path / "data", "--max-steps", "30", "--sample-tokens", "20000")
     # Training is over once its last checkpoint is there; the long sample is being generated.
     wait_for("last checkpoint", (out / "checkpoints" / "step_00000030.pt").exists, proc)
     assert proc.poll() is None, "the run ended before the signal could land while it samples"

@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+import forked
 from conftest import TINY_FLAGS, loss_series, python_env, read_metrics
 from tinygpt import distributed as d
 
@@ -57,12 +58,26 @@ def test_batch_shell_and_single_task_steps_are_single_processes():
     assert d.detect({}).launcher == "single"
 
 
+def trainer_args(tmp_path, corpus, out, *extra) -> list[str]:
+    return [*TINY_FLAGS, "--data-file", str(corpus), "--out-dir", str(out), "--data-dir", str(tmp_path / "data"),
+            *extra]
+
+
 def torchrun(tmp_path, corpus, out, *extra, **env):
+    """A two-rank run under torchrun itself, as users start one."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "tinygpt.train", *TINY_FLAGS, "--data-file", str(corpus), "--out-dir", str(out),
-           "--data-dir", str(tmp_path / "data"), *extra]
+           "-m", "tinygpt.train", *trainer_args(tmp_path, corpus, out, *extra)]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                             env=python_env(OMP_NUM_THREADS="1", **env))
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def two_ranks(tmp_path, corpus, out, *extra) -> subprocess.CompletedProcess:
+    """A two-rank run to its end, its ranks forked warm with torchrun's variables (tests/forked.py): for the
+    tests of what ranks do, not of how they are started."""
+    result = forked.run_world("tinygpt.train", trainer_args(tmp_path, corpus, out, *extra),
+                              python_env(OMP_NUM_THREADS="1"))
     assert result.returncode == 0, result.stdout + result.stderr
     return result
 
@@ -95,9 +110,9 @@ def test_two_ranks_of_ddp_around_the_compiled_model_stay_in_sync_and_rank0_alone
 def test_two_rank_run_stopped_and_resumed_is_identical(tmp_path, tiny_corpus, optimizer):
     whole, part = tmp_path / "whole", tmp_path / "part"
     common = ["--dropout", "0.1", "--log-interval", "1", "--grad-accum", "2", "--optimizer", optimizer]
-    torchrun(tmp_path, tiny_corpus, whole, *common)
-    torchrun(tmp_path, tiny_corpus, part, *common, "--stop-after", "10")
-    torchrun(tmp_path, tiny_corpus, part, *common)
+    two_ranks(tmp_path, tiny_corpus, whole, *common)
+    two_ranks(tmp_path, tiny_corpus, part, *common, "--stop-after", "10")
+    two_ranks(tmp_path, tiny_corpus, part, *common)
     assert loss_series(whole) == loss_series(part)
     assert read_metrics(whole)[-1]["weights_digest"] == read_metrics(part)[-1]["weights_digest"]
 
@@ -109,7 +124,7 @@ def test_resume_with_another_world_size_rederives_the_data_streams(tmp_path, tin
     out = tmp_path / "grow"
     trainer.train(config.resolve([*TINY_FLAGS, "--data-file", str(tiny_corpus), "--out-dir", str(out),
                                 "--data-dir", str(tmp_path / "data"), "--stop-after", "10"]))
-    result = torchrun(tmp_path, tiny_corpus, out)
+    result = two_ranks(tmp_path, tiny_corpus, out)
     assert "written by 1 ranks, this run has 2" in result.stdout
     assert read_metrics(out)[-1]["event"] == "finished"
 
@@ -157,13 +172,12 @@ def test_a_distributed_rank_skips_python_finalisation_at_exit(monkeypatch, world
     assert calls == [(leaves_by, 75)]
 
 
-def one_rank(tmp_path, corpus, rank: int, world: int, port: int, timeout: float = 4, **env) -> subprocess.Popen:
+def one_rank(tmp_path, corpus, rank: int, world: int, port: int, timeout: float = 4, **env) -> forked.Forked:
     """One rank of a torchrun-style world, started alone (its peers never come)."""
-    cmd = [sys.executable, "-m", "tinygpt.train", *TINY_FLAGS, "--data-file", str(corpus), "--out-dir",
-           str(tmp_path / f"rank{rank}"), "--data-dir", str(tmp_path / "data"), "--join-timeout", str(timeout)]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env(
-        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-        OMP_NUM_THREADS="1", **env))
+    return forked.Forked("tinygpt.train", trainer_args(tmp_path, corpus, tmp_path / f"rank{rank}", "--join-timeout",
+                                                str(timeout)),
+                  python_env(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                             MASTER_PORT=str(port), OMP_NUM_THREADS="1", **env))
 
 
 def free_port() -> int:
@@ -197,30 +211,9 @@ def test_a_loopback_master_for_a_job_on_several_nodes_is_refused_before_anything
                      "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_JOB_ID": "7"}).nodes == 2
 
 
-def rank_pids(launcher_pid: int, timeout: float = 120) -> dict[int, int]:
-    """{rank: pid} of the trainer processes torchrun started (read from their environment)."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = {}
-        for pid in subprocess.run(["pgrep", "-P", str(launcher_pid)], capture_output=True, text=True).stdout.split():
-            try:
-                env = dict(v.split("=", 1) for v in open(f"/proc/{pid}/environ").read().split("\0") if "=" in v)
-            except OSError:
-                continue
-            if "RANK" in env:
-                found[int(env["RANK"])] = int(pid)
-        if len(found) == 2:
-            return found
-        time.sleep(0.2)
-    raise AssertionError("torchrun's two ranks did not appear")
-
-
 @pytest.mark.distributed
 def test_a_stopped_rank_ends_the_run_with_the_live_ranks_stacks_and_a_hung_record_then_it_resumes(
         tmp_path, tiny_corpus):
-    import contextlib
     import os
     import signal
     import time
@@ -229,29 +222,24 @@ def test_a_stopped_rank_ends_the_run_with_the_live_ranks_stacks_and_a_hung_recor
 
     whole, hung = tmp_path / "whole", tmp_path / "hung"
     flags = ["--max-steps", "100", "--hang-timeout", "3", "--ckpt-interval", "20", "--eval-interval", "50"]
-    torchrun(tmp_path, tiny_corpus, whole, *flags)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "tinygpt.train", *TINY_FLAGS, "--data-file", str(tiny_corpus), "--out-dir", str(hung),
-           "--data-dir", str(tmp_path / "data"), *flags]
-    launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=python_env(OMP_NUM_THREADS="1"))
-    pids = rank_pids(launcher.pid)
+    two_ranks(tmp_path, tiny_corpus, whole, *flags)
+    rank0, rank1 = forked.ranks("tinygpt.train", trainer_args(tmp_path, tiny_corpus, hung, *flags),
+                                python_env(OMP_NUM_THREADS="1"))
     wait_until(lambda: len([r for r in (read_metrics(hung) if (hung / "metrics.jsonl").exists() else [])
                             if "lr" in r]) >= 8, timeout=120, what="40 steps")
-    os.kill(pids[1], signal.SIGSTOP)
+    os.kill(rank1.pid, signal.SIGSTOP)
     stopped_at = time.monotonic()
     try:
-        _, err = launcher.communicate(timeout=180)
+        _, err = rank0.communicate(timeout=180)
     finally:
-        with contextlib.suppress(ProcessLookupError):  # (torchrun kills it when rank 0 leaves)
-            os.kill(pids[1], signal.SIGKILL)
-    print(f"\nstopped rank 1: torchrun ended {time.monotonic() - stopped_at:.1f} s later")
-    assert launcher.returncode != 0
+        rank1.kill()  # (as torchrun does when rank 0 leaves)
+    print(f"\nstopped rank 1: rank 0 ended {time.monotonic() - stopped_at:.1f} s later")
+    assert rank0.returncode != 0
     assert "error: rank 0 on " in err and "for 3 s (hang_timeout)" in err and "no answer from rank(s) 1" in err, err
     assert "Thread 0x" in err and "(most recent call first)" in err  # rank 0's stacks
     last = read_metrics(hung)[-1]
     assert last["event"] == "hung" and last["rank"] == 0 and last["silent_ranks"] == [1], last
-    torchrun(tmp_path, tiny_corpus, hung, *flags)  # the next life resumes from the newest checkpoint
+    two_ranks(tmp_path, tiny_corpus, hung, *flags)  # the next life resumes from the newest checkpoint
     resumed, uninterrupted = read_metrics(hung)[-1], read_metrics(whole)[-1]
     assert resumed["weights_digest"] == uninterrupted["weights_digest"]
     assert resumed["best_val_loss"] == uninterrupted["best_val_loss"]

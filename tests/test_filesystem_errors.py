@@ -6,12 +6,12 @@ needs root, which CI has)."""
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+import forked
 from conftest import ROOT, TINY_FLAGS, python_env, read_metrics, tiny_train
 from conftest import launch as shared_launch
 from tinygpt import checkpoint
@@ -37,9 +37,9 @@ def fill(disk: Path, leave: int) -> Path:
 
 
 def train(out_dir: Path, corpus: Path, max_steps: int) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tinygpt.train", *TINY_FLAGS, "--data-file", str(corpus),
-                           "--out-dir", str(out_dir), "--max-steps", str(max_steps)], capture_output=True,
-                          text=True, env=python_env(), cwd=ROOT, timeout=300)
+    """A trainer process (forked warm: tests/forked.py) to its end."""
+    return forked.run("tinygpt.train", [*TINY_FLAGS, "--data-file", str(corpus), "--out-dir", str(out_dir),
+                                        "--max-steps", str(max_steps)], python_env(), cwd=ROOT)
 
 
 def test_a_full_disk_stops_the_trainer_with_one_message_and_keeps_the_newest_checkpoint(small_disk, tiny_corpus):

@@ -12,11 +12,11 @@ is compared with trains to that same end.
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+import forked
 from conftest import ROOT, TINY_FLAGS, launch, loss_series, read_metrics
 from slurm_helpers import TERMINAL, cancel, job_env, run_to_completion, sbatch, unique_name, wait, wait_until
 from tinygpt import config, trainer
@@ -155,13 +155,12 @@ def test_a_task_preempted_under_cancel_is_resubmitted_by_default_and_a_users_sca
 
 
 def two_rank_reference(tmp_path: Path, keys: dict, max_steps: int) -> Path:
-    """The uninterrupted run with two ranks, here (torchrun, gloo): the same world as the two-node job."""
+    """The uninterrupted run with two ranks, here (gloo, ranks forked warm: tests/forked.py): the same world as
+    the two-node job."""
     out = tmp_path / "reference"
     run_config = tmp_path / "reference.yaml"
     run_config.write_text(config.dump_yaml(config.build({**keys, "max_steps": max_steps, "out_dir": str(out)})))
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           "-m", "tinygpt.train", "--config", str(run_config)], capture_output=True, text=True,
-                          timeout=300, env=job_env(OMP_NUM_THREADS="1"))
+    done = forked.run_world("tinygpt.train", ["--config", str(run_config)], job_env(OMP_NUM_THREADS="1"))
     assert done.returncode == 0, done.stdout + done.stderr
     return out
 

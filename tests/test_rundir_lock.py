@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+import forked
 from conftest import TINY_FLAGS, python_env, read_metrics
 from tinygpt import rundir_lock
 from tinygpt.rundir_lock import RunDirBusy, RunDirLock
@@ -18,13 +19,13 @@ from tinygpt.rundir_lock import RunDirBusy, RunDirLock
 LONG = ["--max-steps", "100000", "--log-interval", "1", "--eval-interval", "100000", "--ckpt-interval", "100000"]
 
 
-def trainer(corpus, out, data, *extra: str, env: dict | None = None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "tinygpt.train", *TINY_FLAGS, *LONG, "--data-file", str(corpus), "--out-dir",
-           str(out), "--data-dir", str(data), *extra]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env or python_env())
+def trainer(corpus, out, data, *extra: str, env: dict | None = None) -> forked.Forked:
+    """A trainer process (forked warm: tests/forked.py)."""
+    return forked.Forked("tinygpt.train", [*TINY_FLAGS, *LONG, "--data-file", str(corpus), "--out-dir", str(out),
+                                           "--data-dir", str(data), *extra], env or python_env())
 
 
-def wait_training(out, proc: subprocess.Popen | None, steps: int = 3, timeout: float = 120) -> None:
+def wait_training(out, proc: forked.Forked | None, steps: int = 3, timeout: float = 120) -> None:
     """Until the run has logged `steps` training lines (failing at once if `proc` ended first)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -43,9 +44,8 @@ def test_a_second_trainer_on_a_live_run_directory_refuses_and_names_the_holder(t
     first = trainer(tiny_corpus, out, tmp_path / "data", env=python_env(SLURM_JOB_ID="4242"))
     try:
         wait_training(out, first)
-        second = subprocess.run([sys.executable, "-m", "tinygpt.train", *TINY_FLAGS, "--data-file", str(tiny_corpus),
-                                 "--out-dir", str(out), "--data-dir", str(tmp_path / "data")],
-                                capture_output=True, text=True, env=python_env(), timeout=120)
+        second = forked.run("tinygpt.train", [*TINY_FLAGS, "--data-file", str(tiny_corpus), "--out-dir", str(out),
+                                              "--data-dir", str(tmp_path / "data")], python_env(), timeout=120)
         assert second.returncode == 1 and "Traceback" not in second.stderr, second.stderr
         assert f"out_dir: {out} is in use by another trainer (pid {first.pid} on {socket.gethostname()}, " \
                f"Slurm job 4242" in second.stderr
@@ -66,9 +66,9 @@ def test_a_trainer_killed_with_sigkill_does_not_block_the_next_start(tmp_path, t
     first.kill()
     first.communicate(timeout=60)
     assert json.loads((out / ".lock").read_text())["pid"] == first.pid  # the dead holder's record is still there
-    again = subprocess.run([sys.executable, "-m", "tinygpt.train", *TINY_FLAGS, "--data-file", str(tiny_corpus),
-                            "--out-dir", str(out), "--data-dir", str(tmp_path / "data"), "--max-steps", "12"],
-                           capture_output=True, text=True, env=python_env(), timeout=120)
+    again = forked.run("tinygpt.train", [*TINY_FLAGS, "--data-file", str(tiny_corpus), "--out-dir", str(out),
+                                         "--data-dir", str(tmp_path / "data"), "--max-steps", "12"], python_env(),
+                       timeout=120)
     assert again.returncode == 0, again.stderr
     # It took the lock at once: a holder it had to wait out (STALE_S) would have made it refuse, exit 1.
     assert "resumed from" in again.stdout
