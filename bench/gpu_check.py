@@ -55,6 +55,7 @@ import traceback
 from pathlib import Path
 
 from common import PRESETS, ROOT, SHAKESPEARE, data_flags, flags_for, run_trainer
+from tinygpt import forked
 from tinygpt import metrics as metrics_mod
 
 CHECKS = ("compile", "precision", "resume", "throughput", "preempt", "nccl", "sample", "recipe")  # GPU figures first
@@ -95,9 +96,9 @@ def expect(condition: bool, message: str) -> None:
         raise CheckFailed(message)
 
 
-def trainer_cmd(out: Path, device: str, *flags: str) -> list[str]:
-    return [sys.executable, "-m", "tinygpt.train", "--device", device, "--out-dir", str(out),
-            "--data-dir", str(out.parent / "data"), "--progress", "off", "--sample-tokens", "0", *flags]
+def trainer_args(out: Path, device: str, *flags: str) -> list[str]:
+    return ["--device", device, "--out-dir", str(out), "--data-dir", str(out.parent / "data"), "--progress", "off",
+            "--sample-tokens", "0", *flags]
 
 
 def trainer_env(**extra: str) -> dict:
@@ -105,8 +106,10 @@ def trainer_env(**extra: str) -> dict:
 
 
 def trainer(out: Path, device: str, *flags: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(trainer_cmd(out, device, *flags), capture_output=True, text=True, timeout=timeout,
-                          env=trainer_env())
+    """A trainer process to its end. Each is forked from one server that imported torch once (tinygpt/forked.py;
+    the server never touches CUDA, so each child starts CUDA afresh): a dozen runs would otherwise spend a
+    minute of a lent GPU's time importing torch."""
+    return forked.run("tinygpt.train", trainer_args(out, device, *flags), trainer_env(), timeout=timeout)
 
 
 def metrics(out: Path) -> list[dict]:
@@ -244,8 +247,8 @@ def check_preempt(device: str, quick: bool, tmp: Path) -> dict:
     bindir.mkdir(exist_ok=True)
     flags = [*flags_for(QUICK if quick else PRESETS["small"]), *data_flags(), "--max-steps", "100000",
              "--log-interval", "1", "--eval-interval", "100000", "--ckpt-interval", "100000", "--eval-windows", "64"]
-    proc = subprocess.Popen(trainer_cmd(out, device, *flags), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=trainer_env(SLURM_JOB_ID="4242", PATH=str(bindir)))
+    proc = forked.Forked("tinygpt.train", trainer_args(out, device, *flags),
+                         trainer_env(SLURM_JOB_ID="4242", PATH=str(bindir)))
     deadline, at_step = time.monotonic() + 300, 10 if quick else 50
     while time.monotonic() < deadline and proc.poll() is None:
         if any("lr" in r and r["step"] >= at_step for r in metrics(out)):
@@ -312,9 +315,8 @@ def check_sample(device: str, quick: bool, tmp: Path) -> dict:
     run = tmp / f"precision-{autocast_precisions(device)[0]}"
     if not run.exists():
         check_precision(device, True, tmp)
-    proc = subprocess.run([sys.executable, "-m", "tinygpt.sample", "--run", str(run), "--device", device,
-                           "--tokens", "300", "--prompt", "ROMEO:"], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    proc = forked.run("tinygpt.sample", ["--run", str(run), "--device", device, "--tokens", "300", "--prompt",
+                                         "ROMEO:"], trainer_env(), timeout=300)
     ran(proc, "tinygpt.sample")
     text = proc.stdout
     expect(text.startswith("ROMEO:") and len(text) >= 300, f"sample: {text[:200]!r}")

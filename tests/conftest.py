@@ -154,6 +154,31 @@ def run_module(module: str, *args: str, cwd: Path | None = None, timeout: float 
                           cwd=cwd or ROOT, timeout=timeout, env=python_env(**env))
 
 
+def ranks(module: str, args: list[str], env: dict[str, str], size: int = 2) -> list:
+    """A world of `size` ranks on this machine, each given the variables `torchrun --standalone` gives it."""
+    import socket
+
+    with socket.socket() as s:  # a free port for the master
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    world = {"WORLD_SIZE": str(size), "LOCAL_WORLD_SIZE": str(size), "MASTER_ADDR": "127.0.0.1",
+             "MASTER_PORT": str(port)}
+    from tinygpt.forked import Forked
+
+    return [Forked(module, args, {**env, **world, "RANK": str(rank), "LOCAL_RANK": str(rank)})
+            for rank in range(size)]
+
+
+def run_world(module: str, args: list[str], env: dict[str, str], size: int = 2,
+              timeout: float = 300) -> subprocess.CompletedProcess:
+    """A world of `size` ranks to its end, as torchrun's run reads: the highest exit status, every rank's output
+    (rank 0's first)."""
+    world = ranks(module, args, env, size)
+    outputs = [rank.communicate(timeout) for rank in world]
+    return subprocess.CompletedProcess([f"rank {r}" for r in range(size)], max(abs(r.returncode) for r in world),
+                                       "".join(o for o, _ in outputs), "".join(e for _, e in outputs))
+
+
 # ----------------------------------------------------------------------------------------------------
 # Slurm gate: tests marked `slurm` skip with a reason when no cluster answers, and fail instead when
 # TINYGPT_REQUIRE_SLURM=1 (CI), so that a cluster that did not come up can never pass silently.

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from conftest import TINY_FLAGS, loss_series, python_env, read_metrics, slow_saves
-from forked import Forked
 from tinygpt import checkpoint as ckpt
+from tinygpt.forked import Forked
 from tinygpt.trainer import Trainer
 
 PARTS = Trainer.PARTS
@@ -26,7 +26,7 @@ def trainer_args(corpus, out, data_dir, *extra) -> list[str]:
 
 
 def trainer(corpus, out, data_dir, *extra, env: dict | None = None) -> Forked:
-    """A trainer process (forked warm: tests/forked.py), its output kept for communicate()."""
+    """A trainer process (forked warm: tinygpt/forked.py), its output kept for communicate()."""
     return Forked("tinygpt.train", trainer_args(corpus, out, data_dir, *extra), env or python_env())
 
 

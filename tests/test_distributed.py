@@ -5,9 +5,9 @@ import sys
 
 import pytest
 
-import forked
-from conftest import TINY_FLAGS, loss_series, python_env, read_metrics
+from conftest import TINY_FLAGS, loss_series, python_env, ranks, read_metrics, run_world
 from tinygpt import distributed as d
+from tinygpt import forked
 
 
 @pytest.mark.parametrize(
@@ -74,9 +74,9 @@ def torchrun(tmp_path, corpus, out, *extra, **env):
 
 
 def two_ranks(tmp_path, corpus, out, *extra) -> subprocess.CompletedProcess:
-    """A two-rank run to its end, its ranks forked warm with torchrun's variables (tests/forked.py): for the
+    """A two-rank run to its end, its ranks forked warm with torchrun's variables (tinygpt/forked.py): for the
     tests of what ranks do, not of how they are started."""
-    result = forked.run_world("tinygpt.train", trainer_args(tmp_path, corpus, out, *extra),
+    result = run_world("tinygpt.train", trainer_args(tmp_path, corpus, out, *extra),
                               python_env(OMP_NUM_THREADS="1"))
     assert result.returncode == 0, result.stdout + result.stderr
     return result
@@ -223,7 +223,7 @@ def test_a_stopped_rank_ends_the_run_with_the_live_ranks_stacks_and_a_hung_recor
     whole, hung = tmp_path / "whole", tmp_path / "hung"
     flags = ["--max-steps", "100", "--hang-timeout", "3", "--ckpt-interval", "20", "--eval-interval", "50"]
     two_ranks(tmp_path, tiny_corpus, whole, *flags)
-    rank0, rank1 = forked.ranks("tinygpt.train", trainer_args(tmp_path, tiny_corpus, hung, *flags),
+    rank0, rank1 = ranks("tinygpt.train", trainer_args(tmp_path, tiny_corpus, hung, *flags),
                                 python_env(OMP_NUM_THREADS="1"))
     wait_until(lambda: len([r for r in (read_metrics(hung) if (hung / "metrics.jsonl").exists() else [])
                             if "lr" in r]) >= 8, timeout=120, what="40 steps")

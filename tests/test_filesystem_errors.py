@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-import forked
 from conftest import ROOT, TINY_FLAGS, python_env, read_metrics, tiny_train
 from conftest import launch as shared_launch
-from tinygpt import checkpoint
+from tinygpt import checkpoint, forked
 
 
 @pytest.fixture
@@ -37,7 +36,7 @@ def fill(disk: Path, leave: int) -> Path:
 
 
 def train(out_dir: Path, corpus: Path, max_steps: int) -> subprocess.CompletedProcess:
-    """A trainer process (forked warm: tests/forked.py) to its end."""
+    """A trainer process (forked warm: tinygpt/forked.py) to its end."""
     return forked.run("tinygpt.train", [*TINY_FLAGS, "--data-file", str(corpus), "--out-dir", str(out_dir),
                                         "--max-steps", str(max_steps)], python_env(), cwd=ROOT)
 

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-import forked
-from conftest import ROOT, TINY_FLAGS, launch, loss_series, read_metrics
+from conftest import ROOT, TINY_FLAGS, launch, loss_series, read_metrics, run_world
 from slurm_helpers import TERMINAL, cancel, job_env, run_to_completion, sbatch, unique_name, wait, wait_until
 from tinygpt import config, trainer
 from tinygpt.launch import manifest as manifest_mod
@@ -155,12 +154,12 @@ def test_a_task_preempted_under_cancel_is_resubmitted_by_default_and_a_users_sca
 
 
 def two_rank_reference(tmp_path: Path, keys: dict, max_steps: int) -> Path:
-    """The uninterrupted run with two ranks, here (gloo, ranks forked warm: tests/forked.py): the same world as
+    """The uninterrupted run with two ranks, here (gloo, ranks forked warm: tinygpt/forked.py): the same world as
     the two-node job."""
     out = tmp_path / "reference"
     run_config = tmp_path / "reference.yaml"
     run_config.write_text(config.dump_yaml(config.build({**keys, "max_steps": max_steps, "out_dir": str(out)})))
-    done = forked.run_world("tinygpt.train", ["--config", str(run_config)], job_env(OMP_NUM_THREADS="1"))
+    done = run_world("tinygpt.train", ["--config", str(run_config)], job_env(OMP_NUM_THREADS="1"))
     assert done.returncode == 0, done.stdout + done.stderr
     return out
 

@@ -11,16 +11,15 @@ import time
 
 import pytest
 
-import forked
 from conftest import TINY_FLAGS, python_env, read_metrics
-from tinygpt import rundir_lock
+from tinygpt import forked, rundir_lock
 from tinygpt.rundir_lock import RunDirBusy, RunDirLock
 
 LONG = ["--max-steps", "100000", "--log-interval", "1", "--eval-interval", "100000", "--ckpt-interval", "100000"]
 
 
 def trainer(corpus, out, data, *extra: str, env: dict | None = None) -> forked.Forked:
-    """A trainer process (forked warm: tests/forked.py)."""
+    """A trainer process (forked warm: tinygpt/forked.py)."""
     return forked.Forked("tinygpt.train", [*TINY_FLAGS, *LONG, "--data-file", str(corpus), "--out-dir", str(out),
                                            "--data-dir", str(data), *extra], env or python_env())
 

@@ -12,7 +12,7 @@ import torch
 
 from conftest import ROOT, TINY_FLAGS, loss_series, python_env, read_metrics, run_module, train_tiny
 from tinygpt import checkpoint as ckpt
-from tinygpt import config, trainer
+from tinygpt import config, forked, trainer
 from tinygpt.optimizers import Optimizers
 
 run = train_tiny
@@ -174,6 +174,11 @@ def test_non_finite_loss_stops_with_a_clear_message_and_keeps_checkpoints(tmp_pa
     assert [p.name for p in ckpt.list_checkpoints(out)] == ["step_00000010.pt"]
 
 
+def warm(module: str, *args: str) -> subprocess.CompletedProcess:
+    """`python -m MODULE ARGS` from the repository, forked warm (tinygpt/forked.py)."""
+    return forked.run(module, list(args), python_env(), cwd=ROOT)
+
+
 def test_cli_help_errors_and_sample(tmp_path, tiny_corpus):
     help_out = run_module("tinygpt.train", "--help")
     assert help_out.returncode == 0 and "--n-layer" in help_out.stdout
@@ -185,19 +190,19 @@ def test_cli_help_errors_and_sample(tmp_path, tiny_corpus):
                          str(tmp_path / "x"))
     assert missing.returncode == 1 and "does not exist" in missing.stderr and "Traceback" not in missing.stderr
 
-    out = tmp_path / "cli"
-    done = run_module("tinygpt.train", *TINY_FLAGS, "--data-file", str(tiny_corpus), "--out-dir", str(out),
+    out = tmp_path / "cli"  # (the runs that import torch are forked warm: tinygpt/forked.py)
+    done = warm("tinygpt.train", *TINY_FLAGS, "--data-file", str(tiny_corpus), "--out-dir", str(out),
                       "--data-dir", str(tmp_path / "d"))
     assert done.returncode == 0, done.stderr
     assert "done: step 20" in done.stdout and str(out) in done.stdout
-    sample = run_module("tinygpt.sample", "--run", str(out), "--prompt", "JULIET:", "--tokens", "30",
-                        "--temperature", "0.8", "--top-k", "5", "--seed", "1")
+    sample = warm("tinygpt.sample", "--run", str(out), "--prompt", "JULIET:", "--tokens", "30",
+                  "--temperature", "0.8", "--top-k", "5", "--seed", "1")
     assert sample.returncode == 0, sample.stderr
     assert sample.stdout.startswith("JULIET:") and len(sample.stdout.rstrip("\n")) == len("JULIET:") + 30
-    again = run_module("tinygpt.sample", "--run", str(out), "--prompt", "JULIET:", "--tokens", "30",
-                       "--top-k", "5", "--seed", "1")
+    again = warm("tinygpt.sample", "--run", str(out), "--prompt", "JULIET:", "--tokens", "30",
+                 "--top-k", "5", "--seed", "1")
     assert again.stdout == sample.stdout
-    empty = run_module("tinygpt.sample", "--run", str(tmp_path / "nothing"))
+    empty = warm("tinygpt.sample", "--run", str(tmp_path / "nothing"))
     assert empty.returncode == 1 and "no valid checkpoint" in empty.stderr
 
 
@@ -257,12 +262,12 @@ def test_a_checkpoint_of_the_format_before_named_parts_is_refused_and_kept(tmp_p
            "best_val_loss": parts["train"]["best_val_loss"], "elapsed_s": parts["train"]["elapsed_s"]}
     torch.save(old, newest)
     before = sorted(p.name for p in (out / "checkpoints").iterdir())
-    again = run_module("tinygpt.train", "--config", str(out / "config.yaml"), "--max-steps", "20")
+    again = warm("tinygpt.train", "--config", str(out / "config.yaml"), "--max-steps", "20")
     assert again.returncode == 1 and "Traceback" not in again.stderr, again.stderr
     assert f"error: resume: {newest}: a checkpoint of format 1, and this version of tinygpt reads format 2; " \
            "continue it with the tinygpt that wrote it, or start anew with --resume never" in again.stderr
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == before
-    sample = run_module("tinygpt.sample", "--run", str(out), "--tokens", "10")
+    sample = warm("tinygpt.sample", "--run", str(out), "--tokens", "10")
     assert sample.returncode == 1 and "a checkpoint of format 1" in sample.stderr, sample.stderr
 
 
