@@ -34,8 +34,22 @@ def machine_cpu_s() -> float:
     return busy / os.sysconf("SC_CLK_TCK")
 
 
+def calibration_s() -> float:
+    """CPU seconds of a fixed pure-Python loop, the best of three: this shared machine's speed drifts between
+    runs made minutes apart (a whole suite's figure by a fifth and more), so a figure is read beside it."""
+    best = float("inf")
+    for _ in range(3):
+        start = time.process_time()
+        total = 0
+        for i in range(3_000_000):
+            total += i * i % 7
+        best = min(best, time.process_time() - start)
+    return best
+
+
 # ---- the pytest plugin (loaded in every pytest process, xdist workers included) ---------------------------
 _START: dict[str, tuple[float, os.times_result]] = {}
+_SESSION: list[float] = []  # the machine's CPU seconds when pytest's session began
 _RUNS_TESTS = [True]  # (False in pytest-xdist's controller, which only hears of the tests its workers run)
 
 
@@ -54,6 +68,17 @@ def _forked_s() -> float:
     except OSError:
         return 0.0
     return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK") if fields else 0.0
+
+
+def pytest_sessionstart(session):
+    if os.environ.get(LOG_ENV) and not hasattr(session.config, "workerinput"):  # (the process that runs pytest)
+        _SESSION.append(machine_cpu_s())
+
+
+def pytest_sessionfinish(session):
+    if os.environ.get(LOG_ENV) and _SESSION:
+        with open(Path(os.environ[LOG_ENV]) / "pytest.json", "w") as f:
+            json.dump({"cpu_s": machine_cpu_s() - _SESSION[0]}, f)
 
 
 def pytest_runtest_logstart(nodeid, location):
@@ -94,6 +119,11 @@ def summary(out: Path) -> None:
     print(f"command: {' '.join(machine['command'])} (exit {machine['exit']})")
     print(f"machine CPU seconds: {machine['cpu_s']:.0f} over {machine['wall_s']:.0f} s wall "
           f"({machine['cpu_s'] / machine['wall_s'] / os.cpu_count():.0%} of {os.cpu_count()} cores)")
+    if (out / "pytest.json").exists():
+        print(f"  of which pytest's session: {json.loads((out / 'pytest.json').read_text())['cpu_s']:.0f}")
+    if "calibration_s" in machine:
+        print(f"the machine's speed: a fixed loop took {machine['calibration_s'][0]:.2f} s of CPU before and "
+              f"{machine['calibration_s'][1]:.2f} s after (compare runs made at other times with it)")
     print(f"tests: {len(tests)}, their own CPU seconds (process + waited-for children): {total:.0f}; "
           f"the rest (Slurm's daemons and jobs, pytest, collection, other): {machine['cpu_s'] - total:.0f}")
     print("\nper file (CPU s, wall s, tests):")
@@ -120,10 +150,12 @@ def main(argv: list[str]) -> int:
     env = dict(os.environ, **{LOG_ENV: str(out)})
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), env.get("PYTHONPATH")]))
     env["PYTEST_ADDOPTS"] = " ".join(filter(None, [env.get("PYTEST_ADDOPTS"), "-p suite_cpu"]))
+    before = calibration_s()
     cpu0, wall0 = machine_cpu_s(), time.perf_counter()
     code = subprocess.call(argv, env=env)
-    (out / "machine.json").write_text(json.dumps({
-        "command": argv, "exit": code, "cpu_s": machine_cpu_s() - cpu0, "wall_s": time.perf_counter() - wall0}))
+    cpu, wall = machine_cpu_s() - cpu0, time.perf_counter() - wall0
+    (out / "machine.json").write_text(json.dumps({"command": argv, "exit": code, "cpu_s": cpu, "wall_s": wall,
+                                                  "calibration_s": [before, calibration_s()]}))
     summary(out)
     print(f"\nrecords: {out}")
     return code
