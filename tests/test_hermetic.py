@@ -46,7 +46,7 @@ def test_slurm_is_hidden_even_when_the_machine_has_it(tmp_path):
     env = python_env(PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}", SLURM_CONF="/etc/elsewhere.conf",
                      SBATCH_PARTITION="debug", TINYGPT_REQUIRE_SLURM="0",
                      PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT)]))
-    env.pop("PYTEST_ADDOPTS", None)  # (a pytest of its own: not the options of the one running this)
+    env = {k: v for k, v in env.items() if not k.startswith("PYTEST_")}  # (a pytest of its own, not a worker)
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest",
                            str(tmp_path / "test_sees.py")], capture_output=True, text=True, cwd=tmp_path, env=env,
                           timeout=120)
