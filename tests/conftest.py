@@ -187,6 +187,9 @@ def run_world(module: str, args: list[str], env: dict[str, str], size: int = 2,
 def slurm_problem() -> str | None:
     if shutil.which("sinfo") is None:
         return "sinfo is not on PATH (bring a cluster up with: sudo hpc_lab/local_cluster/up.sh)"
+    conf = Path(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf"))
+    if not conf.exists():  # (sinfo would look for a controller in DNS: nothing here asks the network)
+        return f"no Slurm configuration at {conf} (bring a cluster up with: sudo hpc_lab/local_cluster/up.sh)"
     try:
         out = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=15)
     except (OSError, subprocess.SubprocessError) as err:
