@@ -33,7 +33,9 @@ def test_slurm_is_hidden_even_when_the_machine_has_it(tmp_path):
     it sees neither (and a `slurm` test beside it sees both)."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    for name in ("sinfo", "sbatch", "squeue"):  # (a cluster whose one node is idle, to the Slurm gate)
+    conf = tmp_path / "elsewhere.conf"  # (a configuration, and a cluster whose one node is idle, to the gate)
+    conf.write_text("ClusterName=elsewhere\n")
+    for name in ("sinfo", "sbatch", "squeue"):
         (bindir / name).write_text("#!/bin/sh\necho idle\n")
         (bindir / name).chmod(0o755)
     (tmp_path / "test_sees.py").write_text(
@@ -42,8 +44,8 @@ def test_slurm_is_hidden_even_when_the_machine_has_it(tmp_path):
         "    assert shutil.which('sinfo') is None and 'SLURM_CONF' not in os.environ\n"
         "@pytest.mark.slurm\n"
         "def test_marked():\n"
-        "    assert shutil.which('sinfo') and os.environ['SLURM_CONF'] == '/etc/elsewhere.conf'\n")
-    env = python_env(PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}", SLURM_CONF="/etc/elsewhere.conf",
+        f"    assert shutil.which('sinfo') and os.environ['SLURM_CONF'] == {str(conf)!r}\n")
+    env = python_env(PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}", SLURM_CONF=str(conf),
                      SBATCH_PARTITION="debug", TINYGPT_REQUIRE_SLURM="0",
                      PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT)]))
     env = {k: v for k, v in env.items() if not k.startswith("PYTEST_")}  # (a pytest of its own, not a worker)
