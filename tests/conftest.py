@@ -154,15 +154,19 @@ def run_module(module: str, *args: str, cwd: Path | None = None, timeout: float 
                           cwd=cwd or ROOT, timeout=timeout, env=python_env(**env))
 
 
-def ranks(module: str, args: list[str], env: dict[str, str], size: int = 2) -> list:
-    """A world of `size` ranks on this machine, each given the variables `torchrun --standalone` gives it."""
+def free_port() -> int:
+    """A loopback port nothing listens on now (for a master of ranks started here)."""
     import socket
 
-    with socket.socket() as s:  # a free port for the master
+    with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return s.getsockname()[1]
+
+
+def ranks(module: str, args: list[str], env: dict[str, str], size: int = 2) -> list:
+    """A world of `size` ranks on this machine, each given the variables `torchrun --standalone` gives it."""
     world = {"WORLD_SIZE": str(size), "LOCAL_WORLD_SIZE": str(size), "MASTER_ADDR": "127.0.0.1",
-             "MASTER_PORT": str(port)}
+             "MASTER_PORT": str(free_port())}
     from tinygpt.forked import Forked
 
     return [Forked(module, args, {**env, **world, "RANK": str(rank), "LOCAL_RANK": str(rank)})

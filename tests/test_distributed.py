@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from conftest import TINY_FLAGS, loss_series, python_env, ranks, read_metrics, run_world
+from conftest import TINY_FLAGS, free_port, loss_series, python_env, ranks, read_metrics, run_world
 from tinygpt import distributed as d
 from tinygpt import forked
 
@@ -178,14 +178,6 @@ def one_rank(tmp_path, corpus, rank: int, world: int, port: int, timeout: float 
                                                 str(timeout)),
                   python_env(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                              MASTER_PORT=str(port), OMP_NUM_THREADS="1", **env))
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.distributed
