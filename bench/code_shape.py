@@ -5,7 +5,9 @@
 Prints JSON: the package's modules, their import levels (a module that imports none of its siblings is
 level 1; otherwise one above the highest sibling it imports), the longest chain, imports that form a
 cycle, which modules import each one, the lines of `tinygpt` and `launch.py`, and the ten longest
-functions of both. Read from the source text with `ast`; nothing is imported or run.
+functions of both. An import counts wherever it can execute: at module level and inside functions alike;
+only those under `if TYPE_CHECKING:` (type hints, never run) do not. Read from the source text with `ast`;
+nothing is imported or run.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def sibling_imports(path: Path, package: str, names: set[str]) -> set[str]:
     """The modules of `package` that the file at `path` imports (at any depth of its code)."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in _executable(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             if node.level == 1 and node.module is None:
                 found.update(a.name for a in node.names if a.name in names)
@@ -35,6 +37,25 @@ def sibling_imports(path: Path, package: str, names: set[str]) -> set[str]:
             found.update(a.name[len(package) + 1:].split(".")[0] for a in node.names
                          if a.name.startswith(package + "."))
     return (found & names) - {path.stem}
+
+
+def _type_checking(node: ast.AST) -> bool:
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and (
+        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+
+
+def _executable(tree: ast.AST):
+    """Every node of `tree` but those under `if TYPE_CHECKING:` (its `else` branch is kept)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        if _type_checking(node):
+            stack.extend(node.orelse)
+        else:
+            stack.extend(ast.iter_child_nodes(node))
 
 
 def levels(graph: dict[str, set[str]]) -> tuple[dict[str, int], list[list[str]]]:

@@ -53,7 +53,7 @@ def run_trainer(config: dict, steps: int, warmup: int, extra: list[str] | None =
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             raise SystemExit(f"trainer failed:\n{proc.stdout}\n{proc.stderr}")
-        records = metrics.read(out / "metrics.jsonl")
+        records = metrics.read(metrics.of_run(out))
     start = next(r for r in records if r.get("event") == "start")
     finished = next(r for r in records if r.get("event") == "finished")
     steps_timed = [r for r in records if "lr" in r]

@@ -113,7 +113,7 @@ def trainer(out: Path, device: str, *flags: str, timeout: float = 600) -> subpro
 
 
 def metrics(out: Path) -> list[dict]:
-    return metrics_mod.read(out / "metrics.jsonl")
+    return metrics_mod.read(metrics_mod.of_run(out))
 
 
 def losses(out: Path) -> list[tuple]:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from common import ROOT, trial_options
 from tinygpt import metrics
+from tinygpt.launch.layout import SweepDirs, task_log
 
 sys.path.insert(0, str(ROOT / "tests"))
 from slurm_helpers import trainer_pid  # noqa: E402 (the helper the cluster tests use)
@@ -51,7 +52,7 @@ def sweep(work: Path, name: str, **env: str) -> str:
 
 
 def task_of(work: Path, name: str) -> str:
-    manifest = json.loads((work / "jobs" / name / "manifest.json").read_text())
+    manifest = json.loads(SweepDirs(work, name).manifest.read_text())
     sub = manifest["submissions"][-1]
     return f"{sub['job_id']}_{sub['array'].split(',')[0].split('-')[0]}"
 
@@ -76,7 +77,7 @@ def started(task: str) -> float:
 
 
 def final_digest(work: Path, name: str) -> list | None:
-    records = metrics.read(work / "runs" / name / "base" / "metrics.jsonl")
+    records = metrics.read(metrics.of_run(SweepDirs(work, name).run("base")))
     return records[-1].get("weights_digest") if records and records[-1].get("event") == "finished" else None
 
 
@@ -94,7 +95,7 @@ def stopped_rank(work: Path, trial: int, rng: random.Random, reference: list) ->
     task = sweep(work, name)
     rank, lines = trial % 2, rng.randint(3, 150)  # (of 200; rank 0 holds the rendezvous store: the harder case)
     pid = trainer_pid(task, rank)
-    log = work / "runs" / name / "base" / "metrics.jsonl"
+    log = metrics.of_run(SweepDirs(work, name).run("base"))
     while not (log.exists() and log.read_text().count('"lr"') >= lines):
         time.sleep(0.05)
     os.kill(pid, signal.SIGSTOP)
@@ -111,7 +112,7 @@ def unreachable_master(work: Path, trial: int, reference: list) -> dict:
     name, address = f"master{trial}", f"10.77.0.{99 - trial}"
     task = sweep(work, name, MASTER_ADDR=address)
     state, end = ended(task)
-    log = (work / "logs" / name / f"{task}.out").read_text(errors="replace")
+    log = task_log(SweepDirs(work, name).logs, task).read_text(errors="replace")
     digest = resubmit_and_finish(work, name)
     return {"fault": f"MASTER_ADDR={address}", "state": state, "seconds": round(end - started(task)),
             "hung record": f"could not reach the master at {address}" in log, "lost": int(digest is None),

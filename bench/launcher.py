@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tinygpt.launch.layout import SweepDirs
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -58,7 +60,7 @@ def ten_thousand(repeat: int = 3) -> dict:
         work = Path(tmp) / "w"
         times = timed([sys.executable, str(ROOT / "launch.py"), str(spec), "--dry-run", "--workdir", str(work)],
                       repeat, fresh=lambda: shutil.rmtree(work, ignore_errors=True))
-        runs = len(json.loads((work / "jobs" / "huge" / "manifest.json").read_text())["runs"])
+        runs = len(json.loads(SweepDirs(work, "huge").manifest.read_text())["runs"])
         return {**times, "runs": runs, "written_mb": round(written_bytes(work) / 1e6, 2), "target_s": 3.0,
                 "target_mb": 5.0}
 
@@ -99,7 +101,7 @@ def main() -> None:
                         "  seed: [1, 2, 3, 4]\nresources: {time: '00:30:00'}\narray_parallelism: 16\n")
         help_t = timed([sys.executable, str(ROOT / "launch.py"), "--help"])
         dry_t = timed([sys.executable, str(ROOT / "launch.py"), str(spec), "--dry-run", "--workdir", tmp])
-        runs = len(json.loads((Path(tmp) / "jobs" / "big" / "manifest.json").read_text())["runs"])
+        runs = len(json.loads(SweepDirs(Path(tmp), "big").manifest.read_text())["runs"])
     figures = {"help": {**help_t, "target_s": 0.3}, "dry_run": {**dry_t, "runs": runs, "target_s": 1.5}}
     try:
         figures["snapshot"] = snapshot_figures()

@@ -38,7 +38,7 @@ def trainer_cmd(out: Path, steps: int) -> list[str]:
 
 
 def steps_once(out: Path) -> bool:
-    steps = [r["step"] for r in metrics.read(out / "metrics.jsonl") if "lr" in r]
+    steps = [r["step"] for r in metrics.read(metrics.of_run(out)) if "lr" in r]
     return steps == sorted(set(steps)) and len(steps) > 0
 
 
@@ -98,14 +98,14 @@ def kill_and_restart(tmp: Path, trial: int, rng: random.Random) -> dict:
     out = tmp / f"run{trial}"
     env = {**os.environ, **ENV}
     first = subprocess.Popen(trainer_cmd(out, 100000), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    while not ((out / "metrics.jsonl").exists() and '"lr"' in (out / "metrics.jsonl").read_text()):
+    while not (metrics.of_run(out).exists() and '"lr"' in metrics.of_run(out).read_text()):
         time.sleep(0.05)
     time.sleep(rng.uniform(0, 1))
     first.kill()
     first.wait()
     t0 = time.monotonic()
     again = subprocess.run(trainer_cmd(out, 300), capture_output=True, text=True, env=env, timeout=600)
-    events = [r.get("event") for r in metrics.read(out / "metrics.jsonl")]
+    events = [r.get("event") for r in metrics.read(metrics.of_run(out))]
     # (killed before its first checkpoint, a run starts afresh, and its metrics with it: one start)
     ok = again.returncode == 0 and events[-1] == "finished" and steps_once(out)
     return {"trial": trial, "restart_exit_code": again.returncode, "resumed": events.count("start") == 2,

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from common import ROOT, trial_options
 from tinygpt import metrics
+from tinygpt.launch.layout import SweepDirs
 
 sys.path.insert(0, str(ROOT / "tests"))
 from slurm_helpers import job_fields, run_to_completion, sbatch, wait  # noqa: E402 (the cluster tests' helpers)
@@ -71,7 +72,7 @@ def sweep(work: Path, name: str, resources: dict, train: dict | None = None, sea
 def tasks_of(work: Path, name: str) -> list[str]:
     from tinygpt.launch import manifest
 
-    ids = manifest.load(work / "jobs" / name / "manifest.json").task_job_ids()
+    ids = manifest.load(SweepDirs(work, name).manifest).task_job_ids()
     return [ids[i] for i in sorted(ids)]
 
 
@@ -81,7 +82,7 @@ def lines_at_least(path: Path, lines: int) -> None:
 
 
 def digest(work: Path, name: str) -> list | None:
-    records = metrics.read(work / "runs" / name / "base" / "metrics.jsonl")
+    records = metrics.read(metrics.of_run(SweepDirs(work, name).run("base")))
     return records[-1].get("weights_digest") if records and records[-1].get("event") == "finished" else None
 
 
@@ -114,7 +115,7 @@ def take_every_node() -> str:
 def preempted(work: Path, trial: int, rng: random.Random, mode: str, reference: list) -> dict:
     name, lines = f"{mode}{trial}", rng.randint(3, 120)  # (of 150 training lines)
     [task] = sweep(work, name, {"partition": "low" if mode == "requeue" else "low-cancel", "cpus_per_task": 2})
-    lines_at_least(work / "runs" / name / "base" / "metrics.jsonl", lines)
+    lines_at_least(metrics.of_run(SweepDirs(work, name).run("base")), lines)
     fault = time.time()
     high = take_every_node()
     if mode == "requeue":
@@ -124,7 +125,7 @@ def preempted(work: Path, trial: int, rng: random.Random, mode: str, reference: 
         if resubmit(work, name):
             wait(tasks_of(work, name)[0])
     wait(high)
-    stop = next((r for r in metrics.read(work / "runs" / name / "base" / "metrics.jsonl")
+    stop = next((r for r in metrics.read(metrics.of_run(SweepDirs(work, name).run("base")))
                  if r.get("event") == "preempted"), {})
     seconds = round(last_start(tasks_of(work, name)[0]) - fault)
     final = digest(work, name)
@@ -136,7 +137,7 @@ def preempted(work: Path, trial: int, rng: random.Random, mode: str, reference: 
 def node_loss(work: Path, trial: int, rng: random.Random, reference: list) -> dict:
     name, lines = f"node{trial}", rng.randint(6, 120)  # (past the first checkpoint, at step 50)
     [task] = sweep(work, name, {"nodes": 2, "tasks_per_node": 1})
-    lines_at_least(work / "runs" / name / "base" / "metrics.jsonl", lines)
+    lines_at_least(metrics.of_run(SweepDirs(work, name).run("base")), lines)
     subprocess.run(["bash", str(NODE_SH), "crash", "node2"], check=True, capture_output=True, timeout=60)
     fault = time.monotonic()
     while job_fields(task).get("Restarts", "0") == "0":  # NODE_FAIL, and Slurm queues the job again
@@ -172,7 +173,7 @@ def lock_kill(work: Path, trial: int, rng: random.Random) -> dict:
     train = {**TRAIN, "max_steps": 300, "eval_interval": 100}
     env = {"PYTHONPATH": f"{ROOT / 'tests' / 'slow_locks'}{os.pathsep}{ROOT}", "TINYGPT_TEST_LOCK_STALL_S": "0.3"}
     tasks = sweep(work, name, {}, train=train, search={**SEARCH, "seed": trial}, **env)
-    manifest = manifest_mod.load(work / "jobs" / name / "manifest.json")
+    manifest = manifest_mod.load(SweepDirs(work, name).manifest)
     journal = Path(manifest.search.journal)
     # Each lock taken shows its holder's pid for 0.3 s: the journal's lock in even trials, the asking lock in
     # odd ones.

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from common import PRESETS, ROOT, data_flags, flags_for
+from tinygpt import metrics
 
 
 def bare_loop(preset: str, steps: int, warmup: int) -> float:
@@ -64,7 +65,7 @@ def trainer(preset: str, steps: int, warmup_intervals: int, threads: int | None)
                *(["--threads", str(threads)] if threads else [])]
         subprocess.run(cmd, check=True, capture_output=True, env=dict(os.environ, PYTHONPATH=str(ROOT),
                                                                          TINYGPT_OFFLINE="1"))
-        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        records = metrics.read(metrics.of_run(out))
     speeds = [r["tokens_per_s"] for r in records if "tokens_per_s" in r and r["step"] < steps]
     return statistics.median(speeds[warmup_intervals:])
 

@@ -108,7 +108,7 @@ def ours(recipe: dict, seed: int, args, tmp: Path, out: Path) -> dict:
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"trainer failed:\n{proc.stderr}")
-    records = metrics.read(out / "metrics.jsonl")
+    records = metrics.read(metrics.of_run(out))
     start = next(r for r in records if r.get("event") == "start")
     finished = next(r for r in records if r.get("event") == "finished")
     points = [{k: r[k] for k in ("step", "val_loss", "train_s", "elapsed_s")} for r in records if "train_s" in r]

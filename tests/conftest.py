@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -104,8 +105,35 @@ def hand_made_manifest(workdir: Path, runs: int, submissions: list[dict]):
         "submissions": [{"backend": "sbatch", "submitted_at": 0.0, **sub} for sub in submissions]})
 
 
+def sweep_dirs(workdir: Path, name: str):
+    """Where a launched sweep's files are (the launcher's own layout)."""
+    from tinygpt.launch.layout import SweepDirs
+
+    return SweepDirs(Path(workdir), name)
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    from tinygpt import metrics
+
+    return [json.loads(line) for line in metrics.of_run(run_dir).read_text().splitlines()]
+
+
+def wait_until(predicate, timeout: float = 120.0, poll: float = 0.1, what: str = "condition", proc=None):
+    """`predicate()`'s value once it is true, polled every `poll` s; fails loudly when `timeout` s pass first, or
+    when `proc` (a process the condition waits on) has ended first (then with its output, if it was captured)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            out = proc.communicate()
+            pytest.fail(f"the process ended (exit {proc.returncode}) before {what}: {out}")
+        if time.monotonic() > deadline:
+            if proc is not None:
+                proc.kill()
+            raise TimeoutError(f"{what} not reached within {timeout:.0f} s")
+        time.sleep(poll)
 
 
 def loss_series(run_dir: Path) -> list[tuple]:

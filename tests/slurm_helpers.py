@@ -11,11 +11,42 @@ from pathlib import Path
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
             "DEADLINE"}
 ROOT = Path(__file__).resolve().parent.parent
+from conftest import launch, read_metrics, sweep_dirs, wait_until  # noqa: E402,F401 (wait_until: for the tests)
+
 SESSION_START = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 120))
 
 
 def unique_name(prefix: str) -> str:
     return f"tg-{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def manifest_of(workdir: Path, name: str):
+    """The manifest of sweep `name` launched under `workdir`."""
+    from tinygpt.launch.manifest import load
+
+    return load(sweep_dirs(workdir, name).manifest)
+
+
+def launched(spec: Path, workdir: Path):
+    """Launch the spec (its jobs submitted); its manifest."""
+    from tinygpt.launch.spec import load_name
+
+    out = launch(str(spec), "--workdir", str(workdir))
+    assert out.returncode == 0, out.stderr
+    return manifest_of(workdir, load_name(spec))
+
+
+def reference(cfg) -> Path:
+    """The uninterrupted run of trainer config `cfg`, trained in this process: what a resumed one must equal."""
+    from tinygpt import trainer
+
+    trainer.train(cfg)
+    return Path(cfg.run.out_dir)
+
+
+def events(run_dir: Path, kind: str | None = None) -> list[dict]:
+    """The run's event records (of one `kind`, e.g. "preempted")."""
+    return [r for r in read_metrics(run_dir) if "event" in r and kind in (None, r["event"])]
 
 
 def job_env(**extra: str) -> dict[str, str]:
@@ -52,39 +83,27 @@ def sacct_state(job_id: str) -> str | None:
     return lines[0] if out.returncode == 0 and lines else None
 
 
-def wait(job_id: str, timeout: float = 240.0, poll: float = 0.2) -> str:
-    """Block until the job is in a terminal state; return it (scontrol first, sacct when it has aged out)."""
-    deadline = time.monotonic() + timeout
-    state = None
-    while time.monotonic() < deadline:
-        state = scontrol_state(job_id) or sacct_state(job_id)
-        if state and state.split()[0] in TERMINAL:
-            return state.split()[0]
-        time.sleep(poll)
-    cancel(job_id)
-    raise TimeoutError(f"job {job_id} did not finish within {timeout:.0f} s (last state {state})")
+def wait(job_id: str, timeout: float = 240.0, poll: float = 0.5) -> str:
+    """Block until the job is in a terminal state; return it (scontrol first, sacct when it has aged out). A job
+    still live at the timeout is cancelled."""
+    def ended() -> str | None:
+        state = (scontrol_state(job_id) or sacct_state(job_id) or "?").split()[0]
+        return state if state in TERMINAL else None
+
+    try:
+        return wait_until(ended, timeout, poll, what=f"job {job_id} ending")
+    except TimeoutError:
+        cancel(job_id)
+        raise
 
 
 def wait_sacct(job_id: str, want: str, timeout: float = 60.0) -> str:
-    """Accounting lags a little behind the controller: poll sacct until it reports `want` (or time out)."""
-    deadline = time.monotonic() + timeout
-    state = None
-    while time.monotonic() < deadline:
-        state = sacct_state(job_id)
-        if state == want:
-            return state
-        time.sleep(0.2)
-    return state or "<none>"
-
-
-def wait_until(predicate, timeout: float = 120.0, poll: float = 0.1, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise TimeoutError(f"{what} not reached within {timeout:.0f} s")
+    """Accounting lags a little behind the controller: poll sacct until it reports `want`; what it last said
+    (for the test's assertion) when it never does."""
+    try:
+        return wait_until(lambda: sacct_state(job_id) == want and want, timeout, 0.5, what=f"sacct saying {want}")
+    except TimeoutError:
+        return sacct_state(job_id) or "<none>"
 
 
 def cancel(*job_ids: str) -> None:

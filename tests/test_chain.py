@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import launch, tiny_yaml
+from conftest import launch, sweep_dirs, tiny_yaml
 from slurm_helpers import job_fields, wait, wait_until
 
 TINY = tiny_yaml(max_steps=20, eval_interval=10, sample_tokens=40)
@@ -25,7 +25,7 @@ def test_a_local_chain_prepares_trains_and_reports_in_order(tmp_path, tiny_corpu
     text = out.stdout
     assert text.index("=== chain, data: prepared") < text.index("=== run 1/2") < text.index("=== chain, report:")
     assert (work / "runs" / "loc" / "report.md").is_file() and "report: " in text
-    by_manifest = launch("status", str(work / "jobs" / "loc" / "manifest.json"))  # no spec needed
+    by_manifest = launch("status", str(sweep_dirs(work, "loc").manifest))  # no spec needed
     assert by_manifest.returncode == 0 and by_manifest.stdout.count("FINISHED") == 2, by_manifest.stdout
 
 
@@ -35,7 +35,7 @@ def test_the_chain_runs_in_order_on_the_cluster_and_the_report_is_written(tmp_pa
     spec = chain_spec(tmp_path, tiny_corpus, "chained")
     out = launch(str(spec), "--chain", "--workdir", str(work))
     assert out.returncode == 0, out.stdout + out.stderr
-    subs = json.loads((work / "jobs" / "chained" / "manifest.json").read_text())["submissions"]
+    subs = json.loads(sweep_dirs(work, "chained").manifest.read_text())["submissions"]
     assert [s.get("role") for s in subs] == ["data", None, "report"]
     data, array, report = (s["job_id"] for s in subs)
     assert f"submitted the chain: data job {data}, training array {array}, report job {report}" in out.stdout
@@ -56,7 +56,7 @@ def test_cancel_cancels_the_whole_chain(tmp_path, tiny_corpus):
     work = tmp_path / "w"
     spec = chain_spec(tmp_path, tiny_corpus, "stopped")
     assert launch(str(spec), "--chain", "--hold", "--workdir", str(work)).returncode == 0
-    ids = [s["job_id"] for s in json.loads((work / "jobs" / "stopped" / "manifest.json").read_text())["submissions"]]
+    ids = [s["job_id"] for s in json.loads(sweep_dirs(work, "stopped").manifest.read_text())["submissions"]]
     again = launch(str(spec), "--chain", "--workdir", str(work))
     assert again.returncode == 1 and "the chain's data step (job" in again.stderr
     cancelled = launch("cancel", str(spec), "--workdir", str(work))

@@ -5,12 +5,11 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import TINY_FLAGS, loss_series, python_env, read_metrics, slow_saves
+from conftest import TINY_FLAGS, loss_series, python_env, read_metrics, slow_saves, wait_until
 from tinygpt import checkpoint as ckpt
 from tinygpt.forked import Forked
 from tinygpt.trainer import Trainer
@@ -54,19 +53,6 @@ def last_logged_step(out) -> int:
     return max(steps, default=-1)
 
 
-def wait_for(what: str, predicate, proc: subprocess.Popen | Forked, timeout: float = 120.0) -> None:
-    """Until `predicate()` holds; fails loudly if the trainer ends first or the time runs out."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if proc.poll() is not None:
-            _, err = proc.communicate()
-            pytest.fail(f"the trainer ended (exit {proc.returncode}) before its {what}: {err}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"no {what} within {timeout:.0f} s")
-        time.sleep(0.01)
-
-
 def test_sigkill_at_chosen_moments_leaves_a_complete_checkpoint_and_an_exact_resume(tmp_path, tiny_corpus):
     """Twenty lives, each SIGKILLed at an event: ten while a checkpoint is being written (the write stalls
     after its bytes, before the rename, so the kill surely lands there), ten a seeded number of steps into
@@ -89,11 +75,11 @@ def test_sigkill_at_chosen_moments_leaves_a_complete_checkpoint_and_an_exact_res
         stall = 3600 if moment == "mid-write" else 0  # the first write of this life never finishes
         proc = trainer(tiny_corpus, out, data_dir, env=python_env(**slow_saves(stall)))
         if moment == "mid-write":
-            wait_for("checkpoint write", lambda old=leftovers: set(folder.glob(".step_*.tmp")) - old,
-                     proc)
+            wait_until(lambda old=leftovers: set(folder.glob(".step_*.tmp")) - old, poll=0.01, what="checkpoint write",
+                       proc=proc)
         else:
             target = max(before, 0) + rng.randint(1, 8)
-            wait_for(f"step {target}", lambda t=target: last_logged_step(out) >= t, proc)
+            wait_until(lambda t=target: last_logged_step(out) >= t, poll=0.01, what=f"step {target}", proc=proc)
         proc.kill()
         proc.communicate()
         # Every checkpoint with a final name is complete and loads; the newest valid one is found.
@@ -113,7 +99,7 @@ def test_sigkill_at_chosen_moments_leaves_a_complete_checkpoint_and_an_exact_res
 
 
 def run_until_logging(proc: Forked, out) -> Forked:
-    wait_for("third step", lambda: last_logged_step(out) >= 3, proc)
+    wait_until(lambda: last_logged_step(out) >= 3, poll=0.01, what="third step", proc=proc)
     return proc
 
 
@@ -212,7 +198,7 @@ def test_an_early_preemption_signal_is_kept_until_training_can_stop(tmp_path, ti
                             env=python_env(SLURM_JOB_ID="4242", PATH=str(bindir)))
     # The moment the early recorder catches SIGUSR2 (the kernel's SigCgt mask says so): torch is not
     # imported yet, let alone a step taken.
-    wait_for("handler for SIGUSR2", lambda: catches(proc.pid, signal.SIGUSR2), proc)
+    wait_until(lambda: catches(proc.pid, signal.SIGUSR2), poll=0.01, what="handler for SIGUSR2", proc=proc)
     proc.send_signal(signal.SIGUSR2)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 75, stdout + stderr
@@ -225,7 +211,7 @@ def test_a_late_preemption_signal_does_not_kill_a_finished_run(tmp_path, tiny_co
     out = tmp_path / "run"
     proc = trainer(tiny_corpus, out, tmp_path / "data", "--max-steps", "30", "--sample-tokens", "20000")
     # Training is over once its last checkpoint is there; the long sample is being generated.
-    wait_for("last checkpoint", (out / "checkpoints" / "step_00000030.pt").exists, proc)
+    wait_until((out / "checkpoints" / "step_00000030.pt").exists, poll=0.01, what="last checkpoint", proc=proc)
     assert proc.poll() is None, "the run ended before the signal could land while it samples"
     proc.send_signal(signal.SIGUSR2)
     stdout, stderr = proc.communicate(timeout=120)

@@ -18,9 +18,9 @@ import yaml
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from conftest import run_cli, tiny_train
+from conftest import run_cli, sweep_dirs, tiny_train
 from tinygpt import checkpoint, config, metrics, trainer
-from tinygpt.launch.manifest import create
+from tinygpt.launch.manifest import Manifest, create
 
 # (no shrinking: each case runs every command, and the failing case is printed as drawn)
 SETTINGS = settings(max_examples=int(os.environ.get("TINYGPT_FUZZ_EXAMPLES", "12")), deadline=None,
@@ -104,20 +104,20 @@ def sweep(tmp_path_factory):
     assert code == 0, err
     run = work / "runs" / "damaged" / "base"
     # Records of Slurm submissions too (ids no job has), so that their fields are damaged as well
-    path = work / "jobs" / "damaged" / "manifest.json"
+    path = sweep_dirs(work, "damaged").manifest
     manifest = json.loads(path.read_text())
     manifest["submissions"] += [
         {"backend": "sbatch", "job_id": "4000001", "indices": [0], "array": "0-0", "offset": 0, "pack": 1,
-         "script": str(work / "jobs" / "damaged" / "damaged.sbatch"), "submitted_at": 1.0e9},
+         "script": str(sweep_dirs(work, "damaged").script()), "submitted_at": 1.0e9},
         {"backend": "submitit", "job_id": "4000002", "indices": [0], "per_run_ids": {"0": "4000002_0"},
-         "folder": str(work / "jobs" / "damaged" / "submitit"), "submitted_at": 1.0e9 + 1}]
-    create(path, manifest)
+         "folder": str(sweep_dirs(work, "damaged").submitit), "submitted_at": 1.0e9 + 1}]
+    create(path, Manifest.model_validate(manifest))
     (work / "logs" / "damaged").mkdir(parents=True, exist_ok=True)
     (work / "logs" / "damaged" / "4000001_0.out").write_text("tinygpt: run 0 of damaged\nstep 5 | loss 3.7\n")
     pristine = root / "pristine"
     shutil.copytree(work, pristine, symlinks=True)
     return {"spec": spec, "work": work, "run": run, "pristine": pristine,
-            "manifest": work / "jobs" / "damaged" / "manifest.json"}
+            "manifest": sweep_dirs(work, "damaged").manifest}
 
 
 def restore(sweep) -> None:

@@ -5,9 +5,9 @@ import json
 import pytest
 
 from conftest import launch as shared_launch
-from conftest import slow_saves, tiny_yaml
+from conftest import slow_saves, sweep_dirs, tiny_yaml
 from slurm_helpers import counting_shim, wait
-from tinygpt.launch import efficiency
+from tinygpt.launch import efficiency, resources
 
 SACCT = """\
 7_0|COMPLETED|100|03:20.000|4|16G||billing=4,cpu=4,gres/gpu=1,mem=16G,node=1|||1
@@ -32,7 +32,7 @@ def test_sacct_fields_become_efficiency_figures():
     assert not cpu.idle and cpu.peak_mem_mb == 500  # every child; Slurm adds them up), old per-CPU ReqMem
     assert usage["7_2"].cpu_eff is None and not usage["7_2"].idle
     assert efficiency.cells(gpu)["flag"].startswith("IDLE") and efficiency.cells(None)["elapsed"] == "-"
-    assert efficiency.parse_duration_s("1-02:03:04.5") == 93784.5 and efficiency.parse_duration_s("") == 0
+    assert resources.duration_s("1-02:03:04.5") == 93784.5 and resources.duration_s("") == 0
 
 
 @pytest.fixture
@@ -60,7 +60,7 @@ def test_efficiency_of_a_busy_and_a_half_idle_allocation(tmp_path, tiny_corpus, 
     # inherits this environment), on two CPUs where it can use one.
     assert launch(str(specs["idle"]), **slow_saves(0.3)).returncode == 0
     for name in specs:
-        manifest = json.loads((work / "jobs" / name / "manifest.json").read_text())
+        manifest = json.loads(sweep_dirs(work, name).manifest.read_text())
         assert wait(f"{manifest['submissions'][0]['job_id']}_0") == "COMPLETED"
     count.unlink(missing_ok=True)
     shown = {name: launch("status", str(spec), "--efficiency") for name, spec in specs.items()}

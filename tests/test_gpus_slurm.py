@@ -13,8 +13,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, launch, tiny_train
-from slurm_helpers import wait, wait_sacct
-from tinygpt.launch.manifest import load
+from slurm_helpers import manifest_of, wait, wait_sacct
 from tinygpt.precision import gpu_share, take_pack_share
 
 EXAMPLES = ROOT / "hpc_lab" / "clusters"
@@ -57,7 +56,7 @@ def started(run_dir: Path) -> dict:
 def test_an_example_profiles_gpu_request_is_scheduled_given_and_accounted(tmp_path, tiny_corpus, example,
                                                                           directive, node):
     spec, work = sweep(tmp_path, tiny_corpus, example.split("-")[0], on_this_cluster(example, tmp_path))
-    manifest = load(work / "jobs" / spec.stem / "manifest.json")
+    manifest = manifest_of(work, spec.stem)
     assert directive in Path(manifest.submissions[0].script).read_text()
     job = manifest.task_job_ids()[0]
     assert wait(job) == "COMPLETED"
@@ -88,7 +87,7 @@ def test_packed_runs_each_take_their_share_of_the_tasks_gpus(tmp_path, tiny_corp
     """Slurm gives every packed run (an overlapping step) both GPUs of the task; each takes one."""
     spec, work = sweep(tmp_path, tiny_corpus, "packed", on_this_cluster("a100-example", tmp_path), runs=2, pack=2,
                        resources={"tasks_per_node": 1, "cpus_per_task": 2})
-    manifest = load(work / "jobs" / spec.stem / "manifest.json")
+    manifest = manifest_of(work, spec.stem)
     assert wait(manifest.task_job_ids()[0]) == "COMPLETED"
     shares = [started(Path(run.out_dir))["cuda_visible_devices"] for run in manifest.runs]
     assert shares == ["0", "1"]

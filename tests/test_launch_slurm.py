@@ -8,17 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, launch, read_metrics, tiny_train, tiny_yaml
-from slurm_helpers import cancel, counting_shim, sbatch, wait, wait_until
-from tinygpt.launch.manifest import Manifest, load
+from conftest import ROOT, launch, read_metrics, sweep_dirs, tiny_train, tiny_yaml
+from slurm_helpers import cancel, counting_shim, manifest_of, sbatch, wait, wait_until
 
 pytestmark = pytest.mark.slurm
 
 TINY_TRAIN = tiny_yaml(max_steps=20, eval_interval=10)
-
-
-def manifest_of(workdir: Path, name: str) -> Manifest:
-    return load(workdir / "jobs" / name / "manifest.json")
 
 
 def job_ids(workdir: Path, name: str) -> list[str]:
@@ -202,7 +197,7 @@ def test_a_live_sweep_is_never_changed_behind_its_jobs(tmp_path, workdir, tiny_c
     import hashlib
 
     def checksums() -> dict:
-        return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in (workdir / "jobs" / "live").rglob("*")
+        return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in sweep_dirs(workdir, "live").jobs.rglob("*")
                 if p.is_file()}
 
     spec = sweep_spec(tmp_path, tiny_corpus, "live")

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import sbatch_rules
-from conftest import ROOT, hand_made_manifest, launch, tiny_yaml
-from tinygpt.launch import profiles
+from conftest import ROOT, hand_made_manifest, launch, sweep_dirs, tiny_yaml
+from tinygpt.launch import profiles, resources
 from tinygpt.launch import spec as spec_mod
 from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.plan import build
@@ -134,16 +134,25 @@ def test_every_cluster_profile_loads(path):
 
 
 def test_time_and_memory_parsing():
-    assert profiles.parse_time_min("30") == 30
-    assert profiles.parse_time_min("01:30:00") == 90
-    assert profiles.parse_time_min("2-00:00:00") == 2880
-    assert profiles.parse_time_min("1-12") == 2160
-    assert profiles.parse_time_min("00:00:30") == 1
-    assert profiles.parse_time_min("INFINITE") is None
-    assert profiles.format_time(2880 + 61) == "2-01:01:00"
-    assert profiles.parse_mem_mb("4G") == 4096 and profiles.parse_mem_mb("500M") == 500
+    assert resources.parse_time_min("30") == 30
+    assert resources.parse_time_min("01:30:00") == 90
+    assert resources.parse_time_min("2-00:00:00") == 2880
+    assert resources.parse_time_min("1-12") == 2160
+    assert resources.parse_time_min("00:00:30") == 1
+    assert resources.parse_time_min("INFINITE") is None
+    assert resources.format_time(2880 + 61) == "2-01:01:00"
+    assert resources.parse_mem_mb("4G") == 4096 and resources.parse_mem_mb("500M") == 500
     with pytest.raises(ValueError):
-        profiles.parse_time_min("soon")
+        resources.parse_time_min("soon")
+    assert resources.time_limit_min("soon") is None and resources.time_limit_min("1-00:00:00") == 1440
+
+
+def test_one_size_parser_for_what_users_write_and_what_slurm_prints():
+    """A bare number is megabytes, as for sbatch --mem, wherever a size is read."""
+    assert resources.size_mb("2048") == resources.size_mb(2048) == resources.size_mb("2G") == 2048
+    assert resources.size_mb("306484K") == pytest.approx(306484 / 1024) and resources.size_mb("1.5g") == 1536
+    with pytest.raises(ValueError):
+        resources.size_mb("lots")
 
 
 def hostile_params(tmp_path: Path, **kw) -> ScriptParams:
@@ -240,9 +249,9 @@ def sbatch_lines(text: str) -> dict[str, str | None]:
 
 
 def test_render_submitit_hostile_golden(tmp_path):
-    from tinygpt.launch import submitit_backend
+    from tinygpt.launch.backends import Submitit
 
-    text = submitit_backend.render(hostile_plan(tmp_path), pythonpath="/repo")
+    text = Submitit().script(hostile_plan(tmp_path), pythonpath="/repo")
     check_golden("hostile-submitit.sbatch", text)
     assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
     assert "module load 'a'\"'\"'; echo foo'" in text  # quoted like the sbatch backend's
@@ -252,21 +261,21 @@ def test_render_submitit_hostile_golden(tmp_path):
 
 def test_both_backends_ask_slurm_for_the_same_options(tmp_path):
     """One mapping from resources and profile to Slurm options serves both backends."""
-    from tinygpt.launch import submitit_backend
+    from tinygpt.launch.backends import Submitit
     from tinygpt.launch.slurm_options import sbatch_options
 
     plan = hostile_plan(tmp_path)
     ours = sbatch_rules.options(render(hostile_params(tmp_path)))  # as sbatch reads them
     # As the shell reads submitit's lines: the same options, quoted for a shell, which sbatch reads otherwise
     # (so a spec refuses such values for that backend: tests/test_directives.py).
-    theirs = sbatch_lines(submitit_backend.render(plan, pythonpath="/repo"))
+    theirs = sbatch_lines(Submitit().script(plan, pythonpath="/repo"))
     shared = sbatch_options(plan.sweep.resources, plan.sweep.profile, plan.workdir)
     assert shared.keys() >= {"partition", "qos", "account", "constraint", "gres", "mem", "signal", "requeue",
                              "exclude", "reservation", "exclusive"}
     for key, value in shared.items():
         assert ours[key] == theirs[key] == value, key
     assert ours["signal"] == "USR2@90" and theirs["array"] == "0-3%2" == ours["array"]
-    srun = next(line for line in submitit_backend.render(plan, pythonpath="/repo").splitlines()
+    srun = next(line for line in Submitit().script(plan, pythonpath="/repo").splitlines()
                 if line.startswith("srun "))
     assert "--cpu-bind=cores '--label; rm -rf ~'" in srun
 
@@ -289,7 +298,7 @@ def test_passed_through_options_are_checked(tmp_path, text, message):
 
 
 def test_passed_through_options_reach_both_backends(tmp_path):
-    from tinygpt.launch import submitit_backend
+    from tinygpt.launch.backends import Submitit
 
     prof = tmp_path / "site.yaml"
     prof.write_text("name: site\npartitions: {debug: {}}\nsbatch_options: {reservation: site-wide, mail-type: END}\n"
@@ -305,7 +314,7 @@ def test_passed_through_options_reach_both_backends(tmp_path):
                  "#SBATCH --mail-type=FAIL", "#SBATCH --exclusive\n"):
         assert line in text
     assert "srun --kill-on-bad-exit=1 --cpu-bind=cores --label " in text
-    params = submitit_backend.executor_parameters(plan)
+    params = Submitit.executor_parameters(plan)
     assert params["srun_args"] == ["--cpu-bind=cores", "--label"]
     assert params["additional_parameters"]["exclusive"] is True
     assert params["additional_parameters"]["mail_type"] == "FAIL"
@@ -363,6 +372,7 @@ def test_a_sweep_keeps_what_its_runs_share_once(tmp_path):
     from them when its task starts, and is the config the spec validated."""
     from tinygpt import config
     from tinygpt.launch import manifest as manifest_mod
+    from tinygpt.launch import run_config
 
     path = write(tmp_path, "name: s\ntrain: {max_steps: 30, n_embd: 64}\n"
                            "grid: {n_layer: [1, 2], lr: [1.0e-3, 2.0e-3]}\n"
@@ -376,7 +386,7 @@ def test_a_sweep_keeps_what_its_runs_share_once(tmp_path):
         {"n_layer": 2, "lr": 0.002}, {"n_layer": 3, "dropout": 0.1}]
     assert not (plan.jobs_dir / "configs").exists()  # nothing per run until a task starts
     for run in sweep.runs:
-        written = manifest_mod.config_file(manifest, run.index)
+        written = run_config.config_file(manifest, run.index)
         assert config.resolve(["--config", str(written)]) == run.config
     on_disk = json.loads(plan.manifest_path.read_text())
     plan.manifest_path.write_text(json.dumps({**on_disk, "format": 1}))  # from a version that never shipped
@@ -393,7 +403,7 @@ def test_cli_dry_run_prints_the_plan_and_errors_have_no_traceback(tmp_path):
     heading = next(line for line in out.stdout.splitlines() if line.startswith("s: "))
     assert re.fullmatch(r"s: 2 run\(s\), backend sbatch, cluster \S+", heading), out.stdout
     assert not set("┏┃│└") & set(out.stdout), out.stdout
-    manifest = json.loads((tmp_path / "jobs" / "s" / "manifest.json").read_text())
+    manifest = json.loads(sweep_dirs(tmp_path, "s").manifest.read_text())
     assert manifest["submissions"] == []
     bad = write(tmp_path, "name: s\ntrain: {n_layers: 2}\n", "bad.yaml")
     out = launch(str(bad), "--dry-run", "--workdir", str(tmp_path / "w2"))
@@ -406,12 +416,15 @@ def test_cli_dry_run_prints_the_plan_and_errors_have_no_traceback(tmp_path):
 
 
 def test_launcher_never_imports_torch():
-    code = ("import sys; sys.argv = ['launch.py', '--help']\n"
-            "import launch, tinygpt.launch, tinygpt.launch.cli, tinygpt.launch.spec, tinygpt.launch.plan\n"
-            "import tinygpt.launch.status, tinygpt.launch.sbatch, tinygpt.launch.local, tinygpt.config\n"
-            "sys.exit(1 if 'torch' in sys.modules else 0)")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    assert out.returncode == 0
+    """Every module of the launcher, found on disk, imported: torch is not among what they import."""
+    code = ("import importlib, pkgutil, sys; sys.argv = ['launch.py', '--help']\n"
+            "import launch, tinygpt.config, tinygpt.launch as package\n"
+            "names = [m.name for m in pkgutil.iter_modules(package.__path__)]\n"
+            "for name in names: importlib.import_module(f'tinygpt.launch.{name}')\n"
+            "print(len(names)); sys.exit(1 if 'torch' in sys.modules else 0)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and int(out.stdout) > 30, out.stderr
 
 
 def test_local_backend_runs_every_run_through_the_trainer(tmp_path, tiny_corpus):
@@ -539,7 +552,7 @@ def test_a_sweep_with_jobs_on_slurm_is_left_alone_where_squeue_cannot_answer(tmp
 
     spec = write(tmp_path, "name: s\ntrain: {max_steps: 30}\nresources: {time: '00:10:00'}\n")
     assert run_cli([str(spec), "--dry-run", "--workdir", str(tmp_path)])[0] == 0
-    manifest = tmp_path / "jobs" / "s" / "manifest.json"
+    manifest = sweep_dirs(tmp_path, "s").manifest
     manifest_mod.record_submission(manifest, "sbatch", "4242", [0], array="0", offset=0)
     before = {p: p.read_bytes() for p in (tmp_path / "jobs").rglob("*") if p.is_file()}
     monkeypatch.setenv("PATH", str(tmp_path / "no-slurm-here"))
@@ -559,7 +572,7 @@ def test_one_command_at_a_time_writes_a_sweep(tmp_path, monkeypatch):
     monkeypatch.setattr(manifest_mod, "LOCK_WAIT_S", 0.3)
     spec = write(tmp_path, "name: s\ntrain: {max_steps: 30}\nresources: {time: '00:10:00'}\n")
     assert run_cli([str(spec), "--dry-run", "--workdir", str(tmp_path)])[0] == 0
-    jobs = tmp_path / "jobs" / "s"
+    jobs = sweep_dirs(tmp_path, "s").jobs
     before = {p: p.read_bytes() for p in jobs.rglob("*") if p.is_file() and p.name != ".lock"}
     with manifest_mod.sweep_lock(jobs):
         for extra in (["--dry-run"], ["--local"]):

@@ -13,10 +13,9 @@ import yaml
 
 from conftest import ROOT, launch, tiny_yaml
 from gpu_cluster import GPU_CLUSTER
-from slurm_helpers import sbatch, wait_until
+from slurm_helpers import manifest_of, sbatch, wait_until
 from tinygpt.launch import live_check
 from tinygpt.launch import spec as spec_mod
-from tinygpt.launch.manifest import load
 
 LOCAL = yaml.safe_load((ROOT / "hpc_lab" / "clusters" / "local.yaml").read_text())
 
@@ -140,7 +139,7 @@ def test_a_submission_fails_closed_when_slurm_cannot_answer_and_no_check_says_it
     assert not set(queue()) - set(before) and not (work / "jobs").exists()
     held = launch(str(spec), "--workdir", str(work), "--no-check", "--hold", env=env)
     assert held.returncode == 0 and "not checked against the live cluster (--no-check)" in held.stdout, held.stderr
-    job = load(work / "jobs" / "blind" / "manifest.json").submissions[0].job_id
+    job = manifest_of(work, "blind").submissions[0].job_id
     subprocess.run(["scancel", job], check=True, timeout=30)
 
 
@@ -152,7 +151,7 @@ def test_status_shows_when_slurm_expects_a_pending_run_to_start(tmp_path, tiny_c
                    script="#!/bin/bash\nsleep 600\n")]
     try:
         assert launch(str(spec), "--workdir", str(work)).returncode == 0
-        jobs.append(load(work / "jobs" / "later" / "manifest.json").task_job_ids()[0])
+        jobs.append(manifest_of(work, "later").task_job_ids()[0])
 
         def estimated() -> str | None:
             out = launch("status", str(spec), "--workdir", str(work)).stdout

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, hand_made_manifest, launch, tiny_yaml
-from slurm_helpers import job_env, run_to_completion, signal_when_training, wait
-from tinygpt.launch import logs
+from slurm_helpers import job_env, manifest_of, run_to_completion, signal_when_training, wait
+from tinygpt.launch import run_logs
 
 TINY = tiny_yaml(eval_interval=10, max_steps=20)
 
@@ -21,9 +21,8 @@ def test_logs_show_the_latest_life_or_all_and_status_says_why_a_run_failed(tmp_p
                     f"  - {{name: bad, resume: {tiny_corpus}}}\n  - {{name: twice, max_steps: 400}}\n"
                     "resources: {time: '00:10:00'}\n")
     assert launch(str(spec), "--workdir", str(work)).returncode == 0
-    from tinygpt.launch.manifest import load
 
-    manifest = load(work / "jobs" / "three" / "manifest.json")
+    manifest = manifest_of(work, "three")
     ids = manifest.task_job_ids()
     follower = subprocess.Popen([sys.executable, str(ROOT / "launch.py"), "logs", str(spec), "twice", "--follow",
                                  "--workdir", str(work)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -55,8 +54,8 @@ def test_logs_show_the_latest_life_or_all_and_status_says_why_a_run_failed(tmp_p
 def test_the_latest_life_starts_at_the_last_start_line():
     text = ("tinygpt: run 0 (c.yaml), job 5_0 on node1, restart 0\nstep 1\npreempted\n"
             "tinygpt: run 0 (c.yaml), job 5_0 on node2, restart 1\nstep 2\ndone\n")
-    assert logs.latest_life(text) == "tinygpt: run 0 (c.yaml), job 5_0 on node2, restart 1\nstep 2\ndone\n"
-    assert logs.latest_life("no header\n") == "no header\n"
+    assert run_logs.latest_life(text) == "tinygpt: run 0 (c.yaml), job 5_0 on node2, restart 1\nstep 2\ndone\n"
+    assert run_logs.latest_life("no header\n") == "no header\n"
 
 
 def test_the_error_line_is_ours_then_pythons_then_slurms(tmp_path):
@@ -66,10 +65,10 @@ def test_the_error_line_is_ours_then_pythons_then_slurms(tmp_path):
     log.write_text("tinygpt: run 0 (c), job 7_0 on node1\nTraceback (most recent call last):\n"
                    "RuntimeError: CUDA error: an illegal memory access\nsrun: error: node1: task 0: Exited\n"
                    "srun: Terminating StepId=7.0 on signal\n")
-    assert logs.last_error(manifest, 0) == "RuntimeError: CUDA error: an illegal memory access"
+    assert run_logs.last_error(manifest, 0) == "RuntimeError: CUDA error: an illegal memory access"
     log.write_text("tinygpt: run 0 (c), job 7_0 on node1\nerror: data_file: x does not exist\n"
                    "srun: error: node1: task 0: Exited with exit code 2\n")
-    assert logs.last_error(manifest, 0) == "error: data_file: x does not exist"
+    assert run_logs.last_error(manifest, 0) == "error: data_file: x does not exist"
     log.write_text("tinygpt: run 0 (c), job 7_0 on node1\nstep 5\n"
                    "slurmstepd: *** JOB 7 CANCELLED DUE TO TIME LIMIT ***\n")
-    assert logs.last_error(manifest, 0) == "slurmstepd: *** JOB 7 CANCELLED DUE TO TIME LIMIT ***"
+    assert run_logs.last_error(manifest, 0) == "slurmstepd: *** JOB 7 CANCELLED DUE TO TIME LIMIT ***"

@@ -16,9 +16,22 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, TINY_FLAGS, launch, loss_series, read_metrics, run_world
-from slurm_helpers import TERMINAL, cancel, job_env, run_to_completion, sbatch, unique_name, wait, wait_until
-from tinygpt import config, trainer
+from conftest import ROOT, TINY_FLAGS, launch, loss_series, read_metrics, run_world, sweep_dirs
+from slurm_helpers import (
+    TERMINAL,
+    cancel,
+    events,
+    job_env,
+    launched,
+    manifest_of,
+    reference,
+    run_to_completion,
+    sbatch,
+    unique_name,
+    wait,
+    wait_until,
+)
+from tinygpt import config
 from tinygpt.launch import manifest as manifest_mod
 from tinygpt.launch import states as status
 
@@ -34,25 +47,17 @@ def train_keys(corpus: Path, data: Path, **extra) -> dict:
     return keys
 
 
-def reference(tmp_path: Path, keys: dict, max_steps: int) -> Path:
-    out = tmp_path / "reference"
-    trainer.train(config.build({**keys, "max_steps": max_steps, "out_dir": str(out)}))
-    return out
-
-
-def launched(tmp_path: Path, name: str, keys: dict, resources: dict, runs: tuple[str, ...] = ("run",)):
+def launch_sweep(tmp_path: Path, name: str, keys: dict, resources: dict, runs: tuple[str, ...] = ("run",)):
     """Launch a sweep of `runs` (same settings each): (its spec, its workdir, its manifest)."""
     spec, work = tmp_path / f"{name}.yaml", tmp_path / "w"
     spec.write_text(json.dumps({"name": name, "train": keys, "runs": [{"name": run} for run in runs],
                                 "resources": {"time": "00:10:00", **resources}}))
-    out = launch(str(spec), "--workdir", str(work))
-    assert out.returncode == 0, out.stderr
-    return spec, work, manifest_mod.load(work / "jobs" / name / "manifest.json")
+    return spec, work, launched(spec, work)
 
 
 def end_at(work: Path, name: str, max_steps: int) -> None:
     """The run's real end, in the manifest its next start reads its config from."""
-    path = work / "jobs" / name / "manifest.json"
+    path = sweep_dirs(work, name).manifest
     manifest = manifest_mod.load(path)
     manifest.base["max_steps"] = max_steps
     for run in manifest.runs:
@@ -63,10 +68,6 @@ def end_at(work: Path, name: str, max_steps: int) -> None:
 def training(run_dir: Path, lines: int = 5) -> bool:
     metrics = run_dir / "metrics.jsonl"
     return metrics.exists() and metrics.read_text().count('"lr"') >= lines
-
-
-def events(run_dir: Path, kind: str) -> list[dict]:
-    return [r for r in read_metrics(run_dir) if r.get("event") == kind]
 
 
 def logs(work: Path) -> str:
@@ -82,7 +83,7 @@ def take_every_node() -> str:
 def status_of(work: Path, name: str, want: str, source: str | None = None) -> status.Row:
     """The run's row once `status` says `want` (from `source`, when given: accounting lags the controller by a
     moment)."""
-    path = work / "jobs" / name / "manifest.json"
+    path = sweep_dirs(work, name).manifest
     rows: list[status.Row] = []
 
     def says() -> bool:
@@ -98,7 +99,7 @@ def status_of(work: Path, name: str, want: str, source: str | None = None) -> st
 
 def test_a_task_preempted_under_requeue_comes_back_resumes_exactly_and_is_completed_in_status(tmp_path, tiny_corpus):
     keys = train_keys(tiny_corpus, tmp_path / "data")
-    spec, work, manifest = launched(tmp_path, "requeued", keys, {"partition": "low", "cpus_per_task": 2})
+    spec, work, manifest = launch_sweep(tmp_path, "requeued", keys, {"partition": "low", "cpus_per_task": 2})
     task, run_dir = manifest.task_job_ids()[0], Path(manifest.runs[0].out_dir)
     high = None
     try:
@@ -114,7 +115,8 @@ def test_a_task_preempted_under_requeue_comes_back_resumes_exactly_and_is_comple
     assert (state, restarts) == ("COMPLETED", 1), logs(work)
     assert stop["reason"] == "terminated (scancel or preemption)" and "requeue" not in stop
     assert [e["restarts"] for e in events(run_dir, "start")] == [0, 1]
-    assert loss_series(run_dir) == loss_series(reference(tmp_path, keys, final))
+    assert loss_series(run_dir) == loss_series(reference(config.build({**keys, "max_steps": final,
+                                                                        "out_dir": str(tmp_path / "reference")})))
     row = status_of(work, "requeued", "COMPLETED", "sacct")  # sacct's earlier life is PREEMPTED; the latest is not
     assert row.restarts == 1
 
@@ -124,7 +126,7 @@ def test_a_task_preempted_under_cancel_is_resubmitted_by_default_and_a_users_sca
     takes both nodes and Slurm cancels the other (PREEMPTED). A plain `resubmit` sends only the preempted run
     back, and it resumes exactly."""
     keys = train_keys(tiny_corpus, tmp_path / "data")
-    spec, work, manifest = launched(tmp_path, "cancelled", keys, {"partition": "low-cancel", "cpus_per_task": 2},
+    spec, work, manifest = launch_sweep(tmp_path, "cancelled", keys, {"partition": "low-cancel", "cpus_per_task": 2},
                                     runs=("preempted", "stopped"))
     ids = manifest.task_job_ids()
     run_dir = Path(manifest.runs[0].out_dir)
@@ -143,12 +145,13 @@ def test_a_task_preempted_under_cancel_is_resubmitted_by_default_and_a_users_sca
         assert status_of(work, "cancelled", "PREEMPTED").index == 0
         out = launch("resubmit", str(spec), "--workdir", str(work))
         assert out.returncode == 0 and "resubmitting 1 of 2 run(s): preempted" in out.stdout, out.stdout + out.stderr
-        again = manifest_mod.load(work / "jobs" / "cancelled" / "manifest.json").task_job_ids()
+        again = manifest_of(work, "cancelled").task_job_ids()
         assert again[1] == ids[1] and again[0] != ids[0]
         assert wait(again[0]) == "COMPLETED"
     finally:
         cancel(*ids.values(), *([high] if high else []))
-    assert loss_series(run_dir) == loss_series(reference(tmp_path, keys, final))
+    assert loss_series(run_dir) == loss_series(reference(config.build({**keys, "max_steps": final,
+                                                                        "out_dir": str(tmp_path / "reference")})))
     row = status_of(work, "cancelled", "COMPLETED")
     assert len(row.history) == 1 and row.history[0].startswith(f"{ids[0]} PREEMPTED on node"), row
 
@@ -186,14 +189,14 @@ def test_a_node_lost_mid_job_ends_it_node_fail_and_it_comes_back_from_its_newest
     job being requeueable, queues it again; once node2 is back the run resumes from its newest complete
     checkpoint and ends with the weights of the same run left alone."""
     keys = train_keys(tiny_corpus, tmp_path / "data")
-    spec, work, manifest = launched(tmp_path, "lost", keys, {"nodes": 2, "tasks_per_node": 1})
+    spec, work, manifest = launch_sweep(tmp_path, "lost", keys, {"nodes": 2, "tasks_per_node": 1})
     task, run_dir = manifest.task_job_ids()[0], Path(manifest.runs[0].out_dir)
     try:
         wait_until(lambda: list((run_dir / "checkpoints").glob("step_*.pt")) and training(run_dir, 8), timeout=120,
                    poll=0.05, what="the run training past its first checkpoint")
         node("crash", "node2")
         try:
-            manifest = manifest_mod.load(work / "jobs" / "lost" / "manifest.json")
+            manifest = manifest_of(work, "lost")
             wait_until(lambda: status.collect(manifest)[0].restarts == 1, timeout=120, poll=0.5,
                        what="Slurm requeueing the job of the lost node")
             # Held until node2 is back in service: a life started while node2 registers can have its step (the

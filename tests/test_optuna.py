@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, TINY_FLAGS, launch, python_env, read_metrics, tiny_train
-from slurm_helpers import run_to_completion, signal_when_training
+from conftest import ROOT, TINY_FLAGS, launch, python_env, read_metrics, sweep_dirs, tiny_train
+from slurm_helpers import manifest_of, run_to_completion, signal_when_training
 from tinygpt import config, trainer
 
 TRAIN = {k: v for k, v in tiny_train(eval_interval=5, min_lr=1.0e-6, log_interval=5, ckpt_interval=5).items()
@@ -84,8 +84,7 @@ def test_workers_share_one_study_locally_and_the_report_ranks_the_trials(tmp_pat
 
 
 def test_a_search_with_a_target_scores_the_seconds_to_it_and_stops_each_trial_there(tmp_path, tiny_corpus):
-    from tinygpt.launch import search
-    from tinygpt.launch.manifest import load
+    from tinygpt.launch import study
 
     work, spec = tmp_path / "w", optuna_spec(tmp_path, tiny_corpus, "soonest", 3, 1, 200)
     data = yaml.safe_load(spec.read_text())
@@ -93,7 +92,7 @@ def test_a_search_with_a_target_scores_the_seconds_to_it_and_stops_each_trial_th
     spec.write_text(yaml.safe_dump({**data, "search": {**data["search"], **target, "pruner": "none"}}))
     out = launch(str(spec), "--local", "--workdir", str(work), timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
-    rows = search.trials(load(work / "jobs" / "soonest" / "manifest.json"))
+    rows = study.trials(manifest_of(work, "soonest"))
     assert [r["state"] for r in rows] == ["COMPLETE"] * 3
     for row in rows:
         records = read_metrics(Path(row["run dir"]))
@@ -137,8 +136,7 @@ def test_two_workers_on_the_cluster_and_a_preempted_worker_resumes_its_trial(tmp
     """The acceptance run: 2 workers, 12 trials, ASHA; worker 0 gets the time-limit signal mid-trial."""
     import optuna
 
-    from tinygpt.launch.manifest import load
-    from tinygpt.launch.search import trials
+    from tinygpt.launch.study import trials
 
     work = tmp_path / "w"
     spec = optuna_spec(tmp_path, tiny_corpus, "asha", 12, 2, 200)
@@ -147,7 +145,7 @@ def test_two_workers_on_the_cluster_and_a_preempted_worker_resumes_its_trial(tmp
     spec.write_text(yaml.safe_dump(data))
     out = launch(str(spec), "--workdir", str(work), timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
-    manifest = load(work / "jobs" / "asha" / "manifest.json")
+    manifest = manifest_of(work, "asha")
     ids = manifest.task_job_ids()
     state = work / "runs" / "asha" / "worker=0" / "worker.json"
     from slurm_helpers import wait_until
@@ -158,7 +156,7 @@ def test_two_workers_on_the_cluster_and_a_preempted_worker_resumes_its_trial(tmp
     signal_when_training(ids[0], trial_dir / "metrics.jsonl", min_lines=4)  # mid-trial
     assert run_to_completion(ids[0], timeout=400) == ("COMPLETED", 1)
     assert run_to_completion(ids[1], timeout=400)[0] == "COMPLETED"
-    rows = trials(load(work / "jobs" / "asha" / "manifest.json"))
+    rows = trials(manifest_of(work, "asha"))
     states = [r["state"] for r in rows]
     pruned = [r for r in rows if r["state"] == "PRUNED"]
     best = min(r["value"] for r in rows if r["state"] == "COMPLETE")
@@ -182,13 +180,13 @@ def test_a_trial_that_fails_is_marked_failed_even_on_resume_and_a_worker_with_on
     import optuna
 
     from tinygpt.launch.manifest import load, save
-    from tinygpt.launch.search import trials
+    from tinygpt.launch.study import trials
     from tinygpt.search_worker import open_study
 
     work = tmp_path / "w"
     spec = optuna_spec(tmp_path, tiny_corpus, "failing", 2, 1, 5)
     assert launch(str(spec), "--dry-run", "--workdir", str(work)).returncode == 0
-    path = work / "jobs" / "failing" / "manifest.json"
+    path = sweep_dirs(work, "failing").manifest
     manifest = load(path)
     # A trial left RUNNING by an earlier life, drawn from a space that has changed since (a third choice)
     study = open_study(manifest.search, "failing", 0)
@@ -219,16 +217,16 @@ def test_a_relaunch_with_another_search_space_is_refused_once_the_study_has_begu
     work = tmp_path / "w"
     spec = optuna_spec(tmp_path, tiny_corpus, "space", 2, 1, 5)
     assert launch(str(spec), "--dry-run", "--workdir", str(work)).returncode == 0
-    journal = work / "jobs" / "space" / "optuna.journal"
+    journal = sweep_dirs(work, "space").journal
     journal.write_text("")  # (a study has begun: its journal exists)
     data = yaml.safe_load(spec.read_text())
     data["search"]["params"]["n_head"] = {"choice": [1, 2]}
     spec.write_text(yaml.safe_dump(data))
-    before = (work / "jobs" / "space" / "manifest.json").read_text()
+    before = sweep_dirs(work, "space").manifest.read_text()
     out = launch(str(spec), "--dry-run", "--workdir", str(work))
     assert out.returncode == 1 and "not those of the Optuna study sweep `space` has begun" in out.stderr, out.stderr
     assert "Give the spec a new `name`" in out.stderr and "Traceback" not in out.stderr
-    assert (work / "jobs" / "space" / "manifest.json").read_text() == before
+    assert sweep_dirs(work, "space").manifest.read_text() == before
     data["search"]["trials"] = 4  # more trials of the same space is fine
     data["search"]["params"]["n_head"] = PARAMS["n_head"]
     spec.write_text(yaml.safe_dump(data))

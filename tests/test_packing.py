@@ -9,10 +9,9 @@ import pytest
 import yaml
 
 from conftest import ROOT, read_metrics, tiny_train
-from slurm_helpers import job_env, run_to_completion, signal_when_training, wait
+from slurm_helpers import job_env, manifest_of, run_to_completion, signal_when_training, wait
 from tinygpt.launch import spec as spec_mod
 from tinygpt.launch.errors import LaunchError
-from tinygpt.launch.manifest import load
 from tinygpt.launch.plan import build
 
 TINY = tiny_train(eval_interval=20, ckpt_interval=10, log_interval=5)
@@ -37,7 +36,8 @@ def test_a_packed_task_starts_its_runs_and_requeues_when_one_asks(tmp_path, tiny
     (stubs / "srun").write_text('#!/bin/bash\necho "srun $* cpus=$SLURM_CPUS_PER_TASK requeue=$TINYGPT_REQUEUE"\n'
                                 'case "$*" in */cfg/run1*) exit "${CODE_OF_RUN1:-0}";; esac\n')
     (stubs / "scontrol").write_text('#!/bin/bash\necho "scontrol $*"\n')
-    (stubs / "python").write_text('#!/bin/bash\n[ "$3" = config ] && echo "/cfg/run$5" || echo "$@"\n')
+    (stubs / "python").write_text(
+        '#!/bin/bash\n[ "$2" = tinygpt.launch.run_config ] && echo "/cfg/run$4" || echo "$@"\n')
     text = script.read_text().replace("PYTHON=", f"PYTHON={stubs}/python #", 1)
     for stub in stubs.iterdir():
         stub.chmod(0o755)
@@ -81,7 +81,7 @@ def test_a_signal_to_a_packed_task_requeues_it_and_both_runs_resume_exactly(tmp_
     out = subprocess.run([sys.executable, str(ROOT / "launch.py"), str(spec), "--workdir", str(work)],
                          capture_output=True, text=True, env=job_env(), cwd=ROOT, timeout=180)
     assert out.returncode == 0, out.stdout + out.stderr
-    manifest = load(work / "jobs" / "packed" / "manifest.json")
+    manifest = manifest_of(work, "packed")
     ids = manifest.task_job_ids()
     assert ids[0] == ids[1]  # one task, two runs
     runs = [Path(r.out_dir) for r in manifest.runs]

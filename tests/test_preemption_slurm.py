@@ -5,19 +5,21 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, TINY_FLAGS, launch, loss_series, read_metrics
+from conftest import ROOT, TINY_FLAGS, loss_series, read_metrics, sweep_dirs
 from slurm_helpers import (
     cancel,
+    events,
     job_env,
+    launched,
     python,
+    reference,
     run_to_completion,
     sbatch,
     signal_when_training,
     unique_name,
     wait_until,
 )
-from tinygpt import config, trainer
-from tinygpt.launch.manifest import Manifest, load
+from tinygpt import config
 
 pytestmark = pytest.mark.slurm
 
@@ -29,12 +31,6 @@ def flags(corpus: Path, out: Path, data: Path, *extra: str) -> list[str]:
     return [*TINY_FLAGS, *LONG, "--data-file", str(corpus), "--out-dir", str(out), "--data-dir", str(data), *extra]
 
 
-def reference(tmp_path: Path, corpus: Path, *extra: str) -> Path:
-    out = tmp_path / "reference"
-    trainer.train(config.resolve(flags(corpus, out, tmp_path / "data", *extra)))
-    return out
-
-
 def spec_train(corpus: Path, data: Path) -> dict:
     """The same settings as `flags`, as a spec's `train:` mapping (the launcher sets out_dir)."""
     args = flags(corpus, Path("unused"), data)
@@ -43,18 +39,8 @@ def spec_train(corpus: Path, data: Path) -> dict:
     return keys
 
 
-def launched(spec: Path, workdir: Path) -> Manifest:
-    out = launch(str(spec), "--workdir", str(workdir))
-    assert out.returncode == 0, out.stderr
-    return load(workdir / "jobs" / spec.stem / "manifest.json")
-
-
-def events(run_dir: Path) -> list[dict]:
-    return [r for r in read_metrics(run_dir) if "event" in r]
-
-
 def test_signalled_sbatch_job_requeues_resumes_and_matches_an_uninterrupted_run(tmp_path, tiny_corpus):
-    ref = reference(tmp_path, tiny_corpus)
+    ref = reference(config.resolve(flags(tiny_corpus, tmp_path / "reference", tmp_path / "data")))
     out = tmp_path / "job"
     job = sbatch("hpc_lab/04_tinygpt/train.sbatch", *flags(tiny_corpus, out, tmp_path / "data"), cwd=ROOT)
     log = ROOT / "logs" / f"tinygpt-{job}.out"
@@ -65,10 +51,10 @@ def test_signalled_sbatch_job_requeues_resumes_and_matches_an_uninterrupted_run(
     finally:
         cancel(job)
         log.unlink(missing_ok=True)
-    preempted = [e for e in events(out) if e["event"] == "preempted"]
+    preempted = events(out, "preempted")
     assert len(preempted) == 1 and "SIGUSR2" in preempted[0]["reason"]
     assert preempted[0]["requeue"] == f"requeued job {job}"
-    assert [e["restarts"] for e in events(out) if e["event"] == "start"] == [0, 1]
+    assert [e["restarts"] for e in events(out, "start")] == [0, 1]
     assert loss_series(out) == loss_series(ref)  # bit-identical train and val losses
 
 
@@ -107,7 +93,7 @@ def test_time_limit_requeues_and_completes_without_losing_or_repeating_a_step(tm
     job = sbatch("-J", unique_name("limit"), "--time=1", "--signal=USR2@50", "--requeue", "-o",
                  str(tmp_path / "limit.out"), "--open-mode=append", script=script, env=job_env())
     try:
-        preempted = wait_until(lambda: [e for e in events(out) if e["event"] == "preempted"] if
+        preempted = wait_until(lambda: events(out, "preempted") if
                                (out / "metrics.jsonl").exists() else None, timeout=240, what="the time-limit signal")
         final = (preempted[0]["step"] // 50 + 10) * 50  # ten more logged steps after the first life
         run_config.write_text(json.dumps({**keys, "max_steps": final}))
@@ -119,11 +105,11 @@ def test_time_limit_requeues_and_completes_without_losing_or_repeating_a_step(tm
     assert "SIGUSR2" in preempted[0]["reason"] and preempted[0]["requeue"].startswith("requeued job")
     steps = [r["step"] for r in read_metrics(out) if "lr" in r]
     assert steps == list(range(50, final + 1, 50))  # every logged step exactly once, across every life
-    assert sum(e["event"] == "preempted" for e in events(out)) == restarts
+    assert len(events(out, "preempted")) == restarts
 
 
 def test_submitit_job_is_checkpointed_and_requeued_by_submitit(tmp_path, tiny_corpus):
-    ref = reference(tmp_path, tiny_corpus)
+    ref = reference(config.resolve(flags(tiny_corpus, tmp_path / "reference", tmp_path / "data")))
     workdir = tmp_path / "w"
     spec = tmp_path / "subpre.yaml"
     spec.write_text(json.dumps({"name": "subpre", "backend": "submitit",
@@ -137,16 +123,16 @@ def test_submitit_job_is_checkpointed_and_requeued_by_submitit(tmp_path, tiny_co
         state, restarts = run_to_completion(job)
     finally:
         cancel(job)
-    logs = "\n".join(p.read_text() for p in (workdir / "logs" / "subpre" / "submitit").glob("*_log.*"))
+    logs = "\n".join(p.read_text() for p in sweep_dirs(workdir, "subpre").submitit.glob("*_log.*"))
     assert state == "COMPLETED" and restarts == 1, logs
     assert "Exiting gracefully after preemption/timeout" in logs  # submitit's own requeue path
-    preempted = [e for e in events(run_dir) if e["event"] == "preempted"]
+    preempted = events(run_dir, "preempted")
     assert preempted and preempted[0]["requeue"] == "handed over to the launcher's requeue mechanism"
     assert loss_series(run_dir) == loss_series(ref)
 
 
 def test_one_signalled_array_task_requeues_alone(tmp_path, tiny_corpus):
-    ref = reference(tmp_path, tiny_corpus, "--lr", "0.003")
+    ref = reference(config.resolve(flags(tiny_corpus, tmp_path / "reference", tmp_path / "data", "--lr", "0.003")))
     workdir = tmp_path / "w"
     spec = tmp_path / "arr.yaml"
     spec.write_text(json.dumps({"name": "arr", "train": spec_train(tiny_corpus, tmp_path / "data"),
@@ -160,6 +146,6 @@ def test_one_signalled_array_task_requeues_alone(tmp_path, tiny_corpus):
     finally:
         cancel(*ids.values())
     assert results == {0: ("COMPLETED", 0), 1: ("COMPLETED", 1)}
-    assert [e["restarts"] for e in events(runs["lr=0.003"]) if e["event"] == "start"] == [0, 1]
+    assert [e["restarts"] for e in events(runs["lr=0.003"], "start")] == [0, 1]
     assert [e["event"] for e in events(runs["lr=0.002"])] == ["start", "finished"]
     assert loss_series(runs["lr=0.003"]) == loss_series(ref)

@@ -9,9 +9,9 @@ import jsonschema
 import pytest
 import yaml
 
-from conftest import ROOT, launch, slurm_that_records, tiny_yaml
+from conftest import ROOT, launch, slurm_that_records, sweep_dirs, tiny_yaml
 from gpu_cluster import GPU_CLUSTER
-from slurm_helpers import wait
+from slurm_helpers import manifest_of, wait
 from tinygpt.launch import json_schema, profile_new, profiles
 
 
@@ -51,7 +51,6 @@ def test_profile_new_writes_what_slurm_says_and_sweeps_run_with_it_unchanged(tmp
     # It passes the profile schema (the loader's and the editors' JSON Schema), and is used as it is.
     assert profiles.from_file(path).cluster_name == cluster
     jsonschema.Draft202012Validator(json.loads(json_schema.path("profile").read_text())).validate(written)
-    from tinygpt.launch.manifest import load
 
     work = tmp_path / "w"
     for name, resources in (("cpu", "{time: '00:05:00'}"), ("gpu", "{time: '00:05:00', gpus_per_node: 1}")):
@@ -60,9 +59,9 @@ def test_profile_new_writes_what_slurm_says_and_sweeps_run_with_it_unchanged(tmp
                         f"\nresources: {resources}\n")
         submitted = launch(str(spec), "--cluster", str(path), "--workdir", str(work))
         assert submitted.returncode == 0 and "cluster local" in submitted.stdout, submitted.stdout + submitted.stderr
-        manifest = load(work / "jobs" / name / "manifest.json")
+        manifest = manifest_of(work, name)
         assert wait(manifest.task_job_ids()[0]) == "COMPLETED"
-    assert "#SBATCH --gres=gpu:a100:1" in (work / "jobs" / "gpu" / "gpu.sbatch").read_text()
+    assert "#SBATCH --gres=gpu:a100:1" in sweep_dirs(work, "gpu").script().read_text()
 
 
 @pytest.mark.slurm

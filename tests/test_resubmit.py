@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 
 from conftest import launch, read_metrics, tiny_yaml
-from slurm_helpers import trainer_pid, wait, wait_until
+from slurm_helpers import manifest_of, trainer_pid, wait, wait_until
 from tinygpt.launch import resubmit
 from tinygpt.launch.errors import LaunchError
-from tinygpt.launch.manifest import Manifest, load
 
 TINY = tiny_yaml(eval_interval=50, ckpt_interval=10, log_interval=5)
 
@@ -37,10 +36,6 @@ def kill_trainer_when_training(work: Path, sweep: str, index: int) -> None:
                what=f"run {index} training")
     holder = json.loads((Path(run.out_dir) / ".lock").read_text())  # the trainer's own record (rundir_lock)
     os.kill(int(holder["pid"]), signal.SIGKILL)
-
-
-def manifest_of(work: Path, name: str) -> Manifest:
-    return load(work / "jobs" / name / "manifest.json")
 
 
 @pytest.mark.parametrize("time, mem, exclude, message", [

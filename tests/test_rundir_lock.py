@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from conftest import TINY_FLAGS, python_env, read_metrics
-from tinygpt import forked, rundir_lock
+from conftest import TINY_FLAGS, python_env, read_metrics, wait_until
+from tinygpt import forked, metrics, rundir_lock
 from tinygpt.rundir_lock import RunDirBusy, RunDirLock
 
 LONG = ["--max-steps", "100000", "--log-interval", "1", "--eval-interval", "100000", "--ckpt-interval", "100000"]
@@ -26,16 +26,11 @@ def trainer(corpus, out, data, *extra: str, env: dict | None = None) -> forked.F
 
 def wait_training(out, proc: forked.Forked | None, steps: int = 3, timeout: float = 120) -> None:
     """Until the run has logged `steps` training lines (failing at once if `proc` ended first)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc is None or proc.poll() is None, proc.communicate()
-        try:
-            if sum('"lr"' in line for line in (out / "metrics.jsonl").read_text().splitlines()) >= steps:
-                return
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise TimeoutError("the trainer did not start training")
+    def training() -> bool:
+        log = metrics.of_run(out)
+        return log.exists() and sum('"lr"' in line for line in log.read_text().splitlines()) >= steps
+
+    wait_until(training, timeout, poll=0.05, what=f"{steps} training steps", proc=proc)
 
 
 def test_a_second_trainer_on_a_live_run_directory_refuses_and_names_the_holder(tmp_path, tiny_corpus):
@@ -123,10 +118,8 @@ def test_without_flock_the_holder_keeps_its_record_fresh(tmp_path, no_flock):
     with RunDirLock(tmp_path / "r"):
         old = time.time() - rundir_lock.STALE_S - 5
         os.utime(record, (old, old))  # as if it had not been refreshed for too long
-        deadline = time.monotonic() + 30
-        while os.stat(record).st_mtime <= old:  # until the holder's refresher writes it again
-            assert time.monotonic() < deadline, "the holder did not refresh its record within 30 s"
-            time.sleep(0.01)
+        wait_until(lambda: os.stat(record).st_mtime > old, 30, poll=0.01, what="the holder's refresher writing "
+                   "its record again")
         assert json.loads(record.read_text())["pid"] == os.getpid()  # refreshed, still its own record
 
 

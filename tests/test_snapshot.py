@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, read_metrics, tiny_yaml
-from slurm_helpers import job_env, wait
+from conftest import ROOT, read_metrics, sweep_dirs, tiny_yaml
+from slurm_helpers import job_env, manifest_of, wait
 from tinygpt.launch import snapshot
 
 TINY_TRAIN = tiny_yaml(max_steps=10, eval_interval=5)
@@ -70,15 +70,15 @@ def test_the_scripts_and_manifest_point_at_the_snapshot(checkout, tmp_path):
     spec.write_text("name: snap\ntrain: {max_steps: 5}\n")
     out = dry_run(checkout, spec, tmp_path / "w", "--dry-run")
     assert out.returncode == 0, out.stderr
-    manifest = json.loads((tmp_path / "w" / "jobs" / "snap" / "manifest.json").read_text())
+    manifest = json.loads(sweep_dirs(tmp_path / "w", "snap").manifest.read_text())
     code = manifest["code"]
-    assert Path(code["path"]).parent == tmp_path / "w" / "jobs" / "snap" / "code" and code["dirty"] is False
+    assert Path(code["path"]).parent == sweep_dirs(tmp_path / "w", "snap").code and code["dirty"] is False
     assert f"code: snapshot {code['snapshot']} of {code['commit'][:10]}, " in out.stdout
-    script = (tmp_path / "w" / "jobs" / "snap" / "snap.sbatch").read_text()
+    script = sweep_dirs(tmp_path / "w", "snap").script().read_text()
     assert f"export PYTHONPATH={code['path']}" in script and str(checkout) not in script
     live = dry_run(checkout, spec, tmp_path / "w2", "--dry-run", "--no-snapshot")
     assert "code: the live checkout" in live.stdout
-    script = (tmp_path / "w2" / "jobs" / "snap" / "snap.sbatch").read_text()
+    script = sweep_dirs(tmp_path / "w2", "snap").script().read_text()
     assert f"export PYTHONPATH={checkout}" + "${PYTHONPATH" in script
 
 
@@ -93,15 +93,14 @@ def test_a_queued_job_runs_the_code_it_was_submitted_with(checkout, tmp_path, ti
     hold = ["--hold"] if backend == "sbatch" else []
     out = dry_run(checkout, spec, work, *hold)
     assert out.returncode == 0, out.stdout + out.stderr
-    manifest = json.loads((work / "jobs" / "held" / "manifest.json").read_text())
+    manifest = json.loads(sweep_dirs(work, "held").manifest.read_text())
     job = manifest["submissions"][0]["job_id"]
     trainer = checkout / "tinygpt" / "trainer.py"
     trainer.write_text('raise SystemExit("the edited checkout ran")\n' + trainer.read_text())
     if hold:
         subprocess.run(["scontrol", "release", job], check=True)
-    from tinygpt.launch.manifest import load
 
-    assert wait(load(work / "jobs" / "held" / "manifest.json").task_job_ids()[0]) == "COMPLETED"
+    assert wait(manifest_of(work, "held").task_job_ids()[0]) == "COMPLETED"
     run_dir = Path(manifest["runs"][0]["out_dir"])
     assert read_metrics(run_dir)[-1]["event"] == "finished"
     start = json.loads((run_dir / "provenance.json").read_text())["starts"][0]

@@ -7,13 +7,12 @@ are read with TensorBoard's own reader.
 import json
 import os
 import struct
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import ROOT, TINY_FLAGS, read_metrics, run_module, tiny_yaml, train_tiny
+from conftest import ROOT, TINY_FLAGS, read_metrics, run_module, tiny_yaml, train_tiny, wait_until
 from conftest import launch as shared_launch
 from tinygpt import config, tracking, trainer
 
@@ -66,15 +65,12 @@ def wandb_records(run_file: Path):
 def finished_records(folder: Path, timeout: float = 60.0) -> list:
     """The records of an offline W&B run once its `exit` record is there. W&B's service process writes the file
     and can still be flushing it when `run.finish()` has returned."""
-    deadline = time.monotonic() + timeout
-    while True:
+    def finished() -> list:
         files = list(folder.glob("run-*.wandb"))
         records = list(wandb_records(files[0])) if files and files[0].stat().st_size >= 7 else []
-        if records and records[-1].WhichOneof("record_type") == "exit":
-            return records
-        assert time.monotonic() < deadline, (f"{folder}: no exit record within {timeout:.0f} s; records so far: "
-                                             f"{[r.WhichOneof('record_type') for r in records]}")
-        time.sleep(0.05)
+        return records if records and records[-1].WhichOneof("record_type") == "exit" else []
+
+    return wait_until(finished, timeout, poll=0.05, what=f"{folder}: the W&B run's exit record")
 
 
 def wandb_lives(out: Path) -> list[dict]:

@@ -44,7 +44,7 @@ def pairs(runs: list) -> list[tuple]:
 
 def train_losses(run_dir: Path) -> dict[int, float]:
     """{step: training loss} of the run's training lines."""
-    return {r["step"]: r["train_loss"] for r in metrics.read(Path(run_dir) / "metrics.jsonl")
+    return {r["step"]: r["train_loss"] for r in metrics.read(metrics.of_run(run_dir))
             if r.get("train_loss") is not None and "lr" in r}
 
 

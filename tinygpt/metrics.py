@@ -15,6 +15,14 @@ from pathlib import Path
 
 from . import durable
 
+FILE_NAME = "metrics.jsonl"  # in the run directory
+
+
+def of_run(run_dir: str | Path) -> Path:
+    """The run directory's metrics file."""
+    return Path(run_dir) / FILE_NAME
+
+
 # The fields readers rely on, and the type each must have when present (a number: int or float, not bool).
 NUMBERS = ("train_loss", "val_loss", "lr", "tokens_per_s", "elapsed_s", "train_s", "mfu", "best_val_loss",
            "loss_scale")

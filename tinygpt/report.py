@@ -50,7 +50,7 @@ def load_run(run_dir: Path, name: str | None = None) -> RunSummary:
         cfg = resolve(["--config", str(run_dir / "config.yaml")]).flat()
     except ConfigError as err:
         raise ReportError(f"{run_dir}: no readable config.yaml ({err}); is this a run directory?") from None
-    curve = [(rec["step"], rec["val_loss"]) for rec in metrics.read(run_dir / "metrics.jsonl")
+    curve = [(rec["step"], rec["val_loss"]) for rec in metrics.read(metrics.of_run(run_dir))
              if rec.get("val_loss") is not None]
     sample_path = run_dir / "samples.txt"
     sample = sample_path.read_text(errors="replace") if sample_path.exists() else None

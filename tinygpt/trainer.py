@@ -30,7 +30,7 @@ from . import preemption as preempt_mod
 from . import progress as progress_mod
 from .config import ModelConfig, TrainConfig
 from .data import Batches, prepare_from_config
-from .metrics import MetricsLog
+from .metrics import MetricsLog, of_run
 from .model import GPT
 from .optimizers import OptimizerMismatch, Optimizers
 from .rundir_lock import RunDirLock
@@ -164,7 +164,7 @@ class Trainer:
                 taken.enter_context(RunDirLock(self.out_dir))
             # (closed after the process group's teardown, whose barrier waits for every rank: it is watched too)
             self.watchdog = Watchdog(cfg.run.hang_timeout, self.dist.rank, self.dist.world_size,
-                                     self.out_dir / "metrics.jsonl",
+                                     of_run(self.out_dir),
                                      (lambda: dist_mod.store_client(self.dist)) if self.dist.is_distributed else None,
                                      self.dist.master_addr)
             taken.callback(self.watchdog.close)
@@ -193,7 +193,7 @@ class Trainer:
             self.train_model = self._wrap(self.model)
 
             sinks = tracking.open_sinks(cfg, self.out_dir, self.start_step, self.say) if self.is_main else []
-            self.metrics = MetricsLog(self.out_dir / "metrics.jsonl", self.is_main, sinks)
+            self.metrics = MetricsLog(of_run(self.out_dir), self.is_main, sinks)
             taken.callback(self.metrics.close)
             self.metrics.truncate_after(self.start_step)
             if self.is_main:
@@ -475,7 +475,7 @@ class Trainer:
                      f"{progress_mod.format_duration(total_s)} of training; run directory {self.out_dir}")
             self.say(f"  checkpoint: {newest[-1] if newest else 'none'}"
                      + (f"\n  samples:    {self.out_dir / 'samples.txt'}" if sample is not None else "")
-                     + f"\n  metrics:    {self.out_dir / 'metrics.jsonl'}")
+                     + f"\n  metrics:    {of_run(self.out_dir)}")
         return self._result(True, sample=sample)
 
     def _leave_early(self, reason: str) -> TrainResult:

@@ -1,25 +1,34 @@
 """Where a sweep's runs go, behind one interface: submit a built plan, resubmit chosen runs, cancel the sweep's
 jobs.
 
-    sbatch      our own batch scripts (plan.py writes them: one job array, split at MaxArraySize)
-    submitit    submitit's executor (submitit_backend.py), one array of its pickled tasks
-    local       `--local`: here and now, one run after another (local.py); no job is left to act on
+    sbatch      the job array's batch scripts that plan.py wrote (one, or one per part at MaxArraySize)
+    submitit    submitit's executor: one array of its pickled tasks (TrainTask), its own batch script
+    local       `--local`: here and now, one run after another, each forked warm (tinygpt/forked.py); no job
+                is left to act on
 
 Each records its submissions in the manifest, so `status`, `logs`, `resubmit` and `cancel` read them the same
-way. The Slurm backends' names are the spec's choices (spec.BACKENDS); `local` is chosen by --local.
+way. The Slurm backends' names are manifest.BACKENDS (what a spec may name); `local` is chosen by --local.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
-from typing import TYPE_CHECKING
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tinygpt import forked
 
 from . import manifest as manifest_mod
-from . import slurm_cli
+from . import run_config, slurm_cli
 from .errors import LaunchError
+from .slurm_options import container_prefix, sbatch_options, setup_lines
 
 if TYPE_CHECKING:
-    from .manifest import Life, Manifest
+    from .manifest import Life, Manifest, RunRecord
     from .plan import Plan
 
 
@@ -73,13 +82,13 @@ class Sbatch(Backend):
         ids = []
         for (script, offset, pack), group in by_script.items():
             # (a packed task holds `pack` runs: its finished runs start, see that they are done, and end at once)
-            array = ",".join(str(t) for t in sorted({(i - offset) // pack for i in group}))
+            tasks = {(i - offset) // pack for i in group}
+            array = ",".join(str(t) for t in sorted(tasks))
             extra = [f"--array={array}", *(f"--{key}={value}" for key, value in options.items())]
             if dry_run:
                 print(f"dry run: would run sbatch {shlex.join(extra)} {shlex.quote(script)}")
                 continue
             job_id = slurm_cli.sbatch(script, extra)
-            tasks = {(i - offset) // pack for i in group}
             runs = sorted(i for i in latest if latest[i][:2] == (script, offset) and (i - offset) // pack in tasks)
             manifest_mod.record_submission(manifest.path, self.name, job_id, runs, array=array, offset=offset,
                                            script=script, pack=pack, changes=options,
@@ -88,48 +97,194 @@ class Sbatch(Backend):
         return ids
 
 
+class TrainTask:
+    """What a submitit job runs, picklable: `TrainTask()(manifest_path, index)` trains one run of a sweep in the
+    job's own process; `checkpoint` (submitit's interface) resubmits it unchanged. On submitit's signal the
+    trainer saves at its next step boundary, then hands over to submitit's own handler, which calls
+    `checkpoint` and requeues the job; the next start resumes from the checkpoint."""
+
+    def __call__(self, manifest_path: str, index: int) -> dict:
+        from tinygpt import config, trainer
+
+        config_path = str(run_config.config_file(manifest_mod.load(Path(manifest_path)), index))
+        cfg = config.resolve(["--config", config_path])
+        signum = getattr(signal, f"SIG{cfg.run.preempt_signal}")
+        submitit_handler = signal.getsignal(signum)  # installed by submitit before we were called
+
+        def hand_over_to_submitit() -> None:
+            if callable(submitit_handler):
+                submitit_handler(signum, None)  # checkpoint() + requeue + exit, submitit's own way
+
+        result = trainer.train(cfg, requeue_hook=hand_over_to_submitit)
+        if result.exit_code != 0:
+            raise RuntimeError(f"training of {config_path} ended with exit status {result.exit_code}")
+        return {"out_dir": str(result.out_dir), "step": result.step, "finished": result.finished,
+                "best_val_loss": result.best_val_loss}
+
+    def checkpoint(self, manifest_path: str, index: int):
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(TrainTask(), manifest_path, index)
+
+
 class Submitit(Backend):
+    """The same runs, resources and profile as one submitit array: the options come from slurm_options.py, as
+    for the sbatch scripts, and submitit writes its own batch script with them."""
+
     name = "submitit"
 
-    def submit(self, plan: Plan, hold: bool = False, dependency: str | None = None) -> list[str]:
-        from . import submitit_backend
+    @staticmethod
+    def folder(plan: Plan) -> Path:
+        return plan.logs_dir / "submitit"
 
-        return submitit_backend.submit(plan, dependency)  # (--hold is refused for it before anything is written)
+    @staticmethod
+    def python_command(plan: Plan) -> str:
+        """How the job starts Python: the profile's interpreter, inside the profile's container if it has one."""
+        return container_prefix(plan.sweep.profile) + shlex.quote(plan.python)
+
+    @staticmethod
+    def executor_parameters(plan: Plan, pythonpath: str | None = None) -> dict[str, Any]:
+        """`submitit.SlurmExecutor` parameters for the sweep (pure); the jobs import the plan's code."""
+        sweep, r, prof = plan.sweep, plan.sweep.resources, plan.sweep.profile
+        # submitit writes `additional_parameters` as `#SBATCH --key=value` (quoted), over its own defaults of
+        # the same names (time, signal, ...); a flag is True.
+        options = sbatch_options(r, prof, plan.workdir)
+        additional = {key.replace("-", "_"): True if value is None else value for key, value in options.items()}
+        setup = [*setup_lines(prof, pythonpath or str(plan.code)),
+                 f"export SUBMITIT_PREEMPT_SIGNAL={shlex.quote(prof.signal)}"]
+        params: dict[str, Any] = dict(job_name=sweep.name, nodes=r.nodes, ntasks_per_node=r.tasks_per_node,
+                                      setup=setup, additional_parameters=additional)
+        if sweep.array_parallelism:
+            params["array_parallelism"] = sweep.array_parallelism
+        if r.srun_args:
+            params["srun_args"] = list(r.srun_args)
+        return params
+
+    def script(self, plan: Plan, pythonpath: str | None = None) -> str:
+        """The batch script submitit writes for this sweep's array, by submitit's own renderer (for review and
+        the golden-file tests; `submit` lets submitit write it itself)."""
+        from submitit.slurm.slurm import _make_sbatch_string
+
+        folder = self.folder(plan)
+        command = f"{self.python_command(plan)} -u -m submitit.core._submit {shlex.quote(str(folder))}"
+        return _make_sbatch_string(command=command, folder=folder, map_count=len(plan.sweep.runs),
+                                   **self.executor_parameters(plan, pythonpath))
+
+    def submit(self, plan: Plan, hold: bool = False, dependency: str | None = None) -> list[str]:
+        """The sweep as one submitit array (after `dependency` when given; --hold is refused for it before
+        anything is written)."""
+        params = self.executor_parameters(plan)
+        if dependency:
+            params["additional_parameters"]["dependency"] = dependency
+        return [self._submit(plan.manifest_path, [run.index for run in plan.sweep.runs], str(self.folder(plan)),
+                             self.python_command(plan), params)]
 
     def resubmit(self, manifest: Manifest, indices: list[int], options: dict[str, str],
                  previous: dict[str, Life], dry_run: bool) -> list[str]:
-        from . import submitit_backend
+        """The runs `indices` as a new submitit array, with the parameters of the sweep's submission and the
+        changed sbatch options."""
+        first = next(s for s in manifest.submissions if s.backend == self.name)
+        params = {**first.executor, "additional_parameters": {
+            **first.executor["additional_parameters"], **{k.replace("-", "_"): v for k, v in options.items()}}}
+        if dry_run:
+            print(f"dry run: would submit run(s) {', '.join(map(str, indices))} as a submitit array with "
+                  f"{', '.join(f'--{k}={v}' for k, v in options.items()) or 'the same options'}")
+            return []
+        return [self._submit(manifest.path, indices, first.folder, first.python, params, changes=options,
+                             previous=previous)]
 
-        return submitit_backend.resubmit(manifest, indices, options, previous, dry_run)
+    def _submit(self, manifest_path: Path, indices: list[int], job_folder: str, python: str,
+                params: dict[str, Any], **record: Any) -> str:
+        """One submitit array of the runs `indices`; recorded in the manifest with the executor's parameters
+        (so that a resubmission asks for the same, changed only where told)."""
+        import submitit
+
+        executor = submitit.SlurmExecutor(folder=job_folder, python=python)
+        executor.update_parameters(**params)
+        jobs = executor.map_array(TrainTask(), [str(manifest_path)] * len(indices), indices)
+        ids = {str(index): job.job_id for index, job in zip(indices, jobs)}
+        array_id = jobs[0].job_id.split("_")[0]
+        manifest_mod.record_submission(manifest_path, self.name, array_id, indices, per_run_ids=ids,
+                                       folder=job_folder, python=python, executor=params, **record)
+        return array_id
 
 
 class Local(Backend):
+    """The CPU fallback: every run of a spec, one after another, on this machine, through the same entry point
+    and with the same configs and run directories as on the cluster, so that a login-node smoke test exercises
+    what the cluster will run. `nproc` > 1 starts each run with that many gloo ranks under torchrun."""
+
     name = manifest_mod.LOCAL
 
-    def __init__(self, nproc: int = 1) -> None:
-        self.nproc = nproc  # gloo ranks per run
+    def __init__(self, nproc: int = 1, say=print) -> None:
+        self.nproc = nproc
+        self.say = say
 
     def submit(self, plan: Plan, hold: bool = False, dependency: str | None = None) -> list[str]:
-        """Run every run here, one after another (--hold and --chain's dependency mean nothing here); once
-        all have run, an error if any failed."""
-        from . import local
-
-        failed, runs = local.run_all(plan, nproc=self.nproc), len(plan.sweep.runs)
-        print(f"{runs - failed}/{runs} run(s) finished")
+        """Run every run here (--hold and --chain's dependency mean nothing here); once all have run, an error
+        if any failed."""
+        failed, runs = self.run_all(plan), len(plan.sweep.runs)
+        self.say(f"{runs - failed}/{runs} run(s) finished")
         if failed:
             raise LaunchError(f"{failed} of {runs} run(s) failed here; each one's output is above")
         return [self.name]
 
-    def resubmit(self, manifest: Manifest, indices: list[int], options: dict[str, str],
-                 previous: dict[str, Life], dry_run: bool) -> list[str]:
-        raise LaunchError("resubmit: no job of this sweep was submitted to Slurm; launch it first (runs of "
-                          "--local are run again with --local)")
-
     def cancel(self, manifest: Manifest) -> list[str]:
         return []  # (nothing is left running: a run here ends with the command)
 
+    def run_all(self, plan: Plan) -> int:
+        """Run every run in order (packed runs at once, as in one task); return the number that failed."""
+        env = _local_env(plan, self.nproc)
+        manifest = manifest_mod.record_submission(plan.manifest_path, self.name, self.name,
+                                                  [r.index for r in plan.sweep.runs], nproc=self.nproc)
+        runs = manifest.runs
+        if manifest.search:
+            return self._workers(plan, runs, env)
+        failed, pack = 0, plan.sweep.pack
+        for first in range(0, len(runs), pack):
+            procs = []
+            for run in runs[first:first + pack]:
+                self.say(f"=== run {run.index + 1}/{len(runs)}: {run.name} -> {run.out_dir}")
+                config = run_config.config_file(manifest, run.index)
+                procs.append((run, start("tinygpt.train", ["--config", str(config), "--device", "cpu"], env,
+                                         plan.workdir, self.nproc)))
+            for run, proc in procs:
+                if proc.wait() != 0:
+                    failed += 1
+                    self.say(f"=== run {run.name} failed with exit status {proc.returncode}")
+        return failed
 
-BACKENDS: dict[str, Backend] = {b.name: b for b in (Sbatch(), Submitit())}  # (those a spec may name)
+    def _workers(self, plan: Plan, runs: list[RunRecord], env: dict) -> int:
+        """An Optuna search here: its workers as processes, all at once (each one trial at a time)."""
+        self.say(f"=== {len(runs)} search worker(s) at once, sharing the study in {plan.sweep.dirs.journal}")
+        procs = [start("tinygpt.search_worker", [str(plan.manifest_path), str(run.index)], env, plan.workdir)
+                 for run in runs]
+        failed = sum(p.wait() != 0 for p in procs)
+        self.say(f"=== {len(runs) - failed}/{len(runs)} worker(s) ended well; `launch.py status` lists the trials")
+        return failed
+
+
+def _local_env(plan: Plan, nproc: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(plan.code) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    if nproc > 1:
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    return env
+
+
+def start(module: str, args: list[str], env: dict[str, str], cwd, nproc: int = 1):
+    """`python -m MODULE ARGS` here, writing to this terminal: forked from a server that imported torch once
+    where that is possible (a sweep of small runs pays for torch's import once), else a new interpreter; under
+    torchrun with `nproc` ranks."""
+    if nproc > 1:
+        return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                 f"--nproc-per-node={nproc}", "-m", module, *args], env=env, cwd=cwd)
+    if forked.available():
+        return forked.Forked(module, args, env, cwd, capture=False)
+    return subprocess.Popen([sys.executable, "-m", module, *args], env=env, cwd=cwd)
+
+
+BACKENDS: dict[str, Backend] = {b.name: b for b in (Sbatch(), Submitit())}
 
 
 def of(name: str) -> Backend:

@@ -14,14 +14,19 @@ from __future__ import annotations
 import dataclasses
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tinygpt import durable
 
 from . import manifest as manifest_mod
 from . import slurm_cli
-from .plan import Plan, corpora
+from .corpora import first_runs
+from .layout import STEP_LOG_PATTERN
 from .sbatch import render_step
 from .slurm_options import container_prefix
+
+if TYPE_CHECKING:
+    from .plan import Plan
 
 STEP_MAX_MIN = 60
 
@@ -29,7 +34,7 @@ STEP_MAX_MIN = 60
 def data_commands(plan: Plan, python: str) -> list[str]:
     """`tinygpt.data prepare` for each distinct corpus of the sweep."""
     commands = []
-    for run in corpora(plan.sweep):
+    for run in first_runs(plan.sweep):
         data = run.config.data
         args = ["prepare", data.dataset, *(["--data-file", data.data_file] if data.data_file else []),
                 "--data-dir", data.data_dir]
@@ -47,9 +52,9 @@ def write_scripts(plan: Plan) -> dict[str, Path]:
                 "report": [f"{python} -m tinygpt.launch.cli report {shlex.quote(str(plan.manifest_path))}"]}
     paths = {}
     for step, lines in commands.items():
-        path = plan.jobs_dir / f"{sweep.name}-{step}.sbatch"
+        path = sweep.dirs.step_script(step)
         text = render_step(f"{sweep.name}-{step}", lines, small, sweep.profile, str(plan.workdir),
-                           str(plan.logs_dir / f"{step}-%j.out"), plan.python, str(plan.code))
+                           str(plan.logs_dir / STEP_LOG_PATTERN.format(step=step)), plan.python, str(plan.code))
         durable.write(path, text)
         paths[step] = path
     return paths

@@ -11,11 +11,11 @@ job asks for a shorter period (`sbatch_options: {acctg-freq: 1}` in the spec).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import slurm_cli
+from .resources import duration_s, size_mb, tres
 
 if TYPE_CHECKING:
     from .manifest import Manifest, RunRecord
@@ -54,33 +54,18 @@ class Usage:
         return self.cpu_eff is not None and self.cpu_eff < IDLE_BELOW
 
 
-def parse_duration_s(text: str) -> float:
-    """Slurm's TotalCPU/Elapsed text ([D-][HH:]MM:SS[.mmm]) in seconds; 0 for what it cannot read."""
-    m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+(?:\.\d+)?)", text.strip())
-    if not m:
-        return 0.0
-    days, hours, minutes, seconds = m.groups()
-    return int(days or 0) * 86400 + int(hours or 0) * 3600 + int(minutes) * 60 + float(seconds)
-
-
-def parse_size_mb(text: str) -> float | None:
-    """`306484K`, `1.5G`, `3615M`, `0` -> MB; None for an empty field."""
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGTP]?)", text.strip())
-    if not m:
+def _mb(text: str) -> float | None:
+    """A size sacct printed, in MB; None for an empty field or one that is not a size."""
+    try:
+        return size_mb(text) if text.strip() else None
+    except ValueError:
         return None
-    scale = {"": 1 / 2**20, "K": 1 / 1024, "M": 1, "G": 1024, "T": 2**20, "P": 2**30}[m.group(2)]
-    return float(m.group(1)) * scale
-
-
-def tres(text: str) -> dict[str, str]:
-    """`cpu=1,mem=3615M,gres/gpu=2` -> {"cpu": "1", "mem": "3615M", "gres/gpu": "2"}."""
-    return dict(item.split("=", 1) for item in text.split(",") if "=" in item)
 
 
 def req_mem_mb(text: str, cpus: int, nodes: int) -> float | None:
     """ReqMem as Slurm prints it: `4000M` per job (Slurm >= 21), or `4000Mc`/`4000Mn` per CPU/node (older)."""
     per = text[-1:] if text[-1:] in ("c", "n") else ""
-    size = parse_size_mb(text[:-1] if per else text)
+    size = _mb(text[:-1] if per else text)
     if size is None:
         return None
     return size * (cpus if per == "c" else nodes if per == "n" else 1)
@@ -102,20 +87,20 @@ def parse(text: str) -> dict[str, Usage]:
         cpus = int(row["AllocCPUS"] or 0)
         alloc = tres(row["AllocTRES"])
         usage[job_id] = Usage(job_id, row["State"].split()[0] if row["State"] else "?", int(row["ElapsedRaw"] or 0),
-                              cpus, parse_duration_s(row["TotalCPU"]),
+                              cpus, duration_s(row["TotalCPU"]),
                               req_mem_mb(row["ReqMem"], cpus, int(row["NNodes"] or 1)),
                               gpus=int(alloc.get("gres/gpu", "0") or 0))
     for job_id, row in steps:
         u = usage.get(job_id)
         if u is None:
             continue
-        rss = parse_size_mb(row["MaxRSS"])
+        rss = _mb(row["MaxRSS"])
         if rss is not None:
             u.peak_mem_mb = max(u.peak_mem_mb or 0.0, rss)
         util = tres(row["TRESUsageInAve"]).get("gres/gpuutil")
         if util is not None and util.replace(".", "", 1).isdigit():
             u.gpu_util = max(u.gpu_util or 0.0, float(util))
-        gpu_mem = parse_size_mb(tres(row["TRESUsageInMax"]).get("gres/gpumem", ""))
+        gpu_mem = _mb(tres(row["TRESUsageInMax"]).get("gres/gpumem", ""))
         if gpu_mem is not None:
             u.gpu_mem_mb = max(u.gpu_mem_mb or 0.0, gpu_mem)
     return usage

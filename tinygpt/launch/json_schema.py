@@ -18,7 +18,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
+from .layout import schema_file
+
 KINDS = ("spec", "profile")
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
@@ -127,4 +128,4 @@ def text(kind: str) -> str:
 
 
 def path(kind: str) -> Path:
-    return SCHEMA_DIR / f"{kind}.schema.json"
+    return schema_file(kind)

@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING
 from . import slurm_cli
 from .errors import LaunchError
 from .live_cluster import LiveCluster
-from .profiles import parse_time_min
-from .slurm_options import SOURCE
+from .resources import SOURCE, time_limit_min
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -75,7 +74,7 @@ def spec_problems(sweep: Sweep, cluster: LiveCluster) -> list[str]:
 def _size_problems(sweep: Sweep, cluster: LiveCluster, partition: str) -> list[str]:
     r, prof, p = sweep.resources, sweep.profile, cluster.partitions[partition]
     problems = []
-    limit = _minutes(p.get("MaxTime", "UNLIMITED"))
+    limit = time_limit_min(p.get("MaxTime", "UNLIMITED"))
     if limit is not None and r.time_min > limit:
         problems.append(f"resources.time: {r.time} is over partition {partition}'s MaxTime {p['MaxTime']}; ask for "
                         f"at most {p['MaxTime']} (a run stopped at its limit resumes in its next job)")
@@ -115,19 +114,11 @@ def _account_problems(sweep: Sweep, cluster: LiveCluster) -> list[str]:
                 f"{r.account or cluster.accounts[0]} ({', '.join(sorted(allowed)) or 'none'}); name one of those"]
     qos = r.qos or cluster.default_qos(r.account)
     wall = (cluster.qos_max_wall or {}).get(qos or "", "")
-    limit = _minutes(wall) if wall else None
+    limit = time_limit_min(wall) if wall else None
     if limit is not None and r.time_min > limit:
         return [f"resources.time: {r.time} is over QOS {qos}'s MaxWall {wall}; ask for at most {wall}, or another "
                 f"QOS ({SOURCE['qos']})"]
     return []
-
-
-def _minutes(slurm_time: str) -> int | None:
-    """A time limit as Slurm printed it, in minutes; None for none, or for text that is not a time."""
-    try:
-        return parse_time_min(slurm_time)
-    except ValueError:
-        return None
 
 
 def array_problems(plan: Plan, cluster: LiveCluster) -> list[str]:

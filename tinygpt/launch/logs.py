@@ -1,83 +1,35 @@
-"""`launch.py logs SPEC [RUN]`: a run's Slurm logs, found from the manifest, one life at a time.
-
-Each job of a run writes one log (sbatch: `logs/<sweep>/<array>_<task>.out`, and for runs packed into one
-task also `<array>_<task>.run<index>.out`, the run's own; submitit: `<task>_0_log.out` and `.err` in its
-folder), and every requeue of that job appends a life to it, starting with the line
-the job writes first (`tinygpt: run ...` from our batch script, `submitit INFO ... Starting` from
-submitit's). By default the latest life of the latest job is shown; `--all` shows every job's whole log.
-`last_error` gives the line `status` prints for a run that failed.
+"""`launch.py logs SPEC [RUN]`: a run's Slurm logs (run_logs.py finds them). By default the latest life of the
+latest job is shown; `--all` shows every job's whole log; `--follow` prints the run's log as it grows.
 """
 
 from __future__ import annotations
 
-import re
 import sys
 import time
-from pathlib import Path
+from typing import TYPE_CHECKING
 
+from . import manifest as manifest_mod
+from . import states
 from .errors import LaunchError
-from .manifest import Manifest, RunRecord
+from .run_logs import find_run, latest_life, read, run_jobs
 
-LIFE_START = re.compile(r"^(tinygpt: run \d+ |submitit INFO .*Starting with JobEnvironment)", re.M)
-# What says why a run ended, best first: our own messages, a Python exception, then Slurm's words.
-ERROR_LINES = (re.compile(r"^(error: |tinygpt: setup failed)"),
-               re.compile(r"^[\w.]*(Error|Exception|Interrupt)\b"),
-               re.compile(r"error|killed|oom|out of memory|time limit|cancelled", re.I))
+if TYPE_CHECKING:
+    from .manifest import Manifest
 
 
-def run_jobs(manifest: Manifest, index: int) -> list[tuple[str, list[Path]]]:
-    """(job id, its log files) of every job that ran run `index`, oldest first."""
-    jobs = []
-    for sub in manifest.slurm_submissions():
-        if index not in sub.indices:
-            continue
-        job_id = sub.task_of(index)
-        if sub.folder:  # submitit
-            folder = Path(sub.folder)
-            jobs.append((job_id, [folder / f"{job_id}_0_log.out", folder / f"{job_id}_0_log.err"]))
-        else:
-            logs = Path(manifest.logs_dir)
-            own = [logs / f"{job_id}.run{index}.out"] if sub.pack > 1 else []  # (packed runs)
-            jobs.append((job_id, [logs / f"{job_id}.out", *own]))
-    return jobs
+def run(manifest: Manifest, which: str | None, tail: int | None, every_life: bool, follow_it: bool) -> None:
+    """The logs of the run `which` (or every run), or with `follow_it` the one run's log as it grows."""
+    if follow_it:
+        if which is None and len(manifest.runs) != 1:
+            raise LaunchError("--follow: name the run to follow, e.g. `launch.py logs SPEC RUN --follow`")
+        index = find_run(manifest, which)[0].index
 
+        def ended() -> bool:  # (read again: a resubmission may have given the run a new job meanwhile)
+            return states.collect(manifest_mod.load(manifest.path))[index].state.ended
 
-def latest_life(text: str) -> str:
-    starts = [m.start() for m in LIFE_START.finditer(text)]
-    return text[starts[-1]:] if starts else text
-
-
-def read(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return ""
-
-
-def last_error(manifest: Manifest, index: int) -> str | None:
-    """The last line of the run's latest life that looks like the reason it ended (else its last line)."""
-    jobs = run_jobs(manifest, index)
-    if not jobs:
-        return None
-    lines = [line.strip() for path in jobs[-1][1] for line in latest_life(read(path)).splitlines() if line.strip()]
-    for pattern in ERROR_LINES:
-        found = [line for line in lines if pattern.search(line)]
-        if found:
-            return found[-1]
-    return lines[-1] if lines else None
-
-
-def find_run(manifest: Manifest, which: str | None) -> list[RunRecord]:
-    if which is None:
-        return manifest.runs
-    chosen = manifest.find(which)
-    if not chosen:
-        from tinygpt.config import suggest
-
-        names = [r.name for r in manifest.runs]
-        raise LaunchError(f"RUN: no run `{which}` in sweep {manifest.name}{suggest(which, names)}; give a run's "
-                          f"name or number (see `launch.py status`)")
-    return chosen
+        follow(manifest, which or str(index), ended)
+        return
+    show(manifest, which, tail, every_life, {r.index: r.nodes for r in states.collect(manifest)})
 
 
 def show(manifest: Manifest, which: str | None, tail: int | None, every_life: bool, nodes: dict[int, str]) -> int:

@@ -1,16 +1,14 @@
 """`jobs/<sweep>/manifest.json`: the runs of a sweep, where they live, and the jobs that run them.
 
 Written by the launcher before anything is submitted, updated with job ids after each submission, and
-read by every array task on the nodes (`python -m tinygpt.launch.manifest config MANIFEST INDEX` writes the
-run's config file from it and prints its path) and by `launch.py status|cancel|report|logs|resubmit`.
+read by every array task on the nodes (run_config.py) and by `launch.py status|cancel|report|logs|resubmit`.
+The records are typed (pydantic, strict): a damaged file is refused with what to do, never half-read.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,36 +18,12 @@ from tinygpt import durable, schema
 from tinygpt.rundir_lock import RunDirLock, describe
 
 from .errors import LaunchError
-
-
-@dataclass(frozen=True)
-class SweepDirs:
-    """Where a sweep's files live under its work directory, named here once: jobs/<sweep>/ (the manifest, the
-    batch scripts, the code snapshot, the run configs), logs/<sweep>/ (Slurm's logs), runs/<sweep>/<run>/."""
-
-    workdir: Path
-    name: str
-
-    @property
-    def jobs(self) -> Path:
-        return self.workdir / "jobs" / self.name
-
-    @property
-    def logs(self) -> Path:
-        return self.workdir / "logs" / self.name
-
-    @property
-    def runs(self) -> Path:
-        return self.workdir / "runs" / self.name
-
-    @property
-    def manifest(self) -> Path:
-        return self.jobs / "manifest.json"
-
+from .layout import SweepDirs
 
 LOCK_WAIT_S = 5.0  # a second command on the same sweep waits this long for the first, then refuses
 
 FORMAT = 2  # runs keep their trainer inputs (shared ones once, in "base")
+BACKENDS = ("sbatch", "submitit")  # the Slurm backends a spec may name (backends.py implements them)
 LOCAL = "local"  # the backend of a submission that ran here (--local): no Slurm job
 
 
@@ -196,9 +170,9 @@ def save(manifest: Manifest) -> None:
     durable.write(manifest.path, f'{head[:-2]},\n "runs": [\n{runs}\n ]\n}}\n')
 
 
-def create(path: Path, data: dict[str, Any]) -> Manifest:
-    """A new sweep's manifest from what the launcher wrote down (`data`), checked and saved at `path`."""
-    manifest = _checked(path, {"format": FORMAT, **data})
+def create(path: Path, manifest: Manifest) -> Manifest:
+    """Save a new sweep's manifest (plan.py builds it) at `path`."""
+    manifest._path = Path(path)
     save(manifest)
     return manifest
 
@@ -233,20 +207,6 @@ def _checked(path: Path, data: dict[str, Any]) -> Manifest:
     return manifest
 
 
-def config_file(manifest: Manifest, index: int) -> Path:
-    """The run's trainer config file, written from the manifest (shared inputs, the run's own, its run
-    directory) when the run's task starts."""
-    from tinygpt import config as train_config
-
-    run = manifest.runs[index]
-    cfg = train_config.build({**manifest.base, **run.overrides, "out_dir": run.out_dir})
-    path = manifest.path.parent / "configs" / f"{run.name}.yaml"
-    text = train_config.dump_yaml(cfg)
-    if not path.is_file() or path.read_bytes() != text.encode():
-        durable.write(path, text)
-    return path
-
-
 def record_submission(path: Path, backend: str, job_id: str, indices: list[int], **extra: Any) -> Manifest:
     """Add a submission to the manifest on disk (read again: it is the record); the manifest as saved."""
     manifest = load(path)
@@ -256,24 +216,10 @@ def record_submission(path: Path, backend: str, job_id: str, indices: list[int],
     return manifest
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 3 or argv[0] != "config":
-        print("usage: python -m tinygpt.launch.manifest config MANIFEST INDEX", file=sys.stderr)
-        return 2
-    from tinygpt.config import ConfigError
-
-    try:
-        path = config_file(load(Path(argv[1])), int(argv[2]))
-    except (LaunchError, IndexError, ValueError, OSError) as err:
-        print(f"tinygpt: cannot find run {argv[2]} in {argv[1]}: {err}", file=sys.stderr)
-        return 1
-    except ConfigError as err:
-        print(f"tinygpt: run {argv[2]} of {argv[1]}: {err}", file=sys.stderr)
-        return 1
-    print(path)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    # The batch scripts of sweeps launched before run_config.py existed call `python -m tinygpt.launch.manifest
+    # config MANIFEST INDEX` when each task starts (a resubmission too, with the sweep's own script): they still
+    # get their run's config file.
+    import runpy
+
+    runpy.run_module("tinygpt.launch.run_config", run_name="__main__")

@@ -21,6 +21,7 @@ from pathlib import Path
 from tinygpt import durable
 
 from .errors import LaunchError
+from .layout import schema_file
 from .live_cluster import LiveCluster, Shape
 
 PLAIN = re.compile(r"[A-Za-z][A-Za-z0-9_./-]*")
@@ -31,8 +32,9 @@ YAML_WORDS = {"y", "n", "yes", "no", "on", "off", "true", "false", "null"}  # pl
 def write(directory: Path, name: str | None, force: bool) -> Path:
     """Ask Slurm, write `<directory>/<name or ClusterName>.yaml`, return its path. Nothing is written when Slurm
     does not answer, the name is not a profile name, or the file exists (without `force`)."""
-    from . import json_schema
-    from .profiles import from_file
+    import yaml
+
+    from .profiles import from_data
 
     if name is not None:  # (its own flags first: a mistake in them is said without asking Slurm)
         _refuse_name(directory, name, force)
@@ -45,15 +47,9 @@ def write(directory: Path, name: str | None, force: bool) -> Path:
     path = directory / f"{name}.yaml"
     text = render(name, cluster)
     text = text.replace(SCHEMA_LINE, SCHEMA_LINE.replace("../../schemas/profile.schema.json",
-                                                         os.path.relpath(json_schema.path("profile"), directory)))
-    draft = path.with_name(f".{path.name}.new")
-    durable.write(draft, text)
-    try:
-        from_file(draft)  # (what we write passes the schema a launch reads it with)
-    except LaunchError:
-        draft.unlink()
-        raise
-    os.replace(draft, path)
+                                                         os.path.relpath(schema_file("profile"), directory)))
+    from_data(yaml.safe_load(text), path)  # (what is written passes the schema a launch reads it with)
+    durable.write(path, text)
     return path
 
 

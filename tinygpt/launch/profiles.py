@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import re
 import shlex
+import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, PrivateAttr, ValidationInfo, WithJsonSchema, field_validator
+from pydantic import BeforeValidator, Field, PrivateAttr, ValidationInfo, field_validator
 
 from tinygpt import schema
 from tinygpt.config import PREEMPT_SIGNALS
@@ -37,87 +38,13 @@ from tinygpt.schema import Int, OptInt, OptText, Text
 
 from . import passthrough
 from .errors import LaunchError
+from .layout import PROFILE_DIR
+from .resources import MemMB, SlurmTime
 
-PROFILE_DIR = Path(__file__).resolve().parents[2] / "hpc_lab" / "clusters"
 PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # what `--cluster NAME` finds as PROFILE_DIR/NAME.yaml
 GPU_REQUESTS = ("gpus-per-node", "gres", "none")
 # Trainer keys a profile may set for every run on its cluster (checked with the trainer's own schema).
 TRAINER_KEYS = ("precision", "compile", "peak_flops", "loggers", "wandb_mode", "wandb_project", "wandb_entity")
-
-
-def parse_time_min(value: Any) -> int | None:
-    """Slurm time (`MM`, `MM:SS`, `HH:MM:SS`, `D-HH`, `D-HH:MM`, `D-HH:MM:SS`) in whole minutes, rounded up.
-
-    `INFINITE`/`UNLIMITED`/None give None. Raises ValueError on anything else.
-    """
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise ValueError(value)
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError(value)
-        return value
-    text = str(value).strip()
-    if text.upper() in ("INFINITE", "UNLIMITED"):
-        return None
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
-    if not m:
-        raise ValueError(text)
-    days, a, b, c = m.groups()
-    if days is not None:  # D-HH[:MM[:SS]]
-        h, mi, s = int(a), int(b or 0), int(c or 0)
-        total_s = int(days) * 86400 + h * 3600 + mi * 60 + s
-    elif c is not None:  # HH:MM:SS
-        total_s = int(a) * 3600 + int(b) * 60 + int(c)
-    elif b is not None:  # MM:SS
-        total_s = int(a) * 60 + int(b)
-    else:  # MM
-        total_s = int(a) * 60
-    return -(-total_s // 60)
-
-
-def format_time(minutes: int) -> str:
-    days, rem = divmod(minutes, 1440)
-    hours, mins = divmod(rem, 60)
-    return f"{days}-{hours:02d}:{mins:02d}:00" if days else f"{hours:02d}:{mins:02d}:00"
-
-
-def parse_mem_mb(value: Any) -> int:
-    """`4G`, `500M`, `1T`, `2048` (MB) -> MB. Raises ValueError."""
-    if isinstance(value, bool):
-        raise ValueError(value)
-    if isinstance(value, int):
-        return value
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)B?\s*", str(value), re.I)
-    if not m:
-        raise ValueError(value)
-    number, unit = float(m.group(1)), m.group(2).upper()
-    return int(number * {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}[unit])
-
-
-def _minutes(value: Any) -> int | None:
-    try:
-        return parse_time_min(value)
-    except ValueError:
-        raise ValueError(f"{value!r} is not a Slurm time; use HH:MM:SS, D-HH:MM:SS, minutes or INFINITE") from None
-
-
-def _megabytes(value: Any) -> int | None:
-    try:
-        return None if value is None else parse_mem_mb(value)
-    except ValueError:
-        raise ValueError(f"{value!r} is not a memory size; use e.g. 4G, 500M or 2048 (MB)") from None
-
-
-_TIME_SCHEMA = {"type": ["string", "integer", "null"],
-                "description": "a Slurm time: MM, HH:MM:SS, D-HH:MM:SS or INFINITE",
-                "pattern": r"^((\d+-)?\d+(:\d+){0,2}|INFINITE|UNLIMITED)$"}
-_MEM_SCHEMA = {"type": ["string", "integer", "null"], "description": "a memory size: 4G, 500M, 1T, or MB as a number",
-               "pattern": r"^\s*\d+(\.\d+)?\s*[KMGTkmgt]?[Bb]?\s*$"}
-# Both read into whole minutes (None: no limit) and megabytes: what the launcher compares and writes.
-SlurmTime = Annotated[int | None, BeforeValidator(_minutes), WithJsonSchema(_TIME_SCHEMA)]
-MemMB = Annotated[int | None, BeforeValidator(_megabytes), WithJsonSchema(_MEM_SCHEMA)]
 
 
 class Partition(schema.Schema):
@@ -221,6 +148,11 @@ class Profile(schema.Schema):
         return self._path
 
     @property
+    def interpreter(self) -> str:
+        """The Python the jobs run: the profile's, else the one running launch.py."""
+        return self.python or sys.executable
+
+    @property
     def trainer_defaults(self) -> dict[str, Any]:
         """The trainer keys this profile sets, typed by the trainer's schema."""
         return {key: getattr(self, key) for key in TRAINER_KEYS if getattr(self, key) is not None}
@@ -262,6 +194,11 @@ def from_file(path: Path) -> Profile:
         data = load_yaml(path)
     except ConfigError as err:
         raise LaunchError(err.problems) from None
+    return from_data(data, path)
+
+
+def from_data(data: Any, path: Path) -> Profile:
+    """A profile from the YAML of the file at `path` (what `profile new` is about to write, or has read)."""
     if not isinstance(data, dict):
         raise LaunchError(f"{path}: a profile is a mapping of keys to values")
     profile = schema.validate(Profile, data, str(path), LaunchError)

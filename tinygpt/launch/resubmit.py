@@ -12,10 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import backends
 from .errors import LaunchError
-from .manifest import Life, Manifest
-from .profiles import format_time, parse_mem_mb, parse_time_min
+from .manifest import BACKENDS, Life, Manifest
+from .resources import format_time, parse_mem_mb, parse_time_min
 from .states import RESUBMIT_CHOICES, Row, collect, read_progress
 
 BAD_NODE_STATES = ("NODE_FAIL", "HUNG")  # what --exclude-failed-nodes keeps away from
@@ -83,27 +82,25 @@ def failed_nodes(rows: list[Row], manifest: Manifest) -> list[str]:
     return list(dict.fromkeys(nodes))
 
 
-def resubmit(manifest: Manifest, rows: list[Row], states: tuple[str, ...], changes: Changes,
-             dry_run: bool) -> list[str]:
-    """Submit the chosen runs again (`rows`: collect_rows'); return the new job ids (none for a dry run or when
-    nothing matched)."""
+def choose(rows: list[Row], states: tuple[str, ...], changes: Changes) -> dict[str, Life]:
+    """The runs to submit again (`rows`: collect_rows'), each with its latest job ({run index: Life}), said in
+    one line; empty when nothing matched. A backend sends them (backends.py)."""
     chosen = select(rows, states)
     if not chosen:
         print(f"nothing to resubmit: no run's latest job ended in {', '.join(states)}")
-        return []
-    previous = {str(r.index): Life(job_id=r.job_id, state=r.state.name, nodes=r.nodes) for r in chosen}
+        return {}
     print(f"resubmitting {len(chosen)} of {len(rows)} run(s): "
           + ", ".join(f"{r.name} ({r.job_id} {r.state.name}{' on ' + r.nodes if r.nodes else ''})"
                       for r in chosen)
           + (f"; with {' '.join(changes.sbatch_args())}" if changes.options else ""))
-    return backends.of(manifest.backend).resubmit(manifest, [r.index for r in chosen], changes.options,
-                                                  previous, dry_run)
+    return {str(r.index): Life(job_id=r.job_id, state=r.state.name, nodes=r.nodes) for r in chosen}
 
 
 def collect_rows(manifest: Manifest) -> list[Row]:
     """The sweep's runs, with how Slurm says their jobs ended: what resubmit chooses from."""
-    if manifest.backend not in backends.BACKENDS or not manifest.slurm_submissions():
-        backends.Local().resubmit(manifest, [], {}, {}, False)  # (no job to send again: it says why)
+    if manifest.backend not in BACKENDS or not manifest.slurm_submissions():
+        raise LaunchError("resubmit: no job of this sweep was submitted to Slurm; launch it first (runs of "
+                          "--local are run again with --local)")
     rows = collect(manifest)
     if rows and all(r.source == "run dir" for r in rows if r.job_id != "-"):
         raise LaunchError("resubmit: Slurm does not say how the sweep's jobs ended (no sacct or squeue answer); "

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import directives
-from .profiles import Profile
-from .spec import Resources
+from .resources import SOURCE
+
+if TYPE_CHECKING:
+    from .profiles import Profile
+    from .resources import Resources
 
 
 def sbatch_options(r: Resources, prof: Profile, workdir: Path) -> dict[str, str | None]:
@@ -41,13 +45,6 @@ def sbatch_options(r: Resources, prof: Profile, workdir: Path) -> dict[str, str 
             opts["gpus-per-node"] = str(r.gpus_per_node)
     opts.update(r.sbatch_extra)  # checked in passthrough.py: never an option set above
     return opts
-
-
-# Where each option a job gets comes from, for a message that names the field to change.
-SOURCE = {"time": "resources.time", "partition": "resources.partition (or the profile's default_partition)",
-          "qos": "resources.qos (or the profile's)", "account": "resources.account (or the profile's)",
-          "constraint": "resources.constraint (or the profile's)", "exclude": "resources.exclude",
-          "chdir": "--workdir", "output": "--workdir", "job-name": "name"}
 
 
 def unwritable(sweep) -> list[str]:

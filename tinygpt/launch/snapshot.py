@@ -110,10 +110,11 @@ def _inside_link(path: Path, rel: str, real_root: Path, target: Path) -> bytes:
     return os.path.relpath(target, (real_root / rel).parent).encode("utf-8", "surrogateescape")
 
 
-def take(root: Path, dest_dir: Path, max_file_bytes: int = MAX_FILE_BYTES) -> Snapshot:
-    """Snapshot the code under `root` into `dest_dir/<digest>/` (or reuse the one there)."""
+def take(root: Path, dest_dir: Path, max_file_bytes: int | None = None) -> Snapshot:
+    """Snapshot the code under `root` into `dest_dir/<digest>/` (or reuse the one there); a tracked file over
+    `max_file_bytes` (default MAX_FILE_BYTES) is refused."""
     files, commit, dirty = source_files(root)
-    contents = _contents(root, files, max_file_bytes)
+    contents = _contents(root, files, MAX_FILE_BYTES if max_file_bytes is None else max_file_bytes)
     digest = hashlib.sha256()
     for rel, data, kind in contents:
         digest.update(f"{rel}\0{len(data)}\0{kind}\0".encode("utf-8", "surrogateescape") + data)

@@ -31,7 +31,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -40,16 +40,18 @@ from tinygpt import schema
 from tinygpt.config import ConfigError, suggest
 from tinygpt.schema import OptFloat, OptInt, OptText
 
-from . import passthrough, search, snapshot
+from . import passthrough, search
 from .errors import LaunchError
-from .manifest import SweepDirs
-from .profiles import MemMB, Profile, SlurmTime, format_time
+from .layout import SweepDirs
+from .manifest import BACKENDS
+from .resources import MemMB, Resources, SlurmTime, format_time
 from .search import Search
 
-BACKENDS = ("sbatch", "submitit")
+if TYPE_CHECKING:
+    from .profiles import Profile
+
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+-]{0,119}")
 LAUNCHER_KEYS = {"out_dir": "runs/<sweep>/<run>", "sweep": "the spec's name"}  # set by the launcher, never a spec
-MAX_FILE_MB = snapshot.MAX_FILE_BYTES / 1e6  # the default of `snapshot_max_file_mb`
 SHOWN_FAILING_POINTS = 3  # an Optuna search that fails on many combinations shows this many, then a count
 DEFAULT_TIME_MIN = 60
 
@@ -123,34 +125,6 @@ class SpecFile(schema.Schema):
 
 
 @dataclass(frozen=True)
-class Resources:
-    nodes: int
-    gpus_per_node: int
-    tasks_per_node: int
-    cpus_per_task: int
-    mem_mb: int | None
-    time_min: int
-    partition: str | None
-    qos: str | None
-    account: str | None
-    constraint: str | None
-    exclude: str | None = None  # nodes not to run on (sbatch --exclude)
-    sbatch_extra: dict[str, str | None] = field(default_factory=dict)  # passed through: {long option: value}
-    srun_args: tuple[str, ...] = ()  # passed through to srun
-
-    @property
-    def time(self) -> str:
-        return format_time(self.time_min)
-
-    def describe(self) -> str:
-        gpus = f", {self.gpus_per_node} GPU/node" if self.gpus_per_node else ""
-        mem = f", {self.mem_mb} MB" if self.mem_mb else ""
-        part = f" on {self.partition}" if self.partition else ""
-        return (f"{self.nodes} node(s) x {self.tasks_per_node} task(s){gpus}, {self.cpus_per_task} CPU/task"
-                f"{mem}, {self.time}{part}")
-
-
-@dataclass(frozen=True)
 class Run:
     index: int
     name: str
@@ -172,7 +146,7 @@ class Sweep:
     varying: list[str] = field(default_factory=list)  # keys whose value differs between runs
     search: dict[str, Any] | None = None  # an Optuna search's settings (search.py); its runs are the workers
     pack: int = 1  # runs at once in each array task: they share its CPUs and split its GPUs
-    snapshot_max_file_mb: float = MAX_FILE_MB  # the code snapshot refuses a tracked file larger than this
+    snapshot_max_file_mb: float | None = None  # the code snapshot refuses a tracked file larger than this
 
     @property
     def dirs(self) -> SweepDirs:
@@ -298,10 +272,7 @@ def load(path: str | Path, workdir: str | Path = ".", cluster: str | None = None
     from . import profiles
 
     path, workdir = Path(path), check_workdir(workdir)
-    try:
-        data = train_config.load_yaml(path)
-    except ConfigError as err:
-        raise LaunchError(err.problems) from None
+    data = _read(path)
     if data is None:
         raise LaunchError(f"{path}: the spec is empty; give at least its train keys (see jobs/*.yaml), or "
                           f"`name: {path.stem}` for one run with every default")
@@ -327,18 +298,12 @@ def load(path: str | Path, workdir: str | Path = ".", cluster: str | None = None
     varying = _varying(points, base)
     runs = _runs(points, grid_size, varying, base, forced, workdir, name, problems)
     resources = _resources(spec.resources, profile, problems) if profile is not None else None
-    if optuna and resources and (resources.nodes, resources.tasks_per_node) != (1, 1):
-        problems.append("resources: an Optuna worker trains one trial at a time in one process; ask for nodes: 1, "
-                        "tasks_per_node: 1 (and search.workers for more at once)")
-    pack = _pack(spec.pack or 1, backend, optuna, problems)
-    if pack > 1 and resources and (resources.nodes, resources.tasks_per_node) != (1, 1):
-        problems.append("pack: packed runs are one process each; ask for resources nodes: 1, tasks_per_node: 1 "
-                        "(the packed runs share the task's CPUs, and each takes its share of its GPUs)")
+    pack = _pack(spec.pack or 1, backend, optuna, resources, problems)
     unique_problems = list(dict.fromkeys(problems))
     if unique_problems:
         raise LaunchError(unique_problems, str(path))
     return Sweep(name, path, profile, backend, resources, spec.array_parallelism, workdir, runs, varying, optuna,
-                 pack, spec.snapshot_max_file_mb or MAX_FILE_MB)
+                 pack, spec.snapshot_max_file_mb)
 
 
 def _spec_file(data: dict, problems: list[str]) -> SpecFile:
@@ -349,13 +314,21 @@ def _spec_file(data: dict, problems: list[str]) -> SpecFile:
     return spec
 
 
-def _pack(pack: int, backend: str, optuna: dict | None, problems: list[str]) -> int:
+def _pack(pack: int, backend: str, optuna: dict | None, resources: Resources | None, problems: list[str]) -> int:
+    """`pack`, checked, and with it what asks for one process per run: packed runs, an Optuna worker."""
+    one_process = resources is None or (resources.nodes, resources.tasks_per_node) == (1, 1)
+    if optuna and not one_process:
+        problems.append("resources: an Optuna worker trains one trial at a time in one process; ask for nodes: 1, "
+                        "tasks_per_node: 1 (and search.workers for more at once)")
     if pack > 1 and backend != "sbatch":
         problems.append("pack: packing runs into one task is for the sbatch backend; remove pack or use "
                         "backend: sbatch")
     if pack > 1 and optuna:
         problems.append("pack: an Optuna search's workers train one trial each; remove pack (more workers "
                         "instead)")
+    if pack > 1 and not one_process:
+        problems.append("pack: packed runs are one process each; ask for resources nodes: 1, tasks_per_node: 1 "
+                        "(the packed runs share the task's CPUs, and each takes its share of its GPUs)")
     return pack
 
 
@@ -516,13 +489,18 @@ def _input_file(key: str, value: Any, label: str, problems: list[str]) -> str:
     return str(file)
 
 
+def _read(path: Path) -> Any:
+    """The spec file's YAML (LaunchError naming what cannot be read)."""
+    try:
+        return train_config.load_yaml(path)
+    except ConfigError as err:
+        raise LaunchError(err.problems) from None
+
+
 def load_name(path: str | Path) -> str:
     """Only the sweep's name (for status, cancel and report, which read the manifest, not the spec)."""
     path = Path(path)
-    try:
-        data = train_config.load_yaml(path)
-    except ConfigError as err:
-        raise LaunchError(err.problems) from None
+    data = _read(path)
     name = str((data or {}).get("name") or path.stem) if isinstance(data, dict) else path.stem
     problems: list[str] = []
     if not check_safe_name(name, "name", problems):

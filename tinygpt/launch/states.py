@@ -75,7 +75,7 @@ class Row:
 def read_progress(run_dir: Path) -> dict:
     """What metrics.jsonl says: last step, losses, speed, whether the run finished or was paused."""
     info: dict = {}
-    for rec in metrics.read(run_dir / "metrics.jsonl"):
+    for rec in metrics.read(metrics.of_run(run_dir)):
         event = rec.get("event")
         if event == "start":
             info["started"] = True

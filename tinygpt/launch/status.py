@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import manifest as manifest_mod
-from .manifest import Manifest
 from .states import Row, collect
+
+if TYPE_CHECKING:
+    from .manifest import Manifest
 
 # Columns, and the order in which a narrow terminal hides them (first: the first to go). "#", "run", "state",
 # "step" and "val" always stay.
@@ -150,10 +153,10 @@ def _print_trials(manifest: Manifest, console) -> None:
     """The trials of an Optuna search, under the table of its workers."""
     if not manifest.search:
         return
-    from . import search
+    from . import study
 
-    rows = search.trials(manifest)
-    console.print(search.trials_table(rows, f"trials of the Optuna study ({manifest.search.journal})")
+    rows = study.trials(manifest)
+    console.print(study.trials_table(rows, f"trials of the Optuna study ({manifest.search.journal})")
                   if rows else "no trial yet")
 
 
@@ -161,7 +164,7 @@ def _print_failures(manifest: Manifest, rows: list[Row], console) -> None:
     """Under the table: the last error line of each run whose job failed, from its log."""
     from rich.markup import escape
 
-    from . import logs
+    from . import run_logs
 
     failed = [r for r in rows if r.state.failed]
     if not failed:
@@ -169,5 +172,5 @@ def _print_failures(manifest: Manifest, rows: list[Row], console) -> None:
     console.print("[red]failed[/] (`launch.py logs SPEC RUN` shows the whole log; `launch.py resubmit SPEC` runs "
                   "them again):")
     for r in failed:
-        line = logs.last_error(manifest, r.index) or "(no log)"
+        line = run_logs.last_error(manifest, r.index) or "(no log)"
         console.print(f"  {escape(r.name)} ({r.job_id} {r.state.name}): {escape(line)}", soft_wrap=True)

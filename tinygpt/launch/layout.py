@@ -1,0 +1,97 @@
+"""Where a sweep's files live and what they are called: named here once, for the commands that write them, the
+commands that read them, and the tests.
+
+    <workdir>/jobs/<sweep>/manifest.json            the runs and the jobs that run them (manifest.py)
+    <workdir>/jobs/<sweep>/configs/<run>.yaml       a run's trainer config, written when its task starts
+    <workdir>/jobs/<sweep>/<sweep>[-partN].sbatch   the job array (split in parts at MaxArraySize)
+    <workdir>/jobs/<sweep>/<sweep>-<step>.sbatch    a chain's data and report steps
+    <workdir>/jobs/<sweep>/code/<digest>/           the code the jobs run (snapshot.py)
+    <workdir>/jobs/<sweep>/optuna.journal           an Optuna search's study
+    <workdir>/logs/<sweep>/<array>_<task>.out       Slurm's log of an array task, every life of it appended
+    <workdir>/logs/<sweep>/<array>_<task>.run<i>.out  a packed run's own log
+    <workdir>/logs/<sweep>/<step>-<job>.out         a chain step's log
+    <workdir>/logs/<sweep>/submitit/                submitit's folder: its pickles and its logs
+    <workdir>/runs/<sweep>/<run>/                   what the trainer writes (metrics.jsonl, checkpoints)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout: what jobs import without a snapshot
+PROFILE_DIR = REPO_ROOT / "hpc_lab" / "clusters"  # where `--cluster NAME` finds NAME.yaml
+
+
+def schema_file(kind: str) -> Path:
+    """The JSON Schema of a spec or a profile (`kind`), as shipped for editors."""
+    return REPO_ROOT / "schemas" / f"{kind}.schema.json"
+
+
+# Slurm's --output pattern of an array task, and the name a task's log then has.
+TASK_LOG_PATTERN = "%A_%a.out"
+PACKED_RUN_LOG = "{task}.run{index}.out"  # (`task`: the task's id, `<array>_<task>`; `index`: the run's)
+STEP_LOG_PATTERN = "{step}-%j.out"
+
+
+@dataclass(frozen=True)
+class SweepDirs:
+    """A sweep's folders and files under its work directory."""
+
+    workdir: Path
+    name: str
+
+    @property
+    def jobs(self) -> Path:
+        return self.workdir / "jobs" / self.name
+
+    @property
+    def logs(self) -> Path:
+        return self.workdir / "logs" / self.name
+
+    @property
+    def runs(self) -> Path:
+        return self.workdir / "runs" / self.name
+
+    @property
+    def manifest(self) -> Path:
+        return self.jobs / "manifest.json"
+
+    @property
+    def journal(self) -> Path:
+        return self.jobs / "optuna.journal"
+
+    @property
+    def code(self) -> Path:
+        return self.jobs / "code"
+
+    @property
+    def submitit(self) -> Path:
+        return self.logs / "submitit"
+
+    def run(self, run_name: str) -> Path:
+        return self.runs / run_name
+
+    def config(self, run_name: str) -> Path:
+        return self.jobs / "configs" / f"{run_name}.yaml"
+
+    def script(self, part: int = 0, parts: int = 1) -> Path:
+        """The job array's batch script (`part` of `parts`, from 0, when it is split)."""
+        return self.jobs / (f"{self.name}-part{part + 1}.sbatch" if parts > 1 else f"{self.name}.sbatch")
+
+    def step_script(self, step: str) -> Path:
+        return self.jobs / f"{self.name}-{step}.sbatch"
+
+
+def task_log(logs_dir: Path, task: str) -> Path:
+    """The log of array task `task` (`<array>_<task>`), or of a single job."""
+    return Path(logs_dir) / TASK_LOG_PATTERN.replace("%A_%a", task)
+
+
+def packed_run_log(logs_dir: Path, task: str, index: int) -> Path:
+    return Path(logs_dir) / PACKED_RUN_LOG.format(task=task, index=index)
+
+
+def submitit_logs(folder: Path, job_id: str) -> list[Path]:
+    """submitit's two logs of a job, in its folder (its own naming)."""
+    return [Path(folder) / f"{job_id}_0_log.out", Path(folder) / f"{job_id}_0_log.err"]

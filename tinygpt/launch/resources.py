@@ -1,0 +1,164 @@
+"""What a job asks Slurm for, and Slurm's own ways of writing times and sizes, each read in one place.
+
+`Resources` is what each job of a sweep asks for (the spec's `resources` over the profile's defaults). The
+parsers read what users write and what Slurm prints: a time limit (`HH:MM:SS`, `D-HH:MM`, `INFINITE`, ...)
+in whole minutes, a size (`4G`, `500M`, `306484K`; a bare number is megabytes, as for `sbatch --mem`) in
+megabytes, sacct's durations and TRES lists. `SOURCE` names where each option a job gets comes from, for a
+message that names the field to change.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, WithJsonSchema
+
+_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)B?\s*", re.I)
+_MB_PER_UNIT = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024**2, "P": 1024**3}
+_DURATION = re.compile(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+(?:\.\d+)?)")
+
+
+def parse_time_min(value: Any) -> int | None:
+    """Slurm time (`MM`, `MM:SS`, `HH:MM:SS`, `D-HH`, `D-HH:MM`, `D-HH:MM:SS`) in whole minutes, rounded up.
+
+    `INFINITE`/`UNLIMITED`/None give None. Raises ValueError on anything else.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError(value)
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(value)
+        return value
+    text = str(value).strip()
+    if text.upper() in ("INFINITE", "UNLIMITED"):
+        return None
+    m = _TIME.fullmatch(text)
+    if not m:
+        raise ValueError(text)
+    days, a, b, c = m.groups()
+    if days is not None:  # D-HH[:MM[:SS]]
+        total_s = int(days) * 86400 + int(a) * 3600 + int(b or 0) * 60 + int(c or 0)
+    elif c is not None:  # HH:MM:SS
+        total_s = int(a) * 3600 + int(b) * 60 + int(c)
+    elif b is not None:  # MM:SS
+        total_s = int(a) * 60 + int(b)
+    else:  # MM
+        total_s = int(a) * 60
+    return -(-total_s // 60)
+
+
+def time_limit_min(text: str) -> int | None:
+    """A time limit as Slurm printed it (a partition's MaxTime, a QOS's MaxWall), in minutes; None for no limit,
+    and for text that is not a time (no limit is known)."""
+    try:
+        return parse_time_min(text)
+    except ValueError:
+        return None
+
+
+def format_time(minutes: int) -> str:
+    days, rem = divmod(minutes, 1440)
+    hours, mins = divmod(rem, 60)
+    return f"{days}-{hours:02d}:{mins:02d}:00" if days else f"{hours:02d}:{mins:02d}:00"
+
+
+def size_mb(value: Any) -> float:
+    """`4G`, `500M`, `1.5T`, `306484K`, `2048` -> megabytes (Slurm's unit for a bare number). Raises ValueError."""
+    if isinstance(value, bool):
+        raise ValueError(value)
+    if isinstance(value, (int, float)):
+        return float(value)
+    m = _SIZE.fullmatch(str(value))
+    if not m:
+        raise ValueError(value)
+    return float(m.group(1)) * _MB_PER_UNIT[m.group(2).upper()]
+
+
+def parse_mem_mb(value: Any) -> int:
+    """A memory request in whole megabytes (what `--mem=<N>M` carries). Raises ValueError."""
+    return int(size_mb(value))
+
+
+def duration_s(text: str) -> float:
+    """Slurm's TotalCPU/Elapsed text ([D-][HH:]MM:SS[.mmm]) in seconds; 0 for what it cannot read."""
+    m = _DURATION.fullmatch(text.strip())
+    if not m:
+        return 0.0
+    days, hours, minutes, seconds = m.groups()
+    return int(days or 0) * 86400 + int(hours or 0) * 3600 + int(minutes) * 60 + float(seconds)
+
+
+def tres(text: str) -> dict[str, str]:
+    """`cpu=1,mem=3615M,gres/gpu=2` -> {"cpu": "1", "mem": "3615M", "gres/gpu": "2"}."""
+    return dict(item.split("=", 1) for item in text.split(",") if "=" in item)
+
+
+def _minutes(value: Any) -> int | None:
+    try:
+        return parse_time_min(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a Slurm time; use HH:MM:SS, D-HH:MM:SS, minutes or INFINITE") from None
+
+
+def _megabytes(value: Any) -> int | None:
+    try:
+        return None if value is None else parse_mem_mb(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a memory size; use e.g. 4G, 500M or 2048 (MB)") from None
+
+
+_TIME_SCHEMA = {"type": ["string", "integer", "null"],
+                "description": "a Slurm time: MM, HH:MM:SS, D-HH:MM:SS or INFINITE",
+                "pattern": r"^((\d+-)?\d+(:\d+){0,2}|INFINITE|UNLIMITED)$"}
+_MEM_SCHEMA = {"type": ["string", "integer", "null"], "description": "a memory size: 4G, 500M, 1T, or MB as a number",
+               "pattern": r"^\s*\d+(\.\d+)?\s*[KMGTkmgt]?[Bb]?\s*$"}
+# Both read into whole minutes (None: no limit) and megabytes: what the launcher compares and writes.
+SlurmTime = Annotated[int | None, BeforeValidator(_minutes), WithJsonSchema(_TIME_SCHEMA)]
+MemMB = Annotated[int | None, BeforeValidator(_megabytes), WithJsonSchema(_MEM_SCHEMA)]
+
+# Where each option a job gets comes from, for a message that names the field to change.
+SOURCE = {"time": "resources.time", "partition": "resources.partition (or the profile's default_partition)",
+          "qos": "resources.qos (or the profile's)", "account": "resources.account (or the profile's)",
+          "constraint": "resources.constraint (or the profile's)", "exclude": "resources.exclude",
+          "chdir": "--workdir", "output": "--workdir", "job-name": "name"}
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What each job of a sweep asks for: the spec's `resources`, the profile's defaults where it is silent."""
+
+    nodes: int
+    gpus_per_node: int
+    tasks_per_node: int
+    cpus_per_task: int
+    mem_mb: int | None
+    time_min: int
+    partition: str | None
+    qos: str | None
+    account: str | None
+    constraint: str | None
+    exclude: str | None = None  # nodes not to run on (sbatch --exclude)
+    sbatch_extra: dict[str, str | None] = field(default_factory=dict)  # passed through: {long option: value}
+    srun_args: tuple[str, ...] = ()  # passed through to srun
+
+    @property
+    def time(self) -> str:
+        return format_time(self.time_min)
+
+    def record(self) -> dict[str, Any]:
+        """What the manifest keeps of them (what `status` and `resubmit` read back)."""
+        return {"nodes": self.nodes, "gpus_per_node": self.gpus_per_node, "tasks_per_node": self.tasks_per_node,
+                "cpus_per_task": self.cpus_per_task, "mem_mb": self.mem_mb, "time": self.time,
+                "partition": self.partition}
+
+    def describe(self) -> str:
+        gpus = f", {self.gpus_per_node} GPU/node" if self.gpus_per_node else ""
+        mem = f", {self.mem_mb} MB" if self.mem_mb else ""
+        part = f" on {self.partition}" if self.partition else ""
+        return (f"{self.nodes} node(s) x {self.tasks_per_node} task(s){gpus}, {self.cpus_per_task} CPU/task"
+                f"{mem}, {self.time}{part}")
