@@ -1,6 +1,7 @@
 """Kills and signals on one machine: checkpoints stay complete, runs resume exactly, requeue has a fallback."""
 
 import json
+import os
 import random
 import signal
 import subprocess
@@ -11,6 +12,7 @@ import pytest
 
 from conftest import TINY_FLAGS, loss_series, python_env, read_metrics, slow_saves, wait_until
 from tinygpt import checkpoint as ckpt
+from tinygpt import preemption
 from tinygpt.forked import Forked
 from tinygpt.trainer import Trainer
 
@@ -161,6 +163,26 @@ def test_a_signal_while_the_trainer_exits_does_not_kill_it():
     done = subprocess.run([sys.executable, "-c", SIGNAL_WHILE_PYTHON_SHUTS_DOWN], capture_output=True, text=True,
                           env=python_env(), timeout=120)
     assert done.returncode == 0, (done.returncode, done.stderr)
+
+
+def test_a_late_preemption_signal_does_not_kill_the_requeue_call(tmp_path, monkeypatch):
+    """On two nodes, Slurm's signal can reach rank 0's node after the other rank has stopped the run and rank 0 is
+    already asking for the requeue: the signal reaches every process of the step, the `scontrol requeue` call too
+    (a stand-in here: a real cluster does not produce the late signal on demand)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    calls = tmp_path / "calls"
+    (bindir / "scontrol").write_text(f'#!/bin/bash\nkill -USR2 $$\necho "$@" >> {calls}\n')
+    (bindir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    caught = []
+    previous = signal.signal(signal.SIGUSR2, lambda *_: caught.append(True))
+    try:
+        assert preemption.requeue("4242") == (True, "requeued job 4242")
+        assert calls.read_text() == "requeue 4242\n"
+        assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == set()  # nothing left blocked here
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
 
 
 def test_interrupted_checkpoint_write_leaves_no_partial_file(tmp_path, monkeypatch):

@@ -123,12 +123,20 @@ def requeue(job_id: str, timeout_s: float = 30.0) -> tuple[bool, str]:
     """Ask Slurm to requeue `job_id`; (ok, message)."""
     if shutil.which("scontrol") is None:
         return False, "scontrol is not on PATH"
+    # Slurm signals every process of the job's steps, and on more than one node it may reach this one after the
+    # others have stopped and told this rank so: a requeue call that the late signal killed would leave the job
+    # FAILED. The call runs with those signals blocked (a child inherits the mask); this process takes them
+    # once the call has returned.
+    signals = {getattr(signal, f"SIG{name}") for name in _EARLY_NAMES}
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
     try:
         out = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return False, f"scontrol requeue {job_id} timed out after {timeout_s:.0f} s"
     except OSError as err:
         return False, f"scontrol could not run: {err}"
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     if out.returncode != 0:
         return False, (out.stderr or out.stdout).strip() or f"scontrol exited with {out.returncode}"
     return True, f"requeued job {job_id}"
