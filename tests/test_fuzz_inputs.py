@@ -190,6 +190,16 @@ def _main_status(main, argv: list[str]) -> tuple[int, str]:
 FLAG_TEXT = st.one_of(ANY_VALUE.map(str), st.text(max_size=20)).map(lambda t: " " + t if t.startswith("-") else t)
 
 
+def any_flag_text(*always: str):
+    """Property test of one flag's value: SETTINGS, FLAG_TEXT drawn, and a 5,000-character value and `always`
+    tried every time."""
+    def decorate(test):
+        for text in ("x" * 5000, *always):
+            test = example(text=text)(test)
+        return SETTINGS(given(text=FLAG_TEXT)(test))
+    return decorate
+
+
 @SETTINGS
 @given(flag=st.sampled_from(["name", "--data-file", "--data-dir"]), text=FLAG_TEXT)
 @example(flag="--data-dir", text="x" * 5000)
@@ -213,10 +223,7 @@ def test_any_value_of_any_data_flag(flag, text):
             assert not (Path(tmp) / "out").exists() or not any((Path(tmp) / "out").rglob("*.bin"))
 
 
-@SETTINGS
-@given(text=FLAG_TEXT)
-@example(text="x" * 5000)
-@example(text="/dev/null")
+@any_flag_text("/dev/null")
 def test_any_value_of_the_report_run_flag(text):
     from tinygpt import report
 
@@ -252,10 +259,7 @@ def test_any_value_of_any_flag_of_the_launch_commands(command, which, text):
         assert sorted(p.name for p in Path(tmp).iterdir()) == ["fuzz.yaml"]  # nothing written
 
 
-@SETTINGS
-@given(text=FLAG_TEXT)
-@example(text="x" * 5000)
-@example(text="\x00")
+@any_flag_text("\x00")
 def test_any_workdir_of_launch(text):
     with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
         spec = Path(tmp) / "fuzz.yaml"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import sbatch_rules
-from conftest import ROOT, hand_made_manifest, launch, sweep_dirs, tiny_yaml
+from conftest import ROOT, hand_made_manifest, launch, python_env, sweep_dirs, tiny_yaml
 from tinygpt.launch import profiles, resources
 from tinygpt.launch import spec as spec_mod
 from tinygpt.launch.errors import LaunchError
@@ -388,6 +388,11 @@ def test_a_sweep_keeps_what_its_runs_share_once(tmp_path):
     for run in sweep.runs:
         written = run_config.config_file(manifest, run.index)
         assert config.resolve(["--config", str(written)]) == run.config
+    # As a task's batch script asks for it, and as the scripts of sweeps launched before run_config.py did
+    for module in (["tinygpt.launch.run_config"], ["tinygpt.launch.manifest", "config"]):
+        out = subprocess.run([sys.executable, "-m", *module, str(plan.manifest_path), "4"], capture_output=True,
+                             text=True, cwd=ROOT, env=python_env())
+        assert (out.returncode, out.stdout) == (0, f"{written}\n"), out.stderr
     on_disk = json.loads(plan.manifest_path.read_text())
     plan.manifest_path.write_text(json.dumps({**on_disk, "format": 1}))  # from a version that never shipped
     with pytest.raises(manifest_mod.LaunchError, match="manifest format 1, this version reads 2; launch the spec"):
