@@ -69,17 +69,6 @@ def test_a_checkpoint_of_one_optimizer_is_not_resumed_with_the_other(tmp_path, t
     assert [p.name for p in ckpt.list_checkpoints(out)] == ["step_00000010.pt"]  # (kept as it was)
 
 
-def test_an_adamw_checkpoint_from_before_the_choice_resumes():
-    """Checkpoints held AdamW's own state dict as their optimizer part: it loads as optimizer adamw."""
-    net = model()
-    before = Optimizers(net, config.OptimConfig(), fused=False).parts["adamw"]  # (the AdamW of those days)
-    net(torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long))[1].backward()
-    before.step()
-    now = Optimizers(net, config.OptimConfig(), fused=False)
-    now.load_state_dict(before.state_dict())
-    assert now.parts["adamw"].state_dict()["state"].keys() == before.state_dict()["state"].keys()
-
-
 def test_fp16_with_muon_skips_an_overflowing_step_as_a_whole_and_resumes_exactly(tmp_path, tiny_corpus, data_dir):
     run = trainer.Trainer(tiny_config(tmp_path, tiny_corpus, *MUON, "--precision", "fp16", name="overflow"))
     try:

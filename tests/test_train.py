@@ -249,24 +249,57 @@ def test_the_console_script_takes_the_same_path_as_python_m():
     assert out.returncode == 2 and "n_layer: must be >= 1" in out.stderr and "Traceback" not in out.stderr
 
 
-def test_a_checkpoint_of_the_format_before_named_parts_is_refused_and_kept(tmp_path, tiny_corpus, data_dir):
-    """Format 1 (one flat dict, never released) is whole, not damaged: resuming over it stops with what to
-    do, and the file is neither set aside nor replaced by a fresh start."""
+def _format_1(new: dict) -> dict:
+    """One flat dict, before named parts."""
+    parts = new["parts"]
+    return {"format": 1, "step": new["step"], "model": parts["model"], "optimizer": parts["optimizer"],
+            "scaler": {}, "config": new["meta"]["config"], "model_args": new["meta"]["model_args"],
+            "rng": parts["streams"]["rng"], "data": parts["streams"]["data"], "world_size": 1,
+            "best_val_loss": parts["train"]["best_val_loss"], "elapsed_s": parts["train"]["elapsed_s"]}
+
+
+def _without(part: str, key: str):
+    """A part's state without `key`, with a digest of its own (so that it is whole, not damaged)."""
+    def older(new: dict) -> dict:
+        state = dict(new["parts"][part])
+        inner = state.pop(key)
+        if key == "kind":  # (AdamW's own state, as the optimizer part held it before there was a choice)
+            state = state.pop(inner)
+        whole = {k: v for k, v in new.items() if k != "digest"} | {"parts": {**new["parts"], part: state}}
+        return {**whole, "digest": ckpt.digest(whole)}
+    return older
+
+
+def _without_digest(new: dict) -> dict:
+    return {k: v for k, v in new.items() if k != "digest"}
+
+
+@pytest.mark.parametrize("older, says", [
+    (_format_1, "a checkpoint of format 1, and this version of tinygpt reads format 2; continue it with the "
+                "tinygpt that wrote it, or start anew with --resume never or another --out-dir"),
+    (_without("optimizer", "kind"), "its optimizer state has no 'kind', as a development version of tinygpt "
+                                    "wrote it and no release does; continue it with the tinygpt that wrote it"),
+    (_without("train", "eval_s"), "its train state has no 'eval_s'"),
+    (_without_digest, "a checkpoint without a digest, as a development version of tinygpt wrote it"),
+], ids=["format-1", "optimizer-without-kind", "train-without-eval_s", "without-digest"])
+def test_a_checkpoint_of_an_older_shape_is_refused_and_kept(tmp_path, tiny_corpus, data_dir, older, says):
+    """Shapes no release wrote (one flat dict; an optimizer part without its kind; a train part without the
+    evaluation seconds) are whole, not damaged: resuming over one stops with what to do, and the file is
+    neither converted, set aside nor replaced by a fresh start."""
     out, _ = run(tmp_path, tiny_corpus, "--max-steps", "10")
     newest = ckpt.list_checkpoints(out)[-1]
-    new = torch.load(newest, weights_only=True)
-    parts = new["parts"]
-    old = {"format": 1, "step": new["step"], "model": parts["model"], "optimizer": parts["optimizer"],
-           "scaler": {}, "config": new["meta"]["config"], "model_args": new["meta"]["model_args"],
-           "rng": parts["streams"]["rng"], "data": parts["streams"]["data"], "world_size": 1,
-           "best_val_loss": parts["train"]["best_val_loss"], "elapsed_s": parts["train"]["elapsed_s"]}
-    torch.save(old, newest)
-    before = sorted(p.name for p in (out / "checkpoints").iterdir())
+    torch.save(older(torch.load(newest, weights_only=True)), newest)
+    before = {p.name: p.read_bytes() for p in (out / "checkpoints").iterdir()}
     again = warm("tinygpt.train", "--config", str(out / "config.yaml"), "--max-steps", "20")
     assert again.returncode == 1 and "Traceback" not in again.stderr, again.stderr
-    assert f"error: resume: {newest}: a checkpoint of format 1, and this version of tinygpt reads format 2; " \
-           "continue it with the tinygpt that wrote it, or start anew with --resume never" in again.stderr
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == before
+    assert f"error: resume: {newest}: {says}" in again.stderr
+    assert {p.name: p.read_bytes() for p in (out / "checkpoints").iterdir()} == before
+
+
+def test_sample_refuses_a_checkpoint_of_format_1(tmp_path, tiny_corpus, data_dir):
+    out, _ = run(tmp_path, tiny_corpus, "--max-steps", "10")
+    newest = ckpt.list_checkpoints(out)[-1]
+    torch.save(_format_1(torch.load(newest, weights_only=True)), newest)
     sample = warm("tinygpt.sample", "--run", str(out), "--tokens", "10")
     assert sample.returncode == 1 and "a checkpoint of format 1" in sample.stderr, sample.stderr
 

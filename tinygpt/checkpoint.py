@@ -32,6 +32,8 @@ from . import durable
 CHECKPOINT_DIR = "checkpoints"
 PATTERN = re.compile(r"^step_(\d{8})\.pt$")
 FORMAT_VERSION = 2  # 1: before named parts (never released)
+# What to do with a checkpoint of an older format or shape: none was released, so none is converted.
+_OLDER = "continue it with the tinygpt that wrote it, or start anew with --resume never or another --out-dir"
 
 
 class Stateful(Protocol):
@@ -56,9 +58,15 @@ class Checkpoint:
     parts: dict[str, Any]
 
     def restore(self, parts: Mapping[str, Stateful]) -> None:
-        """Give each part its saved state, in the order of `parts` (a part may rely on one before it)."""
+        """Give each part its saved state, in the order of `parts` (a part may rely on one before it). A state
+        of an older shape is refused with what to do, like an older format (CheckpointFormatError), and the file
+        is kept: no release wrote one, so none is converted."""
         for name, part in parts.items():
-            part.load_state_dict(self.parts[name])
+            try:
+                part.load_state_dict(self.parts[name])
+            except KeyError as err:  # (a part's state of a shape no release wrote: refused, never converted)
+                raise CheckpointFormatError(f"{self.path}: its {name} state has no {err}, as a development version "
+                                            f"of tinygpt wrote it and no release does; {_OLDER}") from None
 
 
 def checkpoint_dir(out_dir: str | Path) -> Path:
@@ -165,8 +173,7 @@ def load(path: str | Path, required: Collection[str] = (), map_location: str = "
     if state["format"] != FORMAT_VERSION:
         raise CheckpointFormatError(
             f"{path}: a checkpoint of format {state['format']!r}, and this version of tinygpt reads format "
-            f"{FORMAT_VERSION}; continue it with the tinygpt that wrote it, or start anew with --resume never "
-            f"or another --out-dir")
+            f"{FORMAT_VERSION}; {_OLDER}")
     parts = state.get("parts")
     missing = [k for k in ("step", "meta", "parts") if k not in state]
     missing += [k for k in required if not isinstance(parts, dict) or k not in parts]
@@ -175,7 +182,10 @@ def load(path: str | Path, required: Collection[str] = (), map_location: str = "
     if type(state["step"]) is not int or not isinstance(state["meta"], dict):
         raise CheckpointError(f"{path}: damaged (its step or meta is not what tinygpt writes)")
     saved = state.pop("digest", None)
-    if saved is not None and saved != digest(state):  # (none: written before checkpoints carried one)
+    if saved is None:  # (written before checkpoints carried one: by no release)
+        raise CheckpointFormatError(f"{path}: a checkpoint without a digest, as a development version of tinygpt "
+                                    f"wrote it and no release does; {_OLDER}")
+    if saved != digest(state):
         raise CheckpointError(f"{path}: damaged (its contents no longer match the digest saved with them)")
     return Checkpoint(path, state["step"], state["meta"], parts)
 

@@ -87,11 +87,9 @@ class Optimizers:
         return {"kind": self.kind, **{name: optimizer.state_dict() for name, optimizer in self.parts.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if "param_groups" in state:  # (AdamW's own state, as checkpoints held it before there was a choice)
-            state = {"kind": "adamw", "adamw": state}
-        if state.get("kind") != self.kind:
-            raise OptimizerMismatch(f"the checkpoint was trained with optimizer {state.get('kind')}, and this run "
-                                    f"asks for {self.kind}; resume with --optimizer {state.get('kind')}, or start "
+        if state["kind"] != self.kind:
+            raise OptimizerMismatch(f"the checkpoint was trained with optimizer {state['kind']}, and this run "
+                                    f"asks for {self.kind}; resume with --optimizer {state['kind']}, or start "
                                     f"anew with --resume never (or another --out-dir)")
         for name, optimizer in self.parts.items():
             if not isinstance(state.get(name), dict):

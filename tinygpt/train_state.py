@@ -53,7 +53,7 @@ class TrainState:
         self.step = int(state["step"])
         self.best_val_loss = state["best_val_loss"]
         self.elapsed_before_s = float(state["elapsed_s"])
-        self.eval_s = float(state.get("eval_s", 0.0))  # (checkpoints from before it was kept: none counted)
+        self.eval_s = float(state["eval_s"])
 
 
 class ScalerState:

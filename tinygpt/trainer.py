@@ -185,7 +185,7 @@ class Trainer:
             if resume is not None:
                 try:
                     resume.restore(self.parts)
-                except OptimizerMismatch as err:
+                except (OptimizerMismatch, ckpt.CheckpointFormatError) as err:
                     raise TrainingError(f"resume: {err}") from None
                 self.say(f"resumed from {resume.path} at step {self.state.step}")
             self.start_step = self.state.step
