@@ -367,33 +367,8 @@ def from_dict(mapping: dict[str, Any], source: str | None = None) -> TrainConfig
 # YAML
 
 
-def load_yaml(path: str | Path) -> Any:
-    """Parse a YAML file; a missing file or a syntax error is a ConfigError with the line number."""
-    import yaml
-
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file; check the path") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path}: cannot be read ({err})") from None
-    except ValueError as err:  # a NUL character in the path
-        raise ConfigError(f"{str(path)!r}: not a usable file path ({err}); check the path") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        context, start = getattr(err, "context", None), getattr(err, "context_mark", None)
-        if context and start is not None and (mark is None or start.line != mark.line):
-            problem += f" ({context} at line {start.line + 1}, column {start.column + 1})"
-        raise ConfigError(f"{path}:{where}: YAML syntax error: {problem}; fix the file") from None
-
-
 def yaml_overrides(path: str | Path, problems: list[str]) -> dict[str, Any]:
-    data = load_yaml(path)
+    data = schema.load_yaml(path, ConfigError)
     if data is None:
         return {}
     if not isinstance(data, dict):

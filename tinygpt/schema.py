@@ -12,6 +12,8 @@ exactly one (flags arrive as strings); a whole-number field also takes 4.0; a ye
 false (or the words yes/no, on/off, 1/0 as text); a text field takes text, or a number as its text; an
 unset-able field takes null, or the text none. Nothing else is coerced: `True` is not 1, `[2]` is not 2.
 
+Every YAML file is read by `load_yaml`, which says which file and line a syntax error is on.
+
 This module imports no torch, and pydantic only when first imported itself: `launch.py --help` never
 imports it.
 """
@@ -22,6 +24,7 @@ import difflib
 import types
 import typing
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import AllowInfNan, BaseModel, BeforeValidator, ConfigDict, Strict, ValidationError
@@ -311,3 +314,29 @@ def validate_what_can_be(model: type[M], data: Any) -> tuple[M, list[str]]:
         except ValidationError as err:
             locs = [e["loc"][:-1] if e["type"] == "missing" else e["loc"] for e in err.errors()]
     return model.model_construct(), found
+
+
+def load_yaml(path: str | Path, error: type[ProblemsError] = ProblemsError) -> Any:
+    """A YAML file's contents (specs, profiles, trainer configs); a file that cannot be read, or a syntax error
+    (with its line), is an `error`."""
+    import yaml
+
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise error(f"{path}: no such file; check the path") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise error(f"{path}: cannot be read ({err})") from None
+    except ValueError as err:  # a NUL character in the path
+        raise error(f"{str(path)!r}: not a usable file path ({err}); check the path") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        context, start = getattr(err, "context", None), getattr(err, "context_mark", None)
+        if context and start is not None and (mark is None or start.line != mark.line):
+            problem += f" ({context} at line {start.line + 1}, column {start.column + 1})"
+        raise error(f"{path}:{where}: YAML syntax error: {problem}; fix the file") from None

@@ -188,13 +188,7 @@ def load(name_or_path: str) -> Profile:
 
 def from_file(path: Path) -> Profile:
     """A profile read and checked; every problem in the file is reported at once (LaunchError)."""
-    from tinygpt.config import ConfigError, load_yaml
-
-    try:
-        data = load_yaml(path)
-    except ConfigError as err:
-        raise LaunchError(err.problems) from None
-    return from_data(data, path)
+    return from_data(schema.load_yaml(path, LaunchError), path)
 
 
 def from_data(data: Any, path: Path) -> Profile:

@@ -272,7 +272,7 @@ def load(path: str | Path, workdir: str | Path = ".", cluster: str | None = None
     from . import profiles
 
     path, workdir = Path(path), check_workdir(workdir)
-    data = _read(path)
+    data = schema.load_yaml(path, LaunchError)
     if data is None:
         raise LaunchError(f"{path}: the spec is empty; give at least its train keys (see jobs/*.yaml), or "
                           f"`name: {path.stem}` for one run with every default")
@@ -489,18 +489,10 @@ def _input_file(key: str, value: Any, label: str, problems: list[str]) -> str:
     return str(file)
 
 
-def _read(path: Path) -> Any:
-    """The spec file's YAML (LaunchError naming what cannot be read)."""
-    try:
-        return train_config.load_yaml(path)
-    except ConfigError as err:
-        raise LaunchError(err.problems) from None
-
-
 def load_name(path: str | Path) -> str:
     """Only the sweep's name (for status, cancel and report, which read the manifest, not the spec)."""
     path = Path(path)
-    data = _read(path)
+    data = schema.load_yaml(path, LaunchError)
     name = str((data or {}).get("name") or path.stem) if isinstance(data, dict) else path.stem
     problems: list[str] = []
     if not check_safe_name(name, "name", problems):
