@@ -105,6 +105,17 @@ def hand_made_manifest(workdir: Path, runs: int, submissions: list[dict]):
         "submissions": [{"backend": "sbatch", "submitted_at": 0.0, **sub} for sub in submissions]})
 
 
+def check_golden(name: str, text: str) -> None:
+    """`text` equals tests/golden/NAME; TINYGPT_REGEN_GOLDEN=1 writes it there instead (a change on purpose)."""
+    path = ROOT / "tests" / "golden" / name
+    if os.environ.get("TINYGPT_REGEN_GOLDEN") == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"missing golden file {path}; create it with TINYGPT_REGEN_GOLDEN=1 python -m pytest"
+    assert text == path.read_text(), (f"{name} differs from what the code gives; if the change is intended, "
+                                      f"regenerate with TINYGPT_REGEN_GOLDEN=1 python -m pytest")
+
+
 def sweep_dirs(workdir: Path, name: str):
     """Where a launched sweep's files are (the launcher's own layout)."""
     from tinygpt.launch.layout import SweepDirs

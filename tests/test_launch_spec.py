@@ -12,14 +12,12 @@ from pathlib import Path
 import pytest
 
 import sbatch_rules
-from conftest import ROOT, hand_made_manifest, launch, python_env, sweep_dirs, tiny_yaml
+from conftest import ROOT, check_golden, hand_made_manifest, launch, python_env, sweep_dirs, tiny_yaml
 from tinygpt.launch import profiles, resources
 from tinygpt.launch import spec as spec_mod
 from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.plan import build
 from tinygpt.launch.sbatch import ScriptParams, render
-
-GOLDEN = Path(__file__).parent / "golden"
 
 
 def write(tmp_path: Path, text: str, name: str = "spec.yaml") -> Path:
@@ -174,17 +172,6 @@ def hostile_params(tmp_path: Path, **kw) -> ScriptParams:
                   python="/opt/py thon/bin/python", pythonpath="/repo", resources=resources, profile=profile)
     params.update(kw)
     return ScriptParams(**params)
-
-
-def check_golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("TINYGPT_REGEN_GOLDEN") == "1":
-        path.write_text(text)
-    assert path.exists(), f"missing golden file {path}; create it with TINYGPT_REGEN_GOLDEN=1 pytest {__file__}"
-    assert text == path.read_text(), (
-        f"{name} differs from the rendered script; if the change is intended, regenerate with "
-        f"TINYGPT_REGEN_GOLDEN=1 python -m pytest tests/test_launch_spec.py"
-    )
 
 
 def test_render_hostile_values_golden(tmp_path):
