@@ -229,13 +229,14 @@ def test_an_early_preemption_signal_is_kept_until_training_can_stop(tmp_path, ti
 
 
 def test_a_late_preemption_signal_does_not_kill_a_finished_run(tmp_path, tiny_corpus):
-    """The time limit's warning can arrive while the run writes its sample: it must still end well."""
-    out = tmp_path / "run"
-    proc = trainer(tiny_corpus, out, tmp_path / "data", "--max-steps", "30", "--sample-tokens", "20000")
-    # Training is over once its last checkpoint is there; the long sample is being generated.
-    wait_until((out / "checkpoints" / "step_00000030.pt").exists, poll=0.01, what="last checkpoint", proc=proc)
-    assert proc.poll() is None, "the run ended before the signal could land while it samples"
+    """The time limit's warning can arrive while the run writes its sample: it must still end well. The sample's
+    write is held open (tests/slow_saves) until the signal has been sent."""
+    out, gate = tmp_path / "run", tmp_path / "gate"
+    env = python_env(**slow_saves(0), TINYGPT_TEST_SAMPLE_GATE=str(gate))
+    proc = trainer(tiny_corpus, out, tmp_path / "data", "--max-steps", "30", "--sample-tokens", "50", env=env)
+    wait_until(lambda: any(out.glob(".samples.txt.*.tmp")), poll=0.01, what="the sample's write", proc=proc)
     proc.send_signal(signal.SIGUSR2)
+    gate.touch()
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 0, stderr
     assert read_metrics(out)[-1]["event"] == "finished" and "done: step 30" in stdout

@@ -30,6 +30,18 @@ def sample_text(model, prepared, prompt: str, tokens: int, seed: int, device: st
     return prepared.decode(out[0].tolist())
 
 
+def _problems(args: argparse.Namespace) -> list[str]:
+    """What is wrong with the flags' values, every problem at once."""
+    return [message for bad, message in (
+        (not (math.isfinite(args.temperature) and args.temperature > 0),
+         f"--temperature: must be a number > 0, got {args.temperature}"),
+        (args.tokens < 0, f"--tokens: must be >= 0, got {args.tokens}"),
+        (args.top_k < 0, f"--top-k: must be >= 0 (0: all characters), got {args.top_k}"),
+        (not re.fullmatch(r"cpu|cuda(:\d+)?", args.device),
+         f"--device: must be cpu, cuda or cuda:N, got {args.device!r}"),
+    ) if bad]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tinygpt.sample", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -44,14 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
-    problems = [message for bad, message in (
-        (not (math.isfinite(args.temperature) and args.temperature > 0),
-         f"--temperature: must be a number > 0, got {args.temperature}"),
-        (args.tokens < 0, f"--tokens: must be >= 0, got {args.tokens}"),
-        (args.top_k < 0, f"--top-k: must be >= 0 (0: all characters), got {args.top_k}"),
-        (not re.fullmatch(r"cpu|cuda(:\d+)?", args.device),
-         f"--device: must be cpu, cuda or cuda:N, got {args.device!r}"),
-    ) if bad]
+    problems = _problems(args)
     if problems:
         print("error: " + "; ".join(problems), file=sys.stderr)
         return 2

@@ -177,17 +177,7 @@ class Trainer:
             self.cfg = cfg = cfg.model_copy(update={"model": self._model_config(cfg.model, resume)})
 
             self.batches, self.model, self.optimizer, self.scaler = self._build(cfg)
-            self.state = train_state.TrainState()
-            self.parts = {"model": self.model, "optimizer": self.optimizer,
-                          "scaler": train_state.ScalerState(self.scaler), "train": self.state,
-                          "streams": train_state.RankStreams(self.batches, self.dist, cfg.run.seed, self.state,
-                                                             self.say)}
-            if resume is not None:
-                try:
-                    resume.restore(self.parts)
-                except (OptimizerMismatch, ckpt.CheckpointFormatError) as err:
-                    raise TrainingError(f"resume: {err}") from None
-                self.say(f"resumed from {resume.path} at step {self.state.step}")
+            self._name_parts(resume)
             self.start_step = self.state.step
             self.last_val: float | None = None
             self.train_model = self._wrap(self.model)
@@ -210,6 +200,20 @@ class Trainer:
     def say(self, text: str) -> None:
         """A message on rank 0 (none when progress is off)."""
         self.progress.message(text)
+
+    def _name_parts(self, resume: ckpt.Checkpoint | None) -> None:
+        """The named parts a checkpoint holds (`self.parts`), given their saved state when resuming."""
+        self.state = train_state.TrainState()
+        self.parts = {"model": self.model, "optimizer": self.optimizer,
+                      "scaler": train_state.ScalerState(self.scaler), "train": self.state,
+                      "streams": train_state.RankStreams(self.batches, self.dist, self.cfg.run.seed, self.state,
+                                                         self.say)}
+        if resume is not None:
+            try:
+                resume.restore(self.parts)
+            except (OptimizerMismatch, ckpt.CheckpointFormatError) as err:
+                raise TrainingError(f"resume: {err}") from None
+            self.say(f"resumed from {resume.path} at step {self.state.step}")
 
     # ------------------------------------------------------------------------------------------------
     # setup

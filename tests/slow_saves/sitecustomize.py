@@ -1,16 +1,21 @@
-"""Test-only: with this folder first on PYTHONPATH, every checkpoint write of a Python process stalls for
-$TINYGPT_TEST_SAVE_STALL_S seconds once its bytes are on disk, before the file takes its name: a kill or
-a signal aimed at a save surely lands in one (Python imports `sitecustomize` as it starts).
+"""Test-only: with this folder first on PYTHONPATH, a Python process's writes stall where a test aims a kill or a
+signal (Python imports `sitecustomize` as it starts):
 
-Only this file knows of it: tinygpt itself reads no test switch, so its real path costs nothing.
+- every checkpoint write stalls for $TINYGPT_TEST_SAVE_STALL_S seconds once its bytes are on disk, before the
+  file takes its name;
+- the write of a run's samples.txt waits, once its bytes are on disk, until the file $TINYGPT_TEST_SAMPLE_GATE
+  exists (at most two minutes): the test knows the run is there, acts, then opens the gate.
+
+Only this file knows of them: tinygpt itself reads no test switch, so its real path costs nothing.
 """
 
 import os
 import time
 
 _STALL_S = float(os.environ.get("TINYGPT_TEST_SAVE_STALL_S", "0") or 0)
+_SAMPLE_GATE = os.environ.get("TINYGPT_TEST_SAMPLE_GATE")
 
-if _STALL_S > 0:
+if _STALL_S > 0 or _SAMPLE_GATE:
     _fsync = os.fsync
 
     def _stalling_fsync(fd: int) -> None:
@@ -19,7 +24,11 @@ if _STALL_S > 0:
             name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
         except OSError:
             return
-        if name.startswith(".step_") and name.endswith(".tmp"):  # checkpoint.py's temporary file
+        if _STALL_S > 0 and name.startswith(".step_") and name.endswith(".tmp"):  # checkpoint.py's temporary
             time.sleep(_STALL_S)
+        if _SAMPLE_GATE and name.startswith(".samples.txt.") and name.endswith(".tmp"):  # durable.py's temporary
+            deadline = time.monotonic() + 120
+            while not os.path.exists(_SAMPLE_GATE) and time.monotonic() < deadline:
+                time.sleep(0.01)
 
     os.fsync = _stalling_fsync
