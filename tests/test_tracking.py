@@ -6,6 +6,7 @@ are read with TensorBoard's own reader.
 
 import json
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -111,7 +112,10 @@ def test_a_stopped_and_resumed_run_is_one_curve_and_one_wandb_run(tmp_path, tiny
     lives = wandb_lives(out)
     assert len(lives) == 2 and lives[0]["id"] == lives[1]["id"] == tracking.wandb_run_id(config.resolve(
         ["--out-dir", str(out)]))
-    assert all(life["folder"].endswith(life["id"]) and life["name"] == "run" for life in lives)
+    # (W&B names a life's folder by the second it started and the run id, with -1 added when two lives start
+    # in the same second)
+    assert all(re.fullmatch(rf"offline-run-\d{{8}}_\d{{6}}-{re.escape(life['id'])}(-\d+)?", life["folder"])
+               and life["name"] == "run" for life in lives), [(life["folder"], life["id"]) for life in lives]
     assert sorted(lives[0]["history"]) == [5, 10, 15, 20] and sorted(lives[1]["history"]) == [25, 30, 35, 40]
     metrics = read_metrics(out)
     val = {r["step"]: r["val_loss"] for r in metrics if "val_loss" in r}
