@@ -8,10 +8,10 @@ import time
 import uuid
 from pathlib import Path
 
+from conftest import launch, python_env, read_metrics, sweep_dirs, wait_until  # noqa: F401 (wait_until: for the tests)
+
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
             "DEADLINE"}
-ROOT = Path(__file__).resolve().parent.parent
-from conftest import launch, read_metrics, sweep_dirs, wait_until  # noqa: E402,F401 (wait_until: for the tests)
 
 SESSION_START = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 120))
 
@@ -51,8 +51,6 @@ def events(run_dir: Path, kind: str | None = None) -> list[dict]:
 
 def job_env(**extra: str) -> dict[str, str]:
     """The environment a submitted job inherits (sbatch exports it): the repository importable, offline."""
-    from conftest import python_env
-
     return python_env(**extra)
 
 

@@ -25,6 +25,7 @@ from tinygpt import forked
 from . import manifest as manifest_mod
 from . import run_config, slurm_cli
 from .errors import LaunchError
+from .layout import submitit_folder
 from .slurm_options import container_prefix, sbatch_options, setup_lines
 
 if TYPE_CHECKING:
@@ -135,7 +136,7 @@ class Submitit(Backend):
 
     @staticmethod
     def folder(plan: Plan) -> Path:
-        return plan.logs_dir / "submitit"
+        return submitit_folder(plan.logs_dir)
 
     @staticmethod
     def python_command(plan: Plan) -> str:

@@ -67,7 +67,7 @@ class SweepDirs:
 
     @property
     def submitit(self) -> Path:
-        return self.logs / "submitit"
+        return submitit_folder(self.logs)
 
     def run(self, run_name: str) -> Path:
         return self.runs / run_name
@@ -90,6 +90,11 @@ def task_log(logs_dir: Path, task: str) -> Path:
 
 def packed_run_log(logs_dir: Path, task: str, index: int) -> Path:
     return Path(logs_dir) / PACKED_RUN_LOG.format(task=task, index=index)
+
+
+def submitit_folder(logs_dir: Path) -> Path:
+    """The folder submitit keeps a sweep's pickled tasks and its logs in."""
+    return Path(logs_dir) / "submitit"
 
 
 def submitit_logs(folder: Path, job_id: str) -> list[Path]:
