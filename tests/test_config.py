@@ -15,6 +15,29 @@ def test_dashes_underscores_and_equals_all_work():
     assert cfg.model.pos_emb is False and cfg.model.bias is True
 
 
+def test_every_mix_of_dashes_and_underscores_names_the_same_key():
+    parsed = [config.parse_cli([flag, "0.5"])[0] for flag in
+              ("--muon-weight-decay", "--muon_weight-decay", "--muon-weight_decay", "--muon_weight_decay")]
+    assert parsed == [{"muon_weight_decay": "0.5"}] * 4
+
+
+@pytest.mark.parametrize("argv, overrides, problem", [
+    (["--lr", "-1e-3"], {"lr": "-1e-3"}, None),  # a value that looks like a short option is still the value
+    (["--bias", "--no-bias"], {"bias": False}, None),  # the last one wins
+    (["--no-bias", "false"], {"bias": False}, "unexpected argument 'false'"),  # --no-flag takes no value
+    (["--no-bias=true"], {}, "unknown option --no-bias (did you mean `bias`?)"),
+    (["--bogus", "5", "--n-layer", "2"], {"n_layer": "2"}, "unknown option --bogus;"),  # 5 goes with --bogus
+    (["--", "--n-layer", "2"], {"n_layer": "2"}, "unexpected argument '--'"),  # not the end of the options
+    (["--n-lay", "2"], {}, "unknown option --n-lay (did you mean `n_layer`?)"),  # no abbreviations
+    (["--n-layer", "--bias"], {"bias": True}, "--n-layer: needs a value (number of transformer blocks)"),
+    (["--config"], {}, "--config: needs the path of a YAML file"),
+])
+def test_the_command_line_forms(argv, overrides, problem):
+    got, _, problems = config.parse_cli(argv)
+    assert got == overrides
+    assert len(problems) == (problem is not None) and all(problem in p for p in problems)
+
+
 def test_precedence_cli_over_yaml_over_defaults(tmp_path):
     f = tmp_path / "run.yaml"
     f.write_text("model:\n  n_layer: 3\n  n_embd: 96\nlr: 1.0e-2\noptim.max_steps: 7\n")

@@ -14,6 +14,9 @@ reported at once in a `ConfigError`, each message naming the field and the fix.
 
 from __future__ import annotations
 
+import argparse
+import functools
+import itertools
 import re
 import typing
 from dataclasses import dataclass
@@ -387,62 +390,97 @@ def dump_yaml(config: TrainConfig) -> str:
 # Command line
 
 
-def parse_cli(argv: list[str]) -> tuple[dict[str, Any], str | None, list[str]]:
-    """Split `--key value`, `--key=value`, `--flag`, `--no-flag` into ({field: raw}, config path, problems)."""
+class _Given(argparse.Action):
+    """Records each option as written, in order, as (spelling, key, value or None): what a flag means and what
+    is wrong with it is decided after parsing, so that every problem is reported at once (argparse alone
+    stops at the first) and the last of `--bias` / `--no-bias` wins."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        namespace.given.append((option_string, self.dest, value))
+
+
+def _spellings(name: str) -> list[str]:
+    """`muon_weight_decay` -> --muon-weight-decay, --muon-weight_decay, ... --muon_weight_decay: a dash and an
+    underscore are the same in a key, wherever they are written."""
+    parts = name.split("_")
+    return ["--" + parts[0] + "".join(sep + part for sep, part in zip(seps, parts[1:]))
+            for seps in itertools.product("-_", repeat=len(parts) - 1)]
+
+
+@functools.cache
+def _negated() -> frozenset[str]:
+    """`no_bias`, ...: the keys of the `--no-KEY` options."""
+    return frozenset(f"no_{name}" for name, info in _KEYS.items() if info.kind is bool)
+
+
+@functools.cache
+def _parser() -> argparse.ArgumentParser:
+    """One option per key (and `--no-KEY` per boolean key, and `--config`), each taking an optional value."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for name in ["config", *_KEYS, *sorted(_negated())]:
+        parser.add_argument(*_spellings(name), dest=name, nargs="?", action=_Given, default=argparse.SUPPRESS)
+    return parser
+
+
+def _joined(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the options, each with its value joined: `--lr=-1e-3`; a problem per argument that is no option).
+
+    `--key VALUE` takes VALUE unless it starts with `--` (`--no-flag` takes none). Joined, a value such as
+    `-1e-3` is not read by argparse as an option, and an unknown option takes its value with it instead of
+    leaving it stray; `--` is an argument like any other, not the end of the options."""
+    options: list[str] = []
+    problems: list[str] = []
+    open_ = False  # the argument before was an option that can still take a value
+    for arg in argv:
+        if open_ and not arg.startswith("--"):
+            options[-1] += "=" + arg
+            open_ = False
+        elif arg.startswith("--") and arg != "--":
+            options.append(arg)
+            open_ = "=" not in arg and normalise_key(arg) not in _negated()
+        else:
+            problems.append(f"unexpected argument {arg!r}; options look like --n-layer 6 or --n-layer=6")
+            open_ = False
+    return options, problems
+
+
+def _meaning(given: list[tuple[str, str, str | None]]) -> tuple[dict[str, Any], str | None, list[str]]:
+    """({key: raw value}, config path, problems) of the options as argparse matched them."""
     overrides: dict[str, Any] = {}
     config_path: str | None = None
     problems: list[str] = []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        i += 1
-        if not arg.startswith("--") or arg == "--":
-            problems.append(f"unexpected argument {arg!r}; options look like --n-layer 6 or --n-layer=6")
-            continue
-        key, eq, inline = arg[2:].partition("=")
-        name = normalise_key(key)
-        if name == "config":
-            if eq:
-                config_path = inline
-            elif i < len(argv):
-                config_path = argv[i]
-                i += 1
+    for spelling, name, value in given:
+        if name == "config" and value is None:
+            problems.append("--config: needs the path of a YAML file")
+        elif name == "config":
+            config_path = value
+        elif name not in _KEYS:  # --no-KEY, which takes no value: `--no-bias=1` is no option
+            if value is None:
+                overrides[name.removeprefix("no_")] = False
             else:
-                problems.append("--config: needs the path of a YAML file")
-            continue
-        if name not in _KEYS and name.startswith("no_") and _KEYS.get(name[3:], None) \
-                and _KEYS[name[3:]].kind is bool and not eq:
-            overrides[name[3:]] = False
-            continue
-        info = _KEYS.get(name)
-        if info is None:
-            problems.append(
-                f"unknown option --{key}{suggest(name, _KEYS)}; "
-                f"run with --help to list the options"
-            )
-            if not eq and i < len(argv) and not argv[i].startswith("--"):
-                i += 1
-            continue
-        if eq:
-            value: Any = inline
-        elif info.kind is bool and (i >= len(argv) or argv[i].startswith("--")):
-            value = True  # a bare --flag; `--flag VALUE` takes the value (and checks it) below
-        elif i < len(argv) and (not argv[i].startswith("--") or _looks_like_number(argv[i])):
-            value = argv[i]
-            i += 1
+                problems.append(_unknown(spelling))
+        elif value is not None:
+            overrides[name] = value
+        elif _KEYS[name].kind is bool:
+            overrides[name] = True  # a bare --flag
         else:
-            problems.append(f"--{key}: needs a value ({info.help})")
-            continue
-        overrides[name] = value
+            problems.append(f"{spelling}: needs a value ({_KEYS[name].help})")
     return overrides, config_path, problems
 
 
-def _looks_like_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
+def parse_cli(argv: list[str]) -> tuple[dict[str, Any], str | None, list[str]]:
+    """`--key value`, `--key=value`, `--flag`, `--no-flag` -> ({key: raw value}, config path, problems).
+
+    The problems come grouped: the arguments that are no option, the unknown options, the misused ones."""
+    options, problems = _joined(argv)
+    matched = argparse.Namespace(given=[])
+    _, unknown = _parser().parse_known_args(options, matched)
+    overrides, config_path, more = _meaning(matched.given)
+    return overrides, config_path, problems + [_unknown(option.partition("=")[0]) for option in unknown] + more
+
+
+def _unknown(option: str) -> str:
+    return f"unknown option {option}{suggest(normalise_key(option), _KEYS)}; run with --help to list the options"
 
 
 def resolve(argv: list[str], base: dict[str, Any] | None = None) -> TrainConfig:
