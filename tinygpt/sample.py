@@ -11,7 +11,8 @@ import re
 import sys
 from pathlib import Path
 
-from .config import SAMPLE_TEMPERATURE, SAMPLE_TOP_K
+from . import schema
+from .config import SAMPLE_TEMPERATURE, SAMPLE_TOP_K, RunConfig
 
 
 def sample_text(model, prepared, prompt: str, tokens: int, seed: int, device: str,
@@ -31,12 +32,18 @@ def sample_text(model, prepared, prompt: str, tokens: int, seed: int, device: st
 
 
 def _problems(args: argparse.Namespace) -> list[str]:
-    """What is wrong with the flags' values, every problem at once."""
+    """What is wrong with the flags' values, every problem at once. The ranges are those of the trainer's own
+    sample_* keys (one declaration, in config.py)."""
+    def below(key: str, value: float) -> str | None:
+        return schema.below(RunConfig.model_fields[key], value)
+
+    finite = args.temperature if math.isfinite(args.temperature) else math.nan  # (inf is no temperature either)
+    temperature = below("sample_temperature", finite)
+    tokens, top_k = below("sample_tokens", args.tokens), below("sample_top_k", args.top_k)
     return [message for bad, message in (
-        (not (math.isfinite(args.temperature) and args.temperature > 0),
-         f"--temperature: must be a number > 0, got {args.temperature}"),
-        (args.tokens < 0, f"--tokens: must be >= 0, got {args.tokens}"),
-        (args.top_k < 0, f"--top-k: must be >= 0 (0: all characters), got {args.top_k}"),
+        (temperature, f"--temperature: must be a number {temperature}, got {args.temperature}"),
+        (tokens, f"--tokens: must be {tokens}, got {args.tokens}"),
+        (top_k, f"--top-k: must be {top_k} (0: all characters), got {args.top_k}"),
         (not re.fullmatch(r"cpu|cuda(:\d+)?", args.device),
          f"--device: must be cpu, cuda or cuda:N, got {args.device!r}"),
     ) if bad]

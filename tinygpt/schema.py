@@ -231,17 +231,32 @@ def _shown(value: Any) -> str:
     return repr(value) if isinstance(value, (str, dict, list, tuple, bool)) or value is None else str(value)
 
 
+def ends(field: Any) -> dict[str, Any]:
+    """A field's declared bounds, {'ge': 0, 'lt': 1}: the one place they are read from its declaration."""
+    return {key: getattr(m, key) for m in (field.metadata if field else ()) for key in ("ge", "gt", "le", "lt")
+            if getattr(m, key, None) is not None}
+
+
+def below(field: Any, value: float) -> str | None:
+    """`>= 0` when `value` is under the field's lower end (a NaN is under every end), else None."""
+    low = ends(field)
+    if "ge" in low and not value >= low["ge"]:
+        return f">= {_bound(low['ge'])}"
+    if "gt" in low and not value > low["gt"]:
+        return f"> {_bound(low['gt'])}"
+    return None
+
+
 def _range(field: Any, kind: str, ctx: dict) -> str:
     """`from 1 to 1,000`, `in [0, 1)` when the field has both ends, else `>= 1` (the end that was crossed)."""
-    ends = {key: getattr(m, key) for m in (field.metadata if field else ()) for key in ("ge", "gt", "le", "lt")
-            if getattr(m, key, None) is not None}
-    low, high = ends.get("ge", ends.get("gt")), ends.get("le", ends.get("lt"))
+    ends_ = ends(field)
+    low, high = ends_.get("ge", ends_.get("gt")), ends_.get("le", ends_.get("lt"))
     if low is None or high is None:
         symbol, key = _BOUNDS[kind]
         return f"{symbol} {_bound(ctx[key])}"
-    if "ge" in ends and "le" in ends:
+    if "ge" in ends_ and "le" in ends_:
         return f"from {_bound(low)} to {_bound(high)}"
-    return f"in {'[' if 'ge' in ends else '('}{_bound(low)}, {_bound(high)}{']' if 'le' in ends else ')'}"
+    return f"in {'[' if 'ge' in ends_ else '('}{_bound(low)}, {_bound(high)}{']' if 'le' in ends_ else ')'}"
 
 
 def _bound(value: Any) -> str:
