@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
-import socket
 import time
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
@@ -24,22 +22,20 @@ import torch
 from . import checkpoint as ckpt
 from . import config as config_mod
 from . import distributed as dist_mod
-from . import durable, provenance, tracking, train_state
-from . import precision as precision_mod
+from . import durable, tracking, train_state
 from . import preemption as preempt_mod
 from . import progress as progress_mod
-from .config import ModelConfig, TrainConfig
+from . import run_setup as setup
+from .config import TrainConfig
 from .data import Batches, prepare_from_config
-from .metrics import MetricsLog, of_run
+from .metrics import of_run
 from .model import GPT
-from .optimizers import OptimizerMismatch, Optimizers
+from .optimizers import OptimizerMismatch
+from .reporting import Reporter
+from .run_setup import TrainingError
 from .rundir_lock import RunDirLock
 from .sample import sample_text
 from .watchdog import Watchdog
-
-
-class TrainingError(RuntimeError):
-    """The run cannot go on (non-finite loss, bad checkpoint path, ...); shown without a traceback."""
 
 
 @dataclass
@@ -117,31 +113,6 @@ def train(cfg: TrainConfig, requeue_hook=None, eval_hook=None) -> TrainResult:
 
 
 
-class Meter:
-    """Speed between logged steps (tokens/s, and MFU against a peak when one is known) and the time left."""
-
-    def __init__(self, tokens_per_step: int, flops_per_token: float, peak_flops: float | None, world: int,
-                 max_steps: int, start_step: int):
-        self.tokens_per_step, self.flops_per_token = tokens_per_step, flops_per_token
-        self.peak_flops, self.world, self.max_steps = peak_flops, world, max_steps
-        self.start(start_step)
-
-    def start(self, step: int) -> None:
-        self.t0 = self.t_last = time.perf_counter()
-        self.step0 = self.step_last = step
-
-    def read(self, step: int) -> dict[str, float]:
-        """{"tokens_per_s", "mfu"?} since the last read, and "eta_s" from this life's average pace."""
-        now = time.perf_counter()
-        tok_s = self.tokens_per_step * (step - self.step_last) / max(now - self.t_last, 1e-9)
-        self.t_last, self.step_last = now, step
-        out = {"tokens_per_s": tok_s}
-        if self.peak_flops:
-            out["mfu"] = self.flops_per_token * tok_s / (self.peak_flops * self.world)
-        out["eta_s"] = (self.max_steps - step) * (now - self.t0) / max(step - self.step0, 1)
-        return out
-
-
 class Trainer:
     """A run, built whole by `__init__` (its directory locked, the device placed, data prepared, the model
     and optimizer built and resumed from the newest checkpoint, signals taken over), trained by `fit`;
@@ -169,32 +140,30 @@ class Trainer:
                                      self.dist.master_addr)
             taken.callback(self.watchdog.close)
             taken.callback(dist_mod.teardown)
-            self.device, self.policy = self._place(cfg.run)
+            self.device, self.policy = setup.place(cfg.run, self.dist, self.out_dir)
             self.prepared = prepare_from_config(cfg.data.dataset, cfg.data.data_file, cfg.data.data_dir,
                                                 warn=lambda m: self.say(f"warning: {m}"))
-            resume = self._find_resume(cfg.run.resume)
+            resume = setup.find_resume(self.out_dir, cfg.run.resume, self.PARTS, self.is_main, self.say)
             # The checkpoint's shape wins, so the config written and checkpointed is the one that runs.
-            self.cfg = cfg = cfg.model_copy(update={"model": self._model_config(cfg.model, resume)})
+            model_cfg = setup.model_config(cfg.model, resume, self.prepared.vocab_size, self.say)
+            self.cfg = cfg = cfg.model_copy(update={"model": model_cfg})
 
-            self.batches, self.model, self.optimizer, self.scaler = self._build(cfg)
+            self.batches, self.model, self.optimizer, self.scaler = setup.build(cfg, self.prepared, self.dist.rank,
+                                                                                self.device, self.policy)
             self._name_parts(resume)
             self.start_step = self.state.step
             self.last_val: float | None = None
-            self.train_model = self._wrap(self.model)
-
-            sinks = tracking.open_sinks(cfg, self.out_dir, self.start_step, self.say) if self.is_main else []
-            self.metrics = MetricsLog(of_run(self.out_dir), self.is_main, sinks)
-            taken.callback(self.metrics.close)
-            self.metrics.truncate_after(self.start_step)
-            if self.is_main:
-                durable.write(self.out_dir / "config.yaml", config_mod.dump_yaml(cfg))
-            self.meter = self._meter()
+            self.train_model = setup.wrap(self.model, cfg.run.compile_backend, self.dist, self.policy)
+            meter = setup.meter(cfg, self.model, self.dist.world_size, self.device, self.policy, self.start_step)
+            self.report = Reporter(cfg, self.out_dir, self.dist, self.progress, meter, self.start_step)
+            taken.callback(self.report.close)
             # The signal handlers stay until close: a signal during the final sample (the time limit's warning
             # can come late) must not kill a finished run with the default action.
             self.handler = preempt_mod.PreemptionHandler(cfg.run.preempt_signal).install()
             taken.callback(self.handler.uninstall)
             self.restarts = preempt_mod.restart_count()
-            self._record_start(resume)
+            self.report.start(self.start_step, self._described(), self.prepared.meta["source"], self.device,
+                              self.policy.precision, self.policy.compile, resume and resume.path, self.restarts)
             self._taken = taken.pop_all()
 
     def say(self, text: str) -> None:
@@ -215,111 +184,9 @@ class Trainer:
                 raise TrainingError(f"resume: {err}") from None
             self.say(f"resumed from {resume.path} at step {self.state.step}")
 
-    # ------------------------------------------------------------------------------------------------
-    # setup
-
-    def _place(self, run: config_mod.RunConfig) -> tuple[str, precision_mod.Policy]:
-        """Threads, device, precision policy and the process group."""
-        threads = run.threads or int(os.environ.get("SLURM_CPUS_PER_TASK", "0") or 0)
-        if threads:
-            torch.set_num_threads(threads)
-        device = precision_mod.pick_device(run.device, self.dist.local_rank)
-        policy = precision_mod.resolve_policy(device, run.precision, run.compile)
-        precision_mod.apply(policy)
-        dist_mod.init(self.dist, device, run.join_timeout, max(1800.0, 2 * run.hang_timeout))
-        if self.is_main:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-        return device, policy
-
-    def _find_resume(self, mode: str) -> ckpt.Checkpoint | None:
-        if self.is_main:  # one process renames; the others wait, then all find the same newest checkpoint
-            ckpt.set_aside_unusable(self.out_dir, self.PARTS, self.say)
-        dist_mod.barrier()
-        if mode == "never":
-            return None
-        try:
-            if mode == "auto":
-                return ckpt.load_newest(self.out_dir, lambda m: self.say(f"warning: {m}"), self.PARTS)
-            path = Path(mode).expanduser()
-            if not path.exists():
-                raise TrainingError(f"resume: checkpoint {path} does not exist; give an existing file, auto or never")
-            return ckpt.load(path, self.PARTS)
-        except ckpt.CheckpointError as err:
-            raise TrainingError(f"resume: {err}") from None
-
-    def _model_config(self, wanted: ModelConfig, resume: ckpt.Checkpoint | None) -> ModelConfig:
-        """The model's shape: this run's, or on resume the checkpoint's (which wins, with a note)."""
-        if resume is None:
-            return wanted
-        try:
-            saved, saved_vocab = train_state.model_config(resume)
-        except ckpt.CheckpointError as err:
-            raise TrainingError(f"resume: {err}; resume from another checkpoint, or start anew with --resume "
-                                f"never") from None
-        if saved_vocab != self.prepared.vocab_size:
-            raise TrainingError(
-                f"the checkpoint has a vocabulary of {saved_vocab} characters, the data {self.prepared.vocab_size}: "
-                f"it was trained on other data; use --resume never or another --out-dir"
-            )
-        differs = [f"{name}={getattr(saved, name)} (asked: {getattr(wanted, name)})"
-                   for name in type(saved).model_fields if getattr(saved, name) != getattr(wanted, name)]
-        if differs:
-            self.say("note: the checkpoint's model settings win over this run's: " + ", ".join(differs))
-        return saved
-
-    def _build(self, cfg: TrainConfig) -> tuple[Batches, GPT, Optimizers, torch.amp.GradScaler]:
-        """Batches, model, optimizer and grad scaler, seeded: the same weights on every rank."""
-        batches = Batches(self.prepared, cfg.model.block_size, cfg.data.batch_size, cfg.run.seed, self.dist.rank,
-                          cfg.data.eval_windows)
-        train_state.seed_everything(cfg.run.seed)
-        model = GPT(cfg.model, self.prepared.vocab_size, cfg.run.activation_checkpointing).to(self.device)
-        # Dropout noise differs per rank (the weights do not: DDP broadcasts rank 0's at start).
-        train_state.seed_everything(cfg.run.seed + 1 + self.dist.rank)
-        try:
-            optimizer = Optimizers(model, cfg.optim, self.policy.fused_adamw)
-        except OptimizerMismatch as err:
-            raise TrainingError(str(err)) from None
-        scaler = torch.amp.GradScaler(self.policy.device_type, enabled=self.policy.use_scaler)
-        return batches, model, optimizer, scaler
-
-    def _wrap(self, model: GPT) -> torch.nn.Module:
-        """What the loop calls: the model compiled, and across ranks in DDP (which keeps the weights in sync)."""
-        compiled = torch.compile(model, backend=self.cfg.run.compile_backend) if self.policy.compile else model
-        if not self.dist.is_distributed:
-            return compiled
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        ids = [torch.cuda.current_device()] if self.policy.device_type == "cuda" else None  # set by init
-        return DDP(compiled, device_ids=ids)
-
-    def _meter(self) -> Meter:
-        cfg, world = self.cfg, self.dist.world_size
-        peak = cfg.run.peak_flops
-        if peak is None and self.policy.device_type == "cuda":
-            peak = precision_mod.peak_flops_for(torch.cuda.get_device_name(self.device))
-        flops = precision_mod.flops_per_token(self.model.num_params(), cfg.model.n_layer, cfg.model.n_embd,
-                                              cfg.model.block_size)
-        return Meter(cfg.tokens_per_step(world), flops, peak, world, cfg.optim.max_steps, self.start_step)
-
-    def _record_start(self, resume: ckpt.Checkpoint | None) -> None:
-        """Say what runs, and record the start in metrics.jsonl and provenance.json."""
-        cfg, d, world = self.cfg, self.dist, self.dist.world_size
-        self.say(f"tinygpt: {self.model.num_params(non_embedding=False):,} parameters "
-                 f"({self.model.num_params():,} without embeddings), vocab {self.prepared.vocab_size}, "
-                 f"{self.policy.describe()}, {world} rank(s) via {d.launcher}")
-        self.say(f"global batch: {cfg.data.batch_size} x {cfg.optim.grad_accum} accum x {world} ranks = "
-                 f"{cfg.data.batch_size * cfg.optim.grad_accum * world} sequences "
-                 f"({self.meter.tokens_per_step:,} tokens) per step; data {self.prepared.meta['source']}")
-        hostnames = dist_mod.gather_objects(socket.gethostname(), d)
-        if self.is_main:
-            provenance.append(self.out_dir, provenance.collect(hostnames, world, self.device), fresh=resume is None)
-        self.metrics.write({
-            "step": self.start_step, "event": "start", "resumed_from": str(resume.path) if resume else None,
-            "restarts": self.restarts, "world_size": world, "launcher": d.launcher,
-            "master": f"{d.master_addr}:{d.master_port}" if d.is_distributed else None, "hostnames": hostnames,
-            "precision": self.policy.precision, "compile": self.policy.compile, "device": self.device,
-            "tokens_per_step": self.meter.tokens_per_step,
-        })
+    def _described(self) -> str:
+        return (f"{self.model.num_params(non_embedding=False):,} parameters ({self.model.num_params():,} without "
+                f"embeddings), vocab {self.prepared.vocab_size}, {self.policy.describe()}")
 
     # ------------------------------------------------------------------------------------------------
     # the loop
@@ -328,7 +195,7 @@ class Trainer:
         """Train to max_steps, or until a stop request; then finish (sample, summary) or leave early."""
         o, run = self.cfg.optim, self.cfg.run
         self.state.start_clock()
-        self.meter.start(self.state.step)
+        self.report.meter.start(self.state.step)
         stop = None
         self.train_model.train()
         with self.progress.start(self.state.step):
@@ -421,13 +288,8 @@ class Trainer:
                 f"{ckpt.checkpoint_dir(self.out_dir)}. Lower lr (now {self.cfg.optim.lr}) or raise warmup_steps, "
                 f"then resume"
             )
-        speed = self.meter.read(step)
-        eta = speed.pop("eta_s")
-        record = {"step": step, "train_loss": train_loss, "lr": lr, **speed, "elapsed_s": self.state.elapsed_s()}
-        if self.scaler.is_enabled():  # fp16: the loss scale halves at each step whose gradients overflowed
-            record["loss_scale"] = self.scaler.get_scale()
-        self.metrics.write(record)
-        self.progress.step(step, {**record, "eta_s": eta})
+        scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
+        self.report.train_line(step, train_loss, lr, self.state.elapsed_s(), scale)
 
     def _log_eval(self, losses: dict[str, float]) -> None:
         step = self.state.step
@@ -437,11 +299,7 @@ class Trainer:
         self.last_val = losses["val"]
         best = self.state.best_val_loss
         self.state.best_val_loss = self.last_val if best is None else min(best, self.last_val)
-        self.metrics.write({"step": step, "val_loss": losses["val"], "train_loss": losses["train"],
-                            "elapsed_s": self.state.elapsed_s(), "train_s": self.state.train_s()})
-        max_steps = self.cfg.optim.max_steps
-        self.say(f"val    {step:>{len(str(max_steps))}}/{max_steps} | val loss {losses['val']:.4f} | "
-                 f"train loss {losses['train']:.4f}")
+        self.report.evaluation(step, losses, self.state.elapsed_s(), self.state.train_s())
 
     def _stop_reason(self) -> str | None:
         """"signal" or "stop_after" when this process should leave after this step; the same on every rank."""
@@ -464,22 +322,16 @@ class Trainer:
             self.say(f"warning: the ranks' weights differ at the end ({digests}); DDP lost synchronisation")
         sample = None
         if self.is_main:
-            run, step, best = self.cfg.run, self.state.step, self.state.best_val_loss
+            run = self.cfg.run
             if run.sample_tokens > 0:
                 sample = sample_text(self.model, self.prepared, run.sample_prompt, run.sample_tokens, run.seed,
                                      self.device, run.sample_temperature, run.sample_top_k or None)
                 durable.write(self.out_dir / "samples.txt", sample + "\n")
                 self.watchdog.beat(self.state.step)  # (a long sample is progress too)
-                self.say("--- sample " + "-" * 60 + f"\n{sample}\n" + "-" * 71)
-            total_s = self.state.elapsed_s()
-            self.metrics.write({"step": step, "event": "finished", "best_val_loss": best, "elapsed_s": total_s,
-                                "weights_digest": digests, "peak_memory_mb": peak_memory_mb(self.device)})
+                self.report.sample(sample)
             newest = ckpt.list_checkpoints(self.out_dir)
-            self.say(f"done: step {step}, best val loss {f'{best:.4f}' if best is not None else 'n/a'}, "
-                     f"{progress_mod.format_duration(total_s)} of training; run directory {self.out_dir}")
-            self.say(f"  checkpoint: {newest[-1] if newest else 'none'}"
-                     + (f"\n  samples:    {self.out_dir / 'samples.txt'}" if sample is not None else "")
-                     + f"\n  metrics:    {of_run(self.out_dir)}")
+            self.report.finished(self.state.step, self.state.best_val_loss, self.state.elapsed_s(), digests,
+                                 peak_memory_mb(self.device), newest[-1] if newest else None, sample is not None)
         return self._result(True, sample=sample)
 
     def _leave_early(self, reason: str) -> TrainResult:
@@ -488,22 +340,16 @@ class Trainer:
         if not self.is_main:
             return self._result(False)
         if reason == "stop_after":
-            self.metrics.write({"step": step, "event": "paused", "reason": "stop_after"})
-            self.say(f"stopping at step {step} (stop_after); run the same command again to continue")
+            self.report.paused(step)
             return self._result(False)
         if reason == "pruned":
-            self.metrics.write({"step": step, "event": "pruned", "val_loss": self.last_val})
-            self.say(f"stopping at step {step}: pruned by the search (val loss {self.last_val:.4f})")
+            self.report.pruned(step, self.last_val)
             return self._result(False, pruned=True)
         request = self.handler.request
         why = request.reason if request else "a signal on another rank"
-
-        def record(requeue: str | None) -> None:
-            event = {"step": step, "event": "preempted", "reason": why, "restarts": self.restarts}
-            self.metrics.write(event if requeue is None else {**event, "requeue": requeue})
-            self.say(f"stopping at step {step}: {why}; checkpoint saved. {requeue or ''}".rstrip())
-
-        exit_code = preempt_mod.leave(request, self.restarts, self.cfg.run.max_requeues, record, self.requeue_hook)
+        exit_code = preempt_mod.leave(request, self.restarts, self.cfg.run.max_requeues,
+                                      lambda requeue: self.report.preempted(step, why, self.restarts, requeue),
+                                      self.requeue_hook)
         return self._result(False, exit_code)
 
     def _result(self, finished: bool, exit_code: int = 0, sample: str | None = None,
