@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from conftest import run_cli, sweep_dirs, tiny_train
 from tinygpt import checkpoint, config, metrics, trainer
-from tinygpt.launch.manifest import Manifest, create
+from tinygpt.launch.manifest import Manifest
 
 # (no shrinking: each case runs every command, and the failing case is printed as drawn)
 SETTINGS = settings(max_examples=int(os.environ.get("TINYGPT_FUZZ_EXAMPLES", "12")), deadline=None,
@@ -111,7 +111,8 @@ def sweep(tmp_path_factory):
          "script": str(sweep_dirs(work, "damaged").script()), "submitted_at": 1.0e9},
         {"backend": "submitit", "job_id": "4000002", "indices": [0], "per_run_ids": {"0": "4000002_0"},
          "folder": str(sweep_dirs(work, "damaged").submitit), "submitted_at": 1.0e9 + 1}]
-    create(path, Manifest.model_validate(manifest))
+    Manifest.model_validate(manifest)  # (a manifest every command reads, before it is damaged)
+    path.write_text(json.dumps(manifest, indent=1))
     (work / "logs" / "damaged").mkdir(parents=True, exist_ok=True)
     (work / "logs" / "damaged" / "4000001_0.out").write_text("tinygpt: run 0 of damaged\nstep 5 | loss 3.7\n")
     pristine = root / "pristine"

@@ -214,12 +214,11 @@ def test_every_sbatch_value_round_trips_through_sbatch_and_the_shell(tmp_path):
 
 def hostile_plan(tmp_path: Path):
     """The hostile profile and resources as a launched sweep of four runs, for the submitit backend."""
-    from tinygpt import config
     from tinygpt.launch.plan import Plan
 
     p = hostile_params(tmp_path)
     profile = p.profile.model_copy(update={"python": p.python})  # (the sbatch script takes it as a parameter)
-    runs = [spec_mod.Run(i, f"r{i}", {}, config.build({})) for i in range(4)]
+    runs = [spec_mod.Run(i, f"r{i}", {}, {}, {}, f"/w/runs/sweep/r{i}", 1600) for i in range(4)]
     sweep = spec_mod.Sweep("sweep", Path("/w/sweep.yaml"), profile, "submitit", p.resources, 2, Path(p.workdir),
                            runs)
     return Plan(sweep, Path(p.workdir), Path("/w/jobs/sweep"), Path(p.log_dir), Path(p.manifest), [])

@@ -211,6 +211,12 @@ class TrackConfig(schema.Schema):
         return value
 
 
+# The rules between keys: key -> the other keys its check reads (the validators above that read `info.data`).
+# A sweep checks each rule once per distinct combination of these keys' values (launch/sweep_runs.py); a test
+# holds this table to the validators.
+RULES = {"n_embd": ("n_head",), "min_lr": ("lr",)}
+
+
 class TrainConfig(schema.Schema):
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)

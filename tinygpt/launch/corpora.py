@@ -11,12 +11,14 @@ if TYPE_CHECKING:
     from .spec import Run, Sweep
 
 
+CORPUS_KEYS = ("dataset", "data_file", "data_dir")
+
+
 def first_runs(sweep: Sweep) -> list[Run]:
     """The first run of each distinct corpus (dataset, data file, data folder) of the sweep."""
     first: dict[tuple, Run] = {}
-    for run in sweep.runs:
-        data = run.config.data
-        first.setdefault((data.dataset, data.data_file, data.data_dir), run)
+    for run in sweep.runs:  # (by the inputs, not by each run's whole config: a sweep may have 100,000 runs)
+        first.setdefault(tuple(repr(run.own.get(k, run.shared.get(k))) for k in CORPUS_KEYS), run)
     return list(first.values())
 
 

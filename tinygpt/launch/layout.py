@@ -16,6 +16,8 @@ commands that read them, and the tests.
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,3 +102,38 @@ def submitit_folder(logs_dir: Path) -> Path:
 def submitit_logs(folder: Path, job_id: str) -> list[Path]:
     """submitit's two logs of a job, in its folder (its own naming)."""
     return [Path(folder) / f"{job_id}_0_log.out", Path(folder) / f"{job_id}_0_log.err"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Names and folders: a sweep's and a run's name become file, folder and job names.
+
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+-]{0,119}")
+
+
+def name_problem(value: str) -> str | None:
+    """Why `value` cannot name a sweep or a run (a file, folder and job name), or None."""
+    if not SAFE_NAME.fullmatch(value) or ".." in value:
+        return (f"{value!r} cannot be used as a file or job name; use letters, digits and . _ = , + - (starting "
+                f"with a letter or digit, at most 120 characters, no '..')")
+    return None
+
+
+def check_safe_name(value: str, field_name: str, problems: list[str]) -> bool:
+    if why := name_problem(value):
+        problems.append(f"{field_name}: {why}")
+        return False
+    return True
+
+
+def unwritable_dir(where: Path) -> str | None:
+    """Why a directory (made with its parents where missing) could not be written in, or None."""
+    if any(len(part.encode()) > 255 for part in where.parts) or len(str(where).encode()) > 3000:
+        return "a name in it is too long"
+    existing = where
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    return None

@@ -104,9 +104,8 @@ class SearchRecord(_Record):
     budget_s: float | None = None  # the seconds of training after which a trial stops
 
 
-class Manifest(_Record):
-    """A launched sweep as every command after the launch reads it: its runs, the jobs that run them, its
-    folders (`dirs`). `load` gives one; `save` writes it back."""
+class ManifestHead(_Record):
+    """A manifest but for its runs: what a new sweep's manifest is written from, with its runs' records beside."""
 
     # (in the order they are written: a file to read)
     format: int
@@ -121,6 +120,12 @@ class Manifest(_Record):
     base: dict
     search: SearchRecord | None = None
     submissions: list[Submission]
+
+
+class Manifest(ManifestHead):
+    """A launched sweep as every command after the launch reads it: its runs, the jobs that run them, its
+    folders (`dirs`). `load` gives one; `save` writes it back."""
+
     runs: list[RunRecord]
     _path: Path = PrivateAttr(default=Path("manifest.json"))
 
@@ -162,19 +167,24 @@ class Manifest(_Record):
 
 
 def save(manifest: Manifest) -> None:
-    """Indented, but one line per run: a sweep of 10,000 runs stays a file to read and grep. Keys the file did
-    not have are not added (a default is not written out)."""
+    """Write the manifest back (keys the file did not have are not added: a default is not written out)."""
     data = manifest.model_dump(mode="json", exclude_unset=True)
-    head = json.dumps({k: v for k, v in data.items() if k != "runs"}, indent=1)
-    runs = ",\n".join(f"  {json.dumps(run)}" for run in data["runs"])
-    durable.write(manifest.path, f'{head[:-2]},\n "runs": [\n{runs}\n ]\n}}\n')
+    _write(manifest.path, data, data.pop("runs"))
 
 
-def create(path: Path, manifest: Manifest) -> Manifest:
-    """Save a new sweep's manifest (plan.py builds it) at `path`."""
-    manifest._path = Path(path)
-    save(manifest)
-    return manifest
+def create(path: Path, head: ManifestHead, runs: list[dict[str, Any]]) -> None:
+    """Write a new sweep's manifest at `path`: its head and its runs' records (fields of RunRecord). The runs are
+    written as they are given, not made into typed records first (a sweep may have 100,000 of them); every
+    command reads them back as records."""
+    _write(Path(path), head.model_dump(mode="json", exclude_unset=True), runs)
+
+
+def _write(path: Path, head: dict[str, Any], runs: list[dict[str, Any]]) -> None:
+    """Indented, but one line per run: a sweep of 100,000 runs stays a file to read and grep."""
+    text = json.dumps(head, indent=1)
+    encode = json.JSONEncoder().encode  # (json.dumps's defaults without its cost per call)
+    lines = ",\n".join(f"  {encode(run)}" for run in runs)
+    durable.write(path, f'{text[:-2]},\n "runs": [\n{lines}\n ]\n}}\n')
 
 
 def load(path: Path) -> Manifest:

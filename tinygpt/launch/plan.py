@@ -14,7 +14,7 @@ from tinygpt import durable
 from . import manifest as manifest_mod
 from . import slurm_cli
 from .layout import REPO_ROOT
-from .manifest import Manifest, RunRecord, SearchRecord
+from .manifest import ManifestHead, SearchRecord
 from .sbatch import ScriptParams, render
 
 if TYPE_CHECKING:
@@ -52,21 +52,27 @@ def build(sweep: Sweep, snapshot: Snapshot | None = None) -> Plan:
     dirs = sweep.dirs
     dirs.logs.mkdir(parents=True, exist_ok=True)
     previous = manifest_mod.load(dirs.manifest).submissions if dirs.manifest.exists() else []
-    manifest_mod.create(dirs.manifest, _manifest(sweep, snapshot, previous))
+    manifest_mod.create(dirs.manifest, _head(sweep, snapshot, previous), _records(sweep))
     code = snapshot.path if snapshot else REPO_ROOT
     scripts = _write_scripts(sweep, code) if sweep.backend == "sbatch" else []
     return Plan(sweep, sweep.workdir, dirs.jobs, dirs.logs, dirs.manifest, scripts, code)
 
 
-def _manifest(sweep: Sweep, snapshot: Snapshot | None, previous: list) -> Manifest:
-    base, runs = _runs(sweep)
+def _head(sweep: Sweep, snapshot: Snapshot | None, previous: list) -> ManifestHead:
     search = SearchRecord.model_validate({**sweep.search, "journal": str(sweep.dirs.journal)}) if sweep.search \
         else None
-    return Manifest(format=manifest_mod.FORMAT, name=sweep.name, spec=str(sweep.spec_path.resolve()),
-                    backend=sweep.backend, cluster=sweep.profile.name, workdir=str(sweep.workdir),
-                    logs_dir=str(sweep.dirs.logs), resources=sweep.resources.record(),
-                    code=snapshot.record() if snapshot else {"snapshot": None, "path": str(REPO_ROOT)},
-                    base=base, search=search, submissions=previous, runs=runs)
+    return ManifestHead(format=manifest_mod.FORMAT, name=sweep.name, spec=str(sweep.spec_path.resolve()),
+                        backend=sweep.backend, cluster=sweep.profile.name, workdir=str(sweep.workdir),
+                        logs_dir=str(sweep.dirs.logs), resources=sweep.resources.record(),
+                        code=snapshot.record() if snapshot else {"snapshot": None, "path": str(REPO_ROOT)},
+                        base=sweep.runs[0].shared if sweep.runs else {}, search=search, submissions=previous)
+
+
+def _records(sweep: Sweep) -> list[dict[str, Any]]:
+    """Each run's record (RunRecord's fields) with only its own trainer inputs: the shared ones are the manifest's
+    `base`, once (a run's config file is written from both when its task starts: run_config.py)."""
+    return [{"index": run.index, "name": run.name, "overrides": run.own, "out_dir": run.out_dir,
+             "max_steps": run.max_steps} for run in sweep.runs]
 
 
 def _write_scripts(sweep: Sweep, code: Path) -> list[Script]:
@@ -92,20 +98,3 @@ def _write_scripts(sweep: Sweep, code: Path) -> list[Script]:
         path.chmod(0o755)
         scripts.append(Script(path, array, indices[0], indices))
     return scripts
-
-
-def _runs(sweep: Sweep) -> tuple[dict[str, Any], list[RunRecord]]:
-    """The trainer inputs every run shares, once, and each run with only its own (a run's config file is
-    written from these when its task starts: run_config.py), so that a sweep of 10,000 runs is one
-    small file."""
-    base = {k: v for k, v in sweep.runs[0].inputs.items() if k != "out_dir"} if sweep.runs else {}
-    missing = object()
-    for run in sweep.runs[1:]:
-        for key in [k for k, v in base.items() if run.inputs.get(k, missing) != v]:
-            del base[key]
-    runs = []
-    for run in sweep.runs:
-        own = {k: v for k, v in run.inputs.items() if k != "out_dir" and (k not in base or base[k] != v)}
-        runs.append(RunRecord(index=run.index, name=run.name, overrides=own, out_dir=run.config.run.out_dir,
-                              max_steps=run.config.optim.max_steps))
-    return base, runs

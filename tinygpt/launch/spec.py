@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import itertools
 import os
-import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -40,28 +40,20 @@ from tinygpt import schema
 from tinygpt.config import ConfigError, suggest
 from tinygpt.schema import OptFloat, OptInt, OptText
 
-from . import passthrough, search
+from . import passthrough, search, sweep_runs
 from .errors import LaunchError
-from .layout import SweepDirs
+from .layout import SweepDirs, check_safe_name, name_problem, unwritable_dir
 from .manifest import BACKENDS
 from .resources import MemMB, Resources, SlurmTime, format_time
 from .search import Search
+from .sweep_runs import Run, run_name
 
 if TYPE_CHECKING:
     from .profiles import Profile
 
-SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+-]{0,119}")
 LAUNCHER_KEYS = {"out_dir": "runs/<sweep>/<run>", "sweep": "the spec's name"}  # set by the launcher, never a spec
 SHOWN_FAILING_POINTS = 3  # an Optuna search that fails on many combinations shows this many, then a count
 DEFAULT_TIME_MIN = 60
-
-
-def name_problem(value: str) -> str | None:
-    """Why `value` cannot name a sweep or a run (a file, folder and job name), or None."""
-    if not SAFE_NAME.fullmatch(value) or ".." in value:
-        return (f"{value!r} cannot be used as a file or job name; use letters, digits and . _ = , + - (starting "
-                f"with a letter or digit, at most 120 characters, no '..')")
-    return None
 
 
 class ResourcesRequest(schema.Schema):
@@ -124,15 +116,6 @@ class SpecFile(schema.Schema):
         return name
 
 
-@dataclass(frozen=True)
-class Run:
-    index: int
-    name: str
-    overrides: dict[str, Any]  # the values that make this sweep point
-    config: train_config.TrainConfig  # the trainer's whole config, validated: what the run's job reads
-    inputs: dict[str, Any] = field(default_factory=dict)  # what `config` was built from (the manifest keeps it)
-
-
 @dataclass
 class Sweep:
     name: str
@@ -153,25 +136,6 @@ class Sweep:
         return SweepDirs(self.workdir, self.name)
 
 
-def _value_token(key: str, value: Any) -> str:
-    """The part of a run name that one value contributes."""
-    if isinstance(value, bool):
-        text = "true" if value else "false"
-    elif isinstance(value, float):
-        text = repr(value)
-    elif key in ("data_file", "data_dir") and value is not None:
-        text = Path(str(value)).stem  # a path: its file name is the readable part
-    else:
-        text = str(value)
-    return text
-
-
-def run_name(point: dict[str, Any]) -> str:
-    if not point:
-        return "base"
-    return ",".join(f"{key}={_value_token(key, value)}" for key, value in point.items())
-
-
 def _expand_grid(grid: dict[str, Any] | None, problems: list[str]) -> list[dict[str, Any]]:
     if grid is None:
         return []
@@ -186,7 +150,8 @@ def _expand_grid(grid: dict[str, Any] | None, problems: list[str]) -> list[dict[
         if not values:
             problems.append(f"grid.{key}: the list of values is empty; give at least one value")
             return []
-        repeated = sorted({repr(v) for v in values if sum(repr(w) == repr(v) for w in values) > 1})
+        counts = Counter(repr(v) for v in values)
+        repeated = sorted(text for text, count in counts.items() if count > 1)
         if repeated:
             problems.append(f"grid.{key}: {', '.join(repeated)} given more than once; give each value once")
             return []
@@ -253,13 +218,6 @@ def _check_limits(r: Resources, profile: Profile, problems: list[str]) -> None:
                             f"{part.max_nodes}")
 
 
-def check_safe_name(value: str, field_name: str, problems: list[str]) -> bool:
-    if why := name_problem(value):
-        problems.append(f"{field_name}: {why}")
-        return False
-    return True
-
-
 def load(path: str | Path, workdir: str | Path = ".", cluster: str | None = None, backend: str | None = None,
          overrides: dict[str, Any] | None = None) -> Sweep:
     """Read and validate a spec into runs whose trainer configs are final; raise LaunchError listing every
@@ -295,8 +253,9 @@ def load(path: str | Path, workdir: str | Path = ".", cluster: str | None = None
     optuna = _optuna(spec, {"data_dir": str(workdir / "data"), **base, **forced, "sweep": name}, problems)
     points, grid_size = ([(f"worker={w}", {}) for w in range(optuna["workers"])], optuna["workers"]) if optuna \
         else _points(spec, problems)
-    varying = _varying(points, base)
-    runs = _runs(points, grid_size, varying, base, forced, workdir, name, problems)
+    varying = sweep_runs.name_keys(points, base)
+    runs = sweep_runs.make(points, grid_size, varying, {"data_dir": str(workdir / "data"), **base},
+                           {**forced, "sweep": name}, str(SweepDirs(workdir, name).runs), problems)
     resources = _resources(spec.resources, profile, problems) if profile is not None else None
     pack = _pack(spec.pack or 1, backend, optuna, resources, problems)
     unique_problems = list(dict.fromkeys(problems))
@@ -368,20 +327,6 @@ def check_workdir(workdir: str | Path) -> Path:
     return where.resolve()
 
 
-def unwritable_dir(where: Path) -> str | None:
-    """Why a directory (made with its parents where missing) could not be written in, or None."""
-    if any(len(part.encode()) > 255 for part in where.parts) or len(str(where).encode()) > 3000:
-        return "a name in it is too long"
-    existing = where
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        return f"{existing} is not a directory"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return f"{existing} is not writable"
-    return None
-
-
 def _base(raw: dict[str, Any] | None, profile: Profile | None, problems: list[str]) -> dict[str, Any]:
     """The spec's `train` keys, with the profile's trainer defaults under them."""
     base = _check_keys(raw or {}, "train", problems)
@@ -397,8 +342,11 @@ def _points(spec: SpecFile, problems: list[str]) -> tuple[list[tuple[str | None,
     how many came from the grid."""
     points: list[tuple[str | None, dict[str, Any]]] = []
     grid_points = _expand_grid(spec.grid, problems)
-    for point in grid_points:
-        points.append((None, _check_keys(point, "grid", problems)))  # repeats are dropped at the end
+    if grid_points:  # (every point has the grid's keys: they are checked once)
+        known = _check_keys(dict(grid_points[0]), "grid", problems)
+        unchanged = known.keys() == grid_points[0].keys()
+        points += [(None, point if unchanged else {k: v for k, v in point.items() if k in known})
+                   for point in grid_points]
     if spec.search is not None:
         if grid_points:
             problems.append("search: a spec has a grid or a search, not both; remove one")
@@ -418,75 +366,6 @@ def _points(spec: SpecFile, problems: list[str]) -> tuple[list[tuple[str | None,
     elif not points and not problems:
         problems.append("the spec defines no run: give a non-empty grid or runs list")
     return points, len(grid_points)
-
-
-def _varying(points: list[tuple[str | None, dict[str, Any]]], base: dict[str, Any]) -> list[str]:
-    """The keys whose value differs between points: names are built from those alone, so a run's name says
-    what makes it different."""
-    all_keys = list(dict.fromkeys(k for _, p in points for k in p))
-    return [k for k in all_keys if len({repr(p.get(k, base.get(k))) for _, p in points}) > 1]
-
-
-def _runs(points, grid_size: int, varying: list[str], base: dict[str, Any], forced: dict[str, Any],
-          workdir: Path, sweep: str, problems: list[str]) -> list[Run]:
-    """Each point named (from its varying keys) and turned into the trainer's final config (base < point <
-    --set; the launcher sets out_dir, and data_dir unless given)."""
-    runs: list[Run] = []
-    seen: dict[str, int] = {}
-    unwritable: dict[str, str | None] = {}  # data_dir -> why it cannot be written in
-    runs_dir, data_dir_default = SweepDirs(workdir, sweep).runs, str(workdir / "data")
-    for index, (given, point) in enumerate(points):
-        label = given if given is not None else run_name({k: v for k, v in point.items() if k in varying or
-                                                          len(points) == 1})
-        where = f"runs[{index - grid_size}]" if index >= grid_size else f"grid point {index}"
-        if not check_safe_name(label, f"{where} name", problems):
-            continue
-        if label in seen:
-            problems.append(f"{where}: run name `{label}` is used twice (also by run {seen[label]}); give the runs "
-                            f"different values or explicit `name`s")
-            continue
-        seen[label] = index
-        merged = {"data_dir": data_dir_default, **base, **point, **forced, "out_dir": f"{runs_dir}/{label}",
-                  "sweep": sweep}
-        if merged.get("data_file"):
-            merged["data_file"] = _input_file("data_file", merged["data_file"], label, problems)
-        if merged.get("resume") not in (None, "auto", "never"):
-            merged["resume"] = _input_file("resume", merged["resume"], label, problems)
-        data_dir = merged["data_dir"]
-        if isinstance(data_dir, str) and "\x00" not in data_dir and data_dir not in unwritable:
-            unwritable[data_dir] = unwritable_dir(Path(os.path.abspath(os.path.expanduser(data_dir))))
-        if isinstance(data_dir, str) and (problem := unwritable.get(data_dir)):  # (each folder checked once)
-            problems.append(f"run `{label}`: data_dir: {merged['data_dir']!r} cannot hold the prepared data "
-                            f"({problem}); give a directory you can write to")
-        try:
-            runs.append(Run(index, label, point, train_config.build(merged), merged))
-        except ConfigError as err:
-            problems.extend(f"run `{label}`: {p}" for p in err.problems)
-    return runs
-
-
-def _input_file(key: str, value: Any, label: str, problems: list[str]) -> str:
-    """The absolute path of a file a run reads (`data_file`, a `resume` checkpoint), checked to exist (a data
-    file to hold something): the job may start elsewhere, and every run would fail on it."""
-    try:
-        file = Path(str(value)).expanduser()
-    except RuntimeError:  # ~user of no user here: the trainer's config check says so
-        return str(value)
-    if not file.is_absolute():
-        file = Path.cwd() / file
-    try:
-        file.stat()
-    except (OSError, ValueError) as err:  # (ValueError: a NUL character, which the config check names)
-        if not isinstance(err, FileNotFoundError):
-            problems.append(f"run `{label}`: {key}: {value!r} cannot be used "
-                            f"({getattr(err, 'strerror', None) or err}); check the path")
-            return str(file)
-    if not file.is_file():
-        problems.append(f"run `{label}`: {key}: {value} does not exist; check the path "
-                        f"(relative paths start at {Path.cwd()})")
-    elif key == "data_file" and file.stat().st_size == 0:
-        problems.append(f"run `{label}`: data_file: {value} is empty; give a file with text in it")
-    return str(file)
 
 
 def load_name(path: str | Path) -> str:
