@@ -1,17 +1,24 @@
-"""How fast the launcher answers on a login node (it never imports torch).
+"""How fast the launcher answers on a login node (it never imports torch), each figure beside its target.
 
-    python bench/launcher.py
+    python bench/launcher.py              # everything; the Slurm figures when a cluster answers (up.sh)
+    python bench/launcher.py --no-slurm   # only what needs no cluster
 
-Prints JSON: the wall time of `python launch.py --help` and of a 256-run `--dry-run` (best of 5 and
-median), against the targets of 0.3 s and 1.5 s; the code snapshot a launch takes (files, size, the
-time to take a new one and to find an unchanged one again); a 10,000-point grid's dry run, each time into
-a fresh work directory (targets: 3 s, 5 MB written); and, when a Slurm cluster answers (the local one:
-hpc_lab/local_cluster/up.sh), `launch.py status` of a held 1,000-task array (target 2 s; it is then
-cancelled) and how many times status called sacct, squeue and scontrol.
+Prints one JSON object:
+- `help`: `launch.py --help` (target 0.3 s); `dry_run_256`: a 256-run dry run;
+- `dry_run_10000` and `dry_run_100000`: a grid's dry run (10 x 10 x 10 x 10; 1,000 seeds x 100 learning
+  rates), each try in a fresh work directory: wall time, peak memory of the process, bytes written (targets
+  0.7 s; 3 s, 300 MB and 20 MB);
+- `snapshot`: the code snapshot a launch takes (files, size, a new one, an unchanged one found again);
+- `status_10000_held` and `resubmit_dry_run_10000_held`, with a Slurm cluster: a held 10,000-run sweep (then
+  cancelled): wall time and the calls made to sacct, squeue and scontrol (targets 2 s, 3 calls);
+- `report_1000`: `launch.py report` over 1,000 finished runs (tests/finished_sweep.py: one trained, the
+  others written).
+Times are the best and the median of the tries (3 unless said).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -22,93 +29,126 @@ import tempfile
 import time
 from pathlib import Path
 
-from tinygpt.launch.layout import SweepDirs
-
 ROOT = Path(__file__).resolve().parent.parent
+LAUNCH = [sys.executable, str(ROOT / "launch.py")]
+# Runs `argv`, then prints the peak resident memory of it (and its children) in kB: a process measuring itself.
+PEAK = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, capture_output=True); "
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
 
 
-def timed(cmd: list[str], repeat: int = 5, cwd: str | None = None, fresh=None, env: dict | None = None) -> dict:
-    """Best and median wall time of `cmd`; `fresh()`, when given, runs before each try (untimed)."""
-    times = []
+def env(**extra: str) -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(ROOT), **extra)
+
+
+def timed(cmd: list[str], repeat: int = 3, fresh=None, extra_env: dict | None = None) -> dict:
+    """Best and median wall time of `cmd`, and its peak memory (MB, the largest try); `fresh()` runs before
+    each try (untimed)."""
+    times, peaks = [], []
     for _ in range(repeat):
         if fresh:
             fresh()
         t0 = time.perf_counter()
-        subprocess.run(cmd, check=True, capture_output=True, cwd=cwd,
-                       env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})))
+        out = subprocess.run([sys.executable, "-c", PEAK, *cmd], check=True, capture_output=True, text=True,
+                             env=env(**(extra_env or {})))
         times.append(time.perf_counter() - t0)
-    return {"best_s": round(min(times), 3), "median_s": round(statistics.median(times), 3)}
+        peaks.append(int(out.stdout.split()[-1]) / 1024)
+    return {"best_s": round(min(times), 3), "median_s": round(statistics.median(times), 3),
+            "peak_mb": round(max(peaks), 1)}
 
 
-def grid_spec(path: Path, name: str, sizes: dict[str, int]) -> Path:
-    """A grid spec of prod(sizes) runs (each key gets that many values)."""
-    values = {"n_layer": lambda i: i + 1, "lr": lambda i: round(1e-4 * (i + 1), 6), "seed": lambda i: i + 1,
-              "max_steps": lambda i: 100 + i}
-    grid = "".join(f"  {k}: [{', '.join(str(values[k](i)) for i in range(n))}]\n" for k, n in sizes.items())
-    path.write_text(f"name: {name}\ncluster: local\ntrain: {{min_lr: 1.0e-6}}\ngrid:\n{grid}"
+def grid_spec(path: Path, name: str, grid: dict[str, list]) -> Path:
+    lines = "".join(f"  {key}: [{', '.join(map(str, values))}]\n" for key, values in grid.items())
+    path.write_text(f"name: {name}\ncluster: local\ntrain: {{min_lr: 1.0e-6}}\ngrid:\n{lines}"
                     "resources: {time: '00:30:00'}\n")
     return path
 
 
-def written_bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+def runs_of(workdir: Path, name: str) -> int:
+    return len(json.loads((workdir / "jobs" / name / "manifest.json").read_text())["runs"])
 
 
-def ten_thousand(repeat: int = 3) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        spec = grid_spec(Path(tmp) / "huge.yaml", "huge", {"n_layer": 10, "lr": 10, "seed": 10, "max_steps": 10})
-        work = Path(tmp) / "w"
-        times = timed([sys.executable, str(ROOT / "launch.py"), str(spec), "--dry-run", "--workdir", str(work)],
-                      repeat, fresh=lambda: shutil.rmtree(work, ignore_errors=True))
-        runs = len(json.loads(SweepDirs(work, "huge").manifest.read_text())["runs"])
-        return {**times, "runs": runs, "written_mb": round(written_bytes(work) / 1e6, 2), "target_s": 3.0,
-                "target_mb": 5.0}
+def written_mb(folder: Path) -> float:
+    return round(sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 1e6, 1)
 
 
-def held_status(repeat: int = 3) -> dict | None:
-    if shutil.which("sinfo") is None or subprocess.run(["sinfo"], capture_output=True).returncode != 0:
-        return None
-    with tempfile.TemporaryDirectory() as tmp:
-        spec = grid_spec(Path(tmp) / "held.yaml", "held", {"n_layer": 10, "lr": 10, "seed": 10})
-        work = Path(tmp) / "w"
-        launch = [sys.executable, str(ROOT / "launch.py")]
-        subprocess.run([*launch, str(spec), "--hold", "--workdir", str(work)], check=True, capture_output=True,
-                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
-        calls = Path(tmp) / "calls"
-        shims = Path(tmp) / "bin"
-        shims.mkdir()
-        for command in ("sacct", "squeue", "scontrol"):  # count the calls status makes
-            real = shutil.which(command)
-            (shims / command).write_text(f'#!/bin/bash\necho {command} >> "{calls}"\nexec {real} "$@"\n')
-            (shims / command).chmod(0o755)
-        try:
-            times = timed([*launch, "status", str(spec), "--workdir", str(work)], repeat,
-                          env={"PATH": f"{shims}{os.pathsep}{os.environ['PATH']}"})
-        finally:
-            subprocess.run([*launch, "cancel", str(spec), "--workdir", str(work)], capture_output=True,
-                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
-        names = calls.read_text().split() if calls.exists() else []
-        return {**times, "tasks": 1000, "target_s": 2.0,
-                "calls_per_status": {c: names.count(c) / repeat for c in ("sacct", "squeue", "scontrol")}}
+def dry_run(tmp: Path, name: str, grid: dict[str, list], **targets) -> dict:
+    spec, work = grid_spec(tmp / f"{name}.yaml", name, grid), tmp / name
+    figures = timed([*LAUNCH, str(spec), "--dry-run", "--workdir", str(work)],
+                    fresh=lambda: shutil.rmtree(work, ignore_errors=True))
+    return {**figures, "runs": runs_of(work, name), "written_mb": written_mb(work), **targets}
+
+
+TEN_THOUSAND = {"n_layer": [i + 1 for i in range(10)], "lr": [round(1e-4 * (i + 1), 6) for i in range(10)],
+                "seed": [i + 1 for i in range(10)], "max_steps": [100 + i for i in range(10)]}
+HUNDRED_THOUSAND = {"seed": [i + 1 for i in range(1000)], "lr": [round(1e-4 * (i + 1), 6) for i in range(100)]}
+
+
+def counting_shims(tmp: Path) -> tuple[dict[str, str], Path]:
+    """PATH with sacct, squeue and scontrol wrapped to count their calls (in the returned file)."""
+    calls, shims = tmp / "calls", tmp / "bin"
+    shims.mkdir(exist_ok=True)
+    for command in ("sacct", "squeue", "scontrol"):
+        real = shutil.which(command)
+        (shims / command).write_text(f'#!/bin/bash\necho {command} >> "{calls}"\nexec {real} "$@"\n')
+        (shims / command).chmod(0o755)
+    return {"PATH": f"{shims}{os.pathsep}{os.environ['PATH']}"}, calls
+
+
+def held_sweep(tmp: Path) -> dict:
+    """status and resubmit --dry-run of a held 10,000-run sweep: time and Slurm calls per command."""
+    spec, work = grid_spec(tmp / "held.yaml", "held", TEN_THOUSAND), tmp / "held"
+    path, calls = counting_shims(tmp)
+    figures = {}
+    try:
+        subprocess.run([*LAUNCH, str(spec), "--hold", "--workdir", str(work)], check=True, capture_output=True,
+                       env=env())
+        for label, command in (("status_10000_held", ["status"]), ("resubmit_dry_run_10000_held",
+                                                                    ["resubmit", "--dry-run"])):
+            calls.unlink(missing_ok=True)
+            times = timed([*LAUNCH, *command, str(spec), "--workdir", str(work)], extra_env=path)
+            names = calls.read_text().split() if calls.exists() else []
+            figures[label] = {**times, "runs": runs_of(work, "held"), "target_s": 2.0, "target_calls": 3,
+                              "slurm_calls": {c: names.count(c) / 3 for c in ("sacct", "squeue", "scontrol")}}
+    finally:
+        subprocess.run([*LAUNCH, "cancel", str(spec), "--workdir", str(work)], capture_output=True, env=env())
+    return figures
+
+
+def report_1000(tmp: Path) -> dict:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from conftest import TINY_TEXT, train_tiny
+    from finished_sweep import make
+
+    corpus = tmp / "corpus.txt"
+    corpus.write_text(TINY_TEXT)
+    trained, _ = train_tiny(tmp, corpus, "--progress", "off", "--sample-tokens", "40", name="trained")
+    manifest = make(tmp / "reported", trained, 1000)
+    return {**timed([*LAUNCH, "report", str(manifest)]), "runs": 1000}
+
+
+def slurm_answers() -> bool:
+    return shutil.which("sinfo") is not None and subprocess.run(["sinfo"], capture_output=True).returncode == 0
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--no-slurm", action="store_true", help="leave out the figures that need a cluster")
+    args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        spec = Path(tmp) / "big.yaml"
-        spec.write_text("name: big\ncluster: local\ntrain: {max_steps: 100, min_lr: 1.0e-5}\n"
-                        "grid:\n  n_layer: [1, 2, 3, 4]\n  n_head: [1, 2, 4, 8]\n"
-                        "  lr: [1.0e-4, 3.0e-4, 1.0e-3, 3.0e-3]\n"
-                        "  seed: [1, 2, 3, 4]\nresources: {time: '00:30:00'}\narray_parallelism: 16\n")
-        help_t = timed([sys.executable, str(ROOT / "launch.py"), "--help"])
-        dry_t = timed([sys.executable, str(ROOT / "launch.py"), str(spec), "--dry-run", "--workdir", tmp])
-        runs = len(json.loads(SweepDirs(Path(tmp), "big").manifest.read_text())["runs"])
-    figures = {"help": {**help_t, "target_s": 0.3}, "dry_run": {**dry_t, "runs": runs, "target_s": 1.5}}
-    try:
-        figures["snapshot"] = snapshot_figures()
-    except ImportError:  # a version of the launcher without snapshots
-        pass
-    figures["dry_run_10000"] = ten_thousand()
-    figures["status_1000_held"] = held_status() or "no Slurm answers here"
+        tmp = Path(tmp)
+        figures = {"help": {**timed([*LAUNCH, "--help"], repeat=5), "target_s": 0.3},
+                   "dry_run_256": dry_run(tmp, "small", {"n_layer": [1, 2, 3, 4], "n_head": [1, 2, 4, 8],
+                                                         "lr": [1e-4, 3e-4, 1e-3, 3e-3], "seed": [1, 2, 3, 4]}),
+                   "dry_run_10000": dry_run(tmp, "ten", TEN_THOUSAND, target_s=0.7),
+                   "dry_run_100000": dry_run(tmp, "hundred", HUNDRED_THOUSAND, target_s=3.0, target_mb=300,
+                                             target_written_mb=20)}
+        try:
+            figures["snapshot"] = snapshot_figures()
+        except ImportError:  # a version of the launcher without snapshots
+            pass
+        if not args.no_slurm:
+            figures.update(held_sweep(tmp) if slurm_answers() else {"status_10000_held": "no Slurm answers here"})
+        figures["report_1000"] = report_1000(tmp)
     print(json.dumps(figures))
 
 

@@ -79,13 +79,22 @@ def baselines(prepared) -> dict[str, float]:
             "count-based bigram": bigram_val_loss(prepared)}
 
 
+NAMED = 10  # a report names this many runs in its figure's legend and shows their samples: the best ones
+
+
 def plot_losses(runs: list[RunSummary], refs: dict[str, float], path: Path, title: str) -> None:
+    """Every run's validation loss; the NAMED best in colour with their names, any others thin and grey."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
-    for run in runs:
-        if run.val_curve:
-            steps, losses = zip(*run.val_curve)
+    named = {id(run) for run in _ranked(runs)[:NAMED]}
+    for run in sorted(runs, key=lambda r: id(r) in named):  # (the named ones drawn last, on top)
+        if not run.val_curve:
+            continue
+        steps, losses = zip(*run.val_curve)
+        if id(run) in named:
             ax.plot(steps, losses, marker="o", markersize=3, label=run.name)
+        else:
+            ax.plot(steps, losses, color="grey", alpha=0.3, linewidth=0.6)
     styles = iter([":", "--", "-."])
     for label, value in refs.items():
         ax.axhline(value, color="grey", linestyle=next(styles), linewidth=1.2, label=f"{label}: {value:.3f}")
@@ -162,8 +171,13 @@ def attention_figure(run: RunSummary, path: Path, prompt: str | None = None, lay
     return prompt
 
 
+def _ranked(runs: list[RunSummary]) -> list[RunSummary]:
+    """Best validation loss first; runs without one last."""
+    return sorted(runs, key=lambda r: (r.best_val is None, r.best_val if r.best_val is not None else 0.0))
+
+
 def _table(runs: list[RunSummary], varying: list[str]) -> list[str]:
-    ranked = sorted(runs, key=lambda r: (r.best_val is None, r.best_val if r.best_val is not None else 0.0))
+    ranked = _ranked(runs)
     head = ["rank", "run", "final val", "best val", *varying]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for i, r in enumerate(ranked, 1):
@@ -193,8 +207,9 @@ def write_report(runs: list[RunSummary], out_dir: Path, title: str, varying: lis
              *_table(runs, varying), "",
              f"## Attention maps of the best run (`{best.name}`), first layer", "",
              f"Prompt: `{used_prompt!r}`. Row i shows where character i looks (its causal past).", "",
-             "![attention maps](attention.png)", "", "## Samples", ""]
-    for r in runs:
+             "![attention maps](attention.png)", "",
+             "## Samples" + (f" of the {NAMED} best runs" if len(runs) > NAMED else ""), ""]
+    for r in _ranked(runs)[:NAMED] if len(runs) > NAMED else runs:
         lines += [f"### {r.name}", "", "```", (r.sample or "(no sample: run not finished)").strip("\n"), "```", ""]
     lines += mask_exercise.section(done, out_dir, lambda run: load_model(run)[0], prepared,
                                    lambda run, path: attention_figure(run, path, used_prompt))

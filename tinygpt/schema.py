@@ -346,6 +346,12 @@ def load_yaml(path: str | Path, error: type[ProblemsError] = ProblemsError) -> A
     except ValueError as err:  # a NUL character in the path
         raise error(f"{str(path)!r}: not a usable file path ({err}); check the path") from None
     try:
+        # libyaml where PyYAML has it (a report reads a thousand runs' configs), else PyYAML's own parser; a file
+        # it refuses is parsed again by PyYAML's, whose messages are the ones users see on every machine.
+        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError:
+        pass
+    try:
         return yaml.safe_load(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)

@@ -295,6 +295,9 @@ SelectTypeParameters=CR_Core_Memory
 DefMemPerCPU=$(( node_mem / CPUS ))
 KillWait=15
 MinJobAge=600
+# Every array task counts against MaxJobCount (default 10,000), and so does each ended one for MinJobAge after
+# its end: a 10,000-run sweep held whole (bench/launcher.py), cancelled, and held again within MinJobAge fits.
+MaxJobCount=100000
 JobCompType=jobcomp/none
 ${gres_lines:+GresTypes=gpu
 }$accounting

@@ -51,11 +51,7 @@ def parser() -> argparse.ArgumentParser:
     _launch_options(command("check", "the spec against the live cluster (partition, time, GPUs, account, QOS, "
                                      "array size), then sbatch --test-only: when it would start; nothing submitted",
                             "a job or sweep YAML (see jobs/)"), submits=False)
-    p = command("status", "a table of the sweep's runs")
-    p.add_argument("--watch", action="store_true", help="refresh until every run has ended")
-    p.add_argument("--interval", type=float, default=5.0, help="seconds between refreshes")
-    p.add_argument("--efficiency", action="store_true",
-                   help="how each run used its allocation: CPU and memory efficiency, GPU use (sacct)")
+    _status_options(command("status", "a table of the sweep's runs"))
     command("cancel", "scancel the sweep's jobs")
     _resubmit_options(command("resubmit", "the runs that failed, hung or were preempted, again"))
     p = command("report", "loss curves, final losses, samples, attention maps")
@@ -105,6 +101,18 @@ def _launch_options(p: argparse.ArgumentParser, submits: bool = True) -> None:
                    help="submit without checking the spec against the live cluster first (see `launch.py check`)")
 
 
+def _status_options(p: argparse.ArgumentParser) -> None:
+    from .states import SUMMARY_ABOVE
+
+    p.add_argument("--watch", action="store_true", help="refresh until every run has ended")
+    p.add_argument("--interval", type=float, default=5.0, help="seconds between refreshes")
+    p.add_argument("--efficiency", action="store_true",
+                   help="how each run used its allocation: CPU and memory efficiency, GPU use (sacct)")
+    p.add_argument("--all", action="store_true", dest="every_row",
+                   help=f"a row for every run (a sweep of more than {SUMMARY_ABOVE} runs is otherwise shown as its "
+                        f"runs by state, with the failed and running ones listed)")
+
+
 def _resubmit_options(p: argparse.ArgumentParser) -> None:
     from .states import RESUBMIT_DEFAULT
 
@@ -128,7 +136,7 @@ def _status(args: argparse.Namespace) -> int:
         return 0
     from . import status
 
-    status.show(manifest, watch=args.watch, interval=args.interval)
+    status.show(manifest, watch=args.watch, interval=args.interval, every_row=args.every_row)
     return 0
 
 

@@ -49,7 +49,7 @@ class RunRecord(_Record):
     index: int
     name: str
     overrides: dict
-    out_dir: str
+    out_dir: str  # (written only where it is not <workdir>/runs/<sweep>/<name>: `Manifest` fills that in)
     max_steps: int | None = None
 
 
@@ -129,6 +129,17 @@ class Manifest(ManifestHead):
     runs: list[RunRecord]
     _path: Path = PrivateAttr(default=Path("manifest.json"))
 
+    @model_validator(mode="before")
+    @classmethod
+    def _run_dirs(cls, data: Any) -> Any:
+        """Each run's out_dir where the file leaves it out: its folder under the sweep's runs folder (layout.py)."""
+        if not (isinstance(data, dict) and isinstance(data.get("runs"), list) and isinstance(data.get("workdir"), str)
+                and isinstance(data.get("name"), str)):
+            return data  # (and the checks say what is wrong)
+        runs = SweepDirs(Path(data["workdir"]), data["name"]).runs
+        return {**data, "runs": [{"out_dir": str(runs / run["name"]), **run} if isinstance(run, dict) and isinstance(
+            run.get("name"), str) and "out_dir" not in run else run for run in data["runs"]]}
+
     @model_validator(mode="after")
     def _consistent(self) -> Manifest:
         for i, run in enumerate(self.runs):
@@ -169,7 +180,9 @@ class Manifest(ManifestHead):
 def save(manifest: Manifest) -> None:
     """Write the manifest back (keys the file did not have are not added: a default is not written out)."""
     data = manifest.model_dump(mode="json", exclude_unset=True)
-    _write(manifest.path, data, data.pop("runs"))
+    runs = manifest.dirs.runs
+    _write(manifest.path, data, [{k: v for k, v in run.items() if k != "out_dir" or v != str(runs / run["name"])}
+                                 for run in data.pop("runs")])
 
 
 def create(path: Path, head: ManifestHead, runs: list[dict[str, Any]]) -> None:

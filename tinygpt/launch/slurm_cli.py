@@ -195,7 +195,9 @@ def squeue_states(job_ids: list[str]) -> dict[str, JobState] | None:
     their end); None when squeue is unavailable."""
     if not job_ids:
         return {}
-    out = _run(["squeue", "-h", "-r", "-t", "all", "-j", ",".join(job_ids), "-o", "%i|%T|%r|%N|%S"])
+    # (-O, not -o: only --Format has the restart count; `:0` is a field at its full width)
+    out = _run(["squeue", "-h", "-r", "-t", "all", "-j", ",".join(job_ids),
+                "-O", "JobArrayID:0|,State:0|,Reason:0|,NodeList:0|,StartTime:0|,RestartCnt:0|"])
     if out is None:
         return None
     if out.returncode != 0:
@@ -203,26 +205,10 @@ def squeue_states(job_ids: list[str]) -> dict[str, JobState] | None:
         return {} if "Invalid job id" in out.stderr else None
     states: dict[str, JobState] = {}
     for line in out.stdout.splitlines():
-        job_id, state, reason, nodes, start = (line.split("|") + [""] * 5)[:5]
+        job_id, state, reason, nodes, start, restarts = (line.split("|") + [""] * 6)[:6]
         if state:
             starts = start.strip() if state == "PENDING" and start.strip() not in ("N/A", "Unknown") else ""
+            count = int(restarts) if restarts.isdigit() else None
             for one in expand_array_id(job_id):
-                states[one] = JobState(one, state, None, "squeue", reason, nodes, starts)
+                states[one] = JobState(one, state, count, "squeue", reason, nodes, starts)
     return states
-
-
-def restart_counts(job_ids: list[str]) -> dict[str, int]:
-    """Restarts per job from scontrol (works without accounting, for jobs the controller still knows)."""
-    counts: dict[str, int] = {}
-    for job_id in job_ids:
-        out = _run(["scontrol", "-o", "show", "job", job_id], timeout=10)
-        if out is None or out.returncode != 0:
-            continue
-        for record in out.stdout.splitlines():
-            fields = dict(f.split("=", 1) for f in record.split() if "=" in f)
-            jid = fields.get("JobId")
-            if fields.get("ArrayJobId") and fields.get("ArrayTaskId", "").isdigit():
-                jid = f"{fields['ArrayJobId']}_{fields['ArrayTaskId']}"
-            if jid and fields.get("Restarts", "").isdigit():
-                counts[jid] = int(fields["Restarts"])
-    return counts

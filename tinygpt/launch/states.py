@@ -30,6 +30,7 @@ FAILED = ("FAILED", "OUT_OF_MEMORY", "NODE_FAIL", "TIMEOUT", "BOOT_FAIL", "DEADL
 # CANCELLED, which means stop: only --states takes it.
 RESUBMIT_DEFAULT = ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "HUNG", "PREEMPTED")
 RESUBMIT_CHOICES = (*RESUBMIT_DEFAULT, "CANCELLED", "BOOT_FAIL", "DEADLINE")
+SUMMARY_ABOVE = 100  # runs: `status` shows a larger sweep as its runs by state, with those that need a look listed
 
 
 class RunState(str):
@@ -110,13 +111,7 @@ def collect(manifest: Manifest) -> list[Row]:
     """A row per run of the sweep."""
     ids = manifest.task_job_ids()
     wanted = sorted(set(ids.values()))
-    slurm_states = {}
-    if wanted:
-        slurm_states = job_states(wanted, manifest.first_submitted())
-        restarts = slurm_cli.restart_counts(jobs_of([j for j in wanted if slurm_states.get(j) is None
-                                                     or slurm_states[j].restarts is None]))
-    else:
-        restarts = {}
+    slurm_states = job_states(wanted, manifest.first_submitted()) if wanted else {}
     history = submission_history(manifest)
     rows = []
     for run in manifest.runs:
@@ -125,11 +120,10 @@ def collect(manifest: Manifest) -> list[Row]:
         job_id = ids.get(run.index, "")
         js = slurm_states.get(job_id)
         if js is not None:
-            state, source = RunState(js.state), js.source
-            restart_count = js.restarts if js.restarts is not None else restarts.get(job_id)
+            state, source, restart_count = RunState(js.state), js.source, js.restarts
         else:
             state, source = state_from_run_dir(progress), "run dir"
-            restart_count = restarts.get(job_id, progress.get("restarts_seen"))
+            restart_count = progress.get("restarts_seen")
         nodes = js.nodes if js else ""
         if progress.get("event") == "hung" and state.name not in ("RUNNING", "PENDING", "COMPLETING", "REQUEUED"):
             hung = progress["hung"]  # the ranks that stopped answering, where known, else the one that said so

@@ -6,11 +6,12 @@ trials under it. The `from` column says where a run's state came from: sacct, sq
 from __future__ import annotations
 
 import time
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import manifest as manifest_mod
-from .states import Row, collect
+from .states import SUMMARY_ABOVE, Row, collect
 
 if TYPE_CHECKING:
     from .manifest import Manifest
@@ -119,7 +120,29 @@ def fitted(rows: list[Row], title: str, width: int):
     return Group(t, Text(note, style="dim"))
 
 
-def show(manifest: Manifest, watch: bool = False, interval: float = 5.0, console=None) -> list[Row]:
+LIVE = ("RUNNING", "COMPLETING", "REQUEUED", "SUSPENDED", "STARTED")  # (STARTED: a run directory's word)
+
+
+def view(rows: list[Row], title: str, width: int, every_row: bool = False):
+    """The sweep's table; above SUMMARY_ABOVE runs (unless `every_row`), how many runs are in each state, and the
+    table of the failed and live ones only."""
+    if every_row or len(rows) <= SUMMARY_ABOVE:
+        return fitted(rows, title, width)
+    from rich.console import Group
+    from rich.text import Text
+
+    counts = Counter(r.state.name for r in rows)
+    by_state = ", ".join(f"{count:,} {state}" for state, count in counts.most_common())
+    listed = [r for r in rows if r.state.failed or r.state.name in LIVE]
+    parts = [Text(f"{title}\n{len(rows):,} runs: {by_state}")]
+    if listed:
+        parts.append(fitted(listed, f"the {len(listed):,} failed or running", width))
+    parts.append(Text("(--all shows every run)", style="dim"))
+    return Group(*parts)
+
+
+def show(manifest: Manifest, watch: bool = False, interval: float = 5.0, console=None,
+         every_row: bool = False) -> list[Row]:
     if console is None:
         from .console import console as output_console
 
@@ -132,18 +155,18 @@ def show(manifest: Manifest, watch: bool = False, interval: float = 5.0, console
     if chain:
         console.print(chain, soft_wrap=True, markup=False)
     if not watch:
-        console.print(fitted(rows, title, console.width))
+        console.print(view(rows, title, console.width, every_row))
         _print_failures(manifest, rows, console)
         _print_trials(manifest, console)
         return rows
     from rich.live import Live
 
-    with Live(fitted(rows, title, console.width), console=console, refresh_per_second=1) as live:
+    with Live(view(rows, title, console.width, every_row), console=console, refresh_per_second=1) as live:
         while not all(r.state.ended for r in rows):
             time.sleep(interval)
             manifest = manifest_mod.load(manifest.path)  # (a resubmission may have added jobs meanwhile)
             rows = collect(manifest)
-            live.update(fitted(rows, title, console.width))
+            live.update(view(rows, title, console.width, every_row))
     _print_failures(manifest, rows, console)
     _print_trials(manifest, console)
     return rows
