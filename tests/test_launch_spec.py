@@ -117,6 +117,22 @@ def test_every_shipped_spec_loads_and_renders(path, tmp_path):
         assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
 
 
+def test_the_manifest_leaves_out_the_run_dirs_it_can_tell(tmp_path):
+    """A run's out_dir is written only where it is not runs/<sweep>/<run>; reading fills it in, saving leaves it out
+    again, and one elsewhere is kept."""
+    from tinygpt.launch import manifest as manifest_mod
+
+    plan = build(spec_mod.load(write(tmp_path, "name: s\ngrid: {seed: [1, 2]}\n"), tmp_path))
+    assert all("out_dir" not in run for run in json.loads(plan.manifest_path.read_text())["runs"])
+    manifest = manifest_mod.load(plan.manifest_path)
+    assert [r.out_dir for r in manifest.runs] == [str(tmp_path / "runs" / "s" / f"seed={i}") for i in (1, 2)]
+    manifest.runs[1].out_dir = "/elsewhere/seed=2"
+    manifest_mod.save(manifest)
+    assert [run.get("out_dir") for run in json.loads(plan.manifest_path.read_text())["runs"]] == [
+        None, "/elsewhere/seed=2"]
+    assert manifest_mod.load(plan.manifest_path).runs[1].out_dir == "/elsewhere/seed=2"
+
+
 def test_exercises_spec_holds_the_notebooks_exercises():
     runs = spec_mod.load(ROOT / "jobs" / "exercises.yaml").runs
     assert [r.name for r in runs] == ["base", "no-mask", "one-head", "block-16", "block-128", "no-pos-emb",

@@ -101,7 +101,7 @@ def test_a_queued_job_runs_the_code_it_was_submitted_with(checkout, tmp_path, ti
         subprocess.run(["scontrol", "release", job], check=True)
 
     assert wait(manifest_of(work, "held").task_job_ids()[0]) == "COMPLETED"
-    run_dir = Path(manifest["runs"][0]["out_dir"])
+    run_dir = Path(manifest_of(work, "held").runs[0].out_dir)  # (the file leaves the usual out_dir out)
     assert read_metrics(run_dir)[-1]["event"] == "finished"
     start = json.loads((run_dir / "provenance.json").read_text())["starts"][0]
     assert start["git"]["snapshot"] == manifest["code"]["snapshot"] and start["git"]["dirty"] is False
