@@ -117,6 +117,26 @@ def test_every_shipped_spec_loads_and_renders(path, tmp_path):
         assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
 
 
+def test_a_task_reads_its_own_line_of_the_manifest_else_the_whole_file(tmp_path):
+    from tinygpt.launch import manifest as manifest_mod
+
+    plan = build(spec_mod.load(write(tmp_path, "name: s\ngrid: {seed: [1, 2, 3]}\n"), tmp_path))
+    path, text = plan.manifest_path, plan.manifest_path.read_text()
+    whole = manifest_mod.load(path)
+    for i in range(3):
+        head, run = manifest_mod.load_run(path, i)
+        assert run == whole.runs[i] and (head.base, head.name) == (whole.base, whole.name)
+    path.write_text(json.dumps(json.loads(text), indent=2))  # (laid out otherwise, by a tool: read whole)
+    assert manifest_mod.load_run(path, 2)[1] == whole.runs[2]
+    path.write_text(text.replace('"index": 1,', '"index": "1",'))  # its own line damaged: the whole file's check
+    with pytest.raises(manifest_mod.LaunchError, match=r"the manifest is damaged \(runs\[1\]\.index"):
+        manifest_mod.load_run(path, 1)
+    path.write_text(text)
+    for beyond in (3, -1):
+        with pytest.raises(IndexError):
+            manifest_mod.load_run(path, beyond)
+
+
 def test_the_manifest_leaves_out_the_run_dirs_it_can_tell(tmp_path):
     """A run's out_dir is written only where it is not runs/<sweep>/<run>; reading fills it in, saving leaves it out
     again, and one elsewhere is kept."""
@@ -388,7 +408,7 @@ def test_a_sweep_keeps_what_its_runs_share_once(tmp_path):
         {"n_layer": 2, "lr": 0.002}, {"n_layer": 3, "dropout": 0.1}]
     assert not (plan.jobs_dir / "configs").exists()  # nothing per run until a task starts
     for run in sweep.runs:
-        written = run_config.config_file(manifest, run.index)
+        written = run_config.config_file(*manifest_mod.load_run(plan.manifest_path, run.index))
         assert config.resolve(["--config", str(written)]) == run.config
     # As a task's batch script asks for it, and as the scripts of sweeps launched before run_config.py did
     for module in (["tinygpt.launch.run_config"], ["tinygpt.launch.manifest", "config"]):

@@ -107,7 +107,7 @@ class TrainTask:
     def __call__(self, manifest_path: str, index: int) -> dict:
         from tinygpt import config, trainer
 
-        config_path = str(run_config.config_file(manifest_mod.load(Path(manifest_path)), index))
+        config_path = str(run_config.config_file(*manifest_mod.load_run(Path(manifest_path), index)))
         cfg = config.resolve(["--config", config_path])
         signum = getattr(signal, f"SIG{cfg.run.preempt_signal}")
         submitit_handler = signal.getsignal(signum)  # installed by submitit before we were called
@@ -246,7 +246,7 @@ class Local(Backend):
             procs = []
             for run in runs[first:first + pack]:
                 self.say(f"=== run {run.index + 1}/{len(runs)}: {run.name} -> {run.out_dir}")
-                config = run_config.config_file(manifest, run.index)
+                config = run_config.config_file(manifest, run)
                 procs.append((run, start("tinygpt.train", ["--config", str(config), "--device", "cpu"], env,
                                          plan.workdir, self.nproc)))
             for run, proc in procs:

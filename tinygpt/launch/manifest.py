@@ -121,6 +121,17 @@ class ManifestHead(_Record):
     search: SearchRecord | None = None
     submissions: list[Submission]
 
+    @property
+    def dirs(self) -> SweepDirs:
+        return SweepDirs(Path(self.workdir), self.name)
+
+
+def _with_run_dir(run: Any, runs: Path) -> Any:
+    """A run's record with its out_dir where the file leaves it out: its folder in the sweep's runs folder."""
+    if isinstance(run, dict) and isinstance(run.get("name"), str) and "out_dir" not in run:
+        return {"out_dir": str(runs / run["name"]), **run}
+    return run  # (and the checks say what is wrong, if anything)
+
 
 class Manifest(ManifestHead):
     """A launched sweep as every command after the launch reads it: its runs, the jobs that run them, its
@@ -137,8 +148,7 @@ class Manifest(ManifestHead):
                 and isinstance(data.get("name"), str)):
             return data  # (and the checks say what is wrong)
         runs = SweepDirs(Path(data["workdir"]), data["name"]).runs
-        return {**data, "runs": [{"out_dir": str(runs / run["name"]), **run} if isinstance(run, dict) and isinstance(
-            run.get("name"), str) and "out_dir" not in run else run for run in data["runs"]]}
+        return {**data, "runs": [_with_run_dir(run, runs) for run in data["runs"]]}
 
     @model_validator(mode="after")
     def _consistent(self) -> Manifest:
@@ -155,10 +165,6 @@ class Manifest(ManifestHead):
     @property
     def path(self) -> Path:
         return self._path
-
-    @property
-    def dirs(self) -> SweepDirs:
-        return SweepDirs(Path(self.workdir), self.name)
 
     def slurm_submissions(self) -> list[Submission]:
         """The submissions that went to Slurm (not --local runs)."""
@@ -192,12 +198,35 @@ def create(path: Path, head: ManifestHead, runs: list[dict[str, Any]]) -> None:
     _write(Path(path), head.model_dump(mode="json", exclude_unset=True), runs)
 
 
+RUNS_START = '\n "runs": [\n'  # where the runs begin in a manifest `_write` wrote: then a line per run
+
+
 def _write(path: Path, head: dict[str, Any], runs: list[dict[str, Any]]) -> None:
-    """Indented, but one line per run: a sweep of 100,000 runs stays a file to read and grep."""
+    """Indented, but one line per run: a sweep of 100,000 runs stays a file to read and grep, and an array task
+    reads its own line (`load_run`)."""
     text = json.dumps(head, indent=1)
     encode = json.JSONEncoder().encode  # (json.dumps's defaults without its cost per call)
     lines = ",\n".join(f"  {encode(run)}" for run in runs)
-    durable.write(path, f'{text[:-2]},\n "runs": [\n{lines}\n ]\n}}\n')
+    durable.write(path, f'{text[:-2]},{RUNS_START}{lines}\n ]\n}}\n')
+
+
+def load_run(path: Path, index: int) -> tuple[ManifestHead, RunRecord]:
+    """The manifest's head and run `index`'s record, as an array task needs them: from the head and that run's
+    own line where the file is laid out as `_write` writes it (a task of a 100,000-run sweep does not read the
+    100,000 records), else from the whole file (`load`, with its messages)."""
+    if index < 0:
+        raise IndexError(f"run {index}: runs are numbered from 0")
+    try:
+        head_text, start, runs_text = Path(path).read_text().partition(RUNS_START)
+        head = ManifestHead.model_validate(json.loads(head_text[:-1] + "\n}"))  # (the head ends with a comma)
+        line = runs_text.split("\n", index + 1)[index].strip().removesuffix(",")
+        run = RunRecord.model_validate(_with_run_dir(json.loads(line), head.dirs.runs))
+        if start and head.format == FORMAT and run.index == index:
+            return head, run
+    except (OSError, ValueError, IndexError):  # (ValueError: ValidationError and JSON's errors too)
+        pass
+    manifest = load(Path(path))
+    return manifest, manifest.runs[index]
 
 
 def load(path: Path) -> Manifest:

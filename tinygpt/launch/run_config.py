@@ -12,14 +12,13 @@ from tinygpt import config as train_config
 from tinygpt import durable
 
 from .errors import LaunchError
-from .manifest import Manifest, load
+from .manifest import ManifestHead, RunRecord, load_run
 
 USAGE = "usage: python -m tinygpt.launch.run_config MANIFEST INDEX"
 
 
-def config_file(manifest: Manifest, index: int) -> Path:
-    """The run's trainer config file, written (where it differs) from the manifest."""
-    run = manifest.runs[index]
+def config_file(manifest: ManifestHead, run: RunRecord) -> Path:
+    """The run's trainer config file, written (where it differs) from the manifest's shared inputs and its own."""
     cfg = train_config.build({**manifest.base, **run.overrides, "out_dir": run.out_dir})
     path = manifest.dirs.config(run.name)
     text = train_config.dump_yaml(cfg)
@@ -36,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     try:
-        path = config_file(load(Path(argv[0])), int(argv[1]))
+        path = config_file(*load_run(Path(argv[0]), int(argv[1])))
     except (LaunchError, IndexError, ValueError, OSError) as err:
         print(f"tinygpt: cannot find run {argv[1]} in {argv[0]}: {err}", file=sys.stderr)
         return 1
