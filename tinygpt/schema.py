@@ -249,14 +249,14 @@ def below(field: Any, value: float) -> str | None:
 
 def _range(field: Any, kind: str, ctx: dict) -> str:
     """`from 1 to 1,000`, `in [0, 1)` when the field has both ends, else `>= 1` (the end that was crossed)."""
-    ends_ = ends(field)
-    low, high = ends_.get("ge", ends_.get("gt")), ends_.get("le", ends_.get("lt"))
+    declared = ends(field)
+    low, high = declared.get("ge", declared.get("gt")), declared.get("le", declared.get("lt"))
     if low is None or high is None:
         symbol, key = _BOUNDS[kind]
         return f"{symbol} {_bound(ctx[key])}"
-    if "ge" in ends_ and "le" in ends_:
+    if "ge" in declared and "le" in declared:
         return f"from {_bound(low)} to {_bound(high)}"
-    return f"in {'[' if 'ge' in ends_ else '('}{_bound(low)}, {_bound(high)}{']' if 'le' in ends_ else ')'}"
+    return f"in {'[' if 'ge' in declared else '('}{_bound(low)}, {_bound(high)}{']' if 'le' in declared else ')'}"
 
 
 def _bound(value: Any) -> str:

@@ -127,10 +127,18 @@ class ManifestHead(_Record):
 
 
 def _with_run_dir(run: Any, runs: Path) -> Any:
-    """A run's record with its out_dir where the file leaves it out: its folder in the sweep's runs folder."""
+    """A run's record with its out_dir where the file leaves it out: its folder in the sweep's runs folder (as
+    sweep_runs.py names it: the folder, a slash, the run's name)."""
     if isinstance(run, dict) and isinstance(run.get("name"), str) and "out_dir" not in run:
-        return {"out_dir": str(runs / run["name"]), **run}
+        return {"out_dir": f"{runs}/{run['name']}", **run}
     return run  # (and the checks say what is wrong, if anything)
+
+
+def _without_run_dir(run: dict[str, Any], runs: Path) -> dict[str, Any]:
+    """`_with_run_dir`'s inverse: the record without its out_dir where that is its folder in the runs folder."""
+    if run.get("out_dir") != f"{runs}/{run['name']}":
+        return run
+    return {k: v for k, v in run.items() if k != "out_dir"}
 
 
 class Manifest(ManifestHead):
@@ -186,9 +194,7 @@ class Manifest(ManifestHead):
 def save(manifest: Manifest) -> None:
     """Write the manifest back (keys the file did not have are not added: a default is not written out)."""
     data = manifest.model_dump(mode="json", exclude_unset=True)
-    runs = manifest.dirs.runs
-    _write(manifest.path, data, [{k: v for k, v in run.items() if k != "out_dir" or v != str(runs / run["name"])}
-                                 for run in data.pop("runs")])
+    _write(manifest.path, data, data.pop("runs"))
 
 
 def create(path: Path, head: ManifestHead, runs: list[dict[str, Any]]) -> None:
@@ -203,10 +209,12 @@ RUNS_START = '\n "runs": [\n'  # where the runs begin in a manifest `_write` wro
 
 def _write(path: Path, head: dict[str, Any], runs: list[dict[str, Any]]) -> None:
     """Indented, but one line per run: a sweep of 100,000 runs stays a file to read and grep, and an array task
-    reads its own line (`load_run`)."""
+    reads its own line (`load_run`). A run's out_dir is left out where it is its folder in the sweep's runs
+    folder (`_with_run_dir` fills that in again)."""
     text = json.dumps(head, indent=1)
     encode = json.JSONEncoder().encode  # (json.dumps's defaults without its cost per call)
-    lines = ",\n".join(f"  {encode(run)}" for run in runs)
+    runs_dir = SweepDirs(Path(head["workdir"]), head["name"]).runs
+    lines = ",\n".join(f"  {encode(_without_run_dir(run, runs_dir))}" for run in runs)
     durable.write(path, f'{text[:-2]},{RUNS_START}{lines}\n ]\n}}\n')
 
 

@@ -70,10 +70,9 @@ def _head(sweep: Sweep, snapshot: Snapshot | None, previous: list) -> ManifestHe
 
 def _records(sweep: Sweep) -> list[dict[str, Any]]:
     """Each run's record (RunRecord's fields) with only its own trainer inputs: the shared ones are the manifest's
-    `base`, once (a run's config file is written from both when its task starts: run_config.py). Its out_dir,
-    the sweep's runs folder and its name, is left for the manifest to fill in."""
-    return [{"index": run.index, "name": run.name, "overrides": run.own, "max_steps": run.max_steps}
-            for run in sweep.runs]
+    `base`, once (a run's config file is written from both when its task starts: run_config.py)."""
+    return [{"index": run.index, "name": run.name, "overrides": run.own, "out_dir": run.out_dir,
+             "max_steps": run.max_steps} for run in sweep.runs]
 
 
 def _write_scripts(sweep: Sweep, code: Path) -> list[Script]:

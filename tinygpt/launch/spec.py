@@ -250,12 +250,14 @@ def load(path: str | Path, workdir: str | Path = ".", cluster: str | None = None
         problems.extend(f"cluster profile {err.source}: {p}" if err.source else p for p in err.problems)
     base = _base(spec.train, profile, problems)
     forced = _check_keys(overrides or {}, "--set", problems)
-    optuna = _optuna(spec, {"data_dir": str(workdir / "data"), **base, **forced, "sweep": name}, problems)
+    inputs = {"data_dir": str(workdir / "data"), **base}  # (under each run's own; the launcher's keys over them)
+    launcher = {**forced, "sweep": name}
+    optuna = _optuna(spec, {**inputs, **launcher}, problems)
     points, grid_size = ([(f"worker={w}", {}) for w in range(optuna["workers"])], optuna["workers"]) if optuna \
         else _points(spec, problems)
     varying = sweep_runs.name_keys(points, base)
-    runs = sweep_runs.make(points, grid_size, varying, {"data_dir": str(workdir / "data"), **base},
-                           {**forced, "sweep": name}, str(SweepDirs(workdir, name).runs), problems)
+    runs = sweep_runs.make(points, grid_size, varying, inputs, launcher, str(SweepDirs(workdir, name).runs),
+                           problems)
     resources = _resources(spec.resources, profile, problems) if profile is not None else None
     pack = _pack(spec.pack or 1, backend, optuna, resources, problems)
     unique_problems = list(dict.fromkeys(problems))
