@@ -12,7 +12,8 @@
 set -uo pipefail
 
 HOME_DIR=${TINYGPT_SLURM_HOME:-/var/lib/tinygpt-slurm}
-RUN=$HOME_DIR/run
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"  # stop_daemon
 SUBNET=10.77.0
 BRIDGE=tgslurm0
 HOSTS_MARK='# tinygpt-slurm'
@@ -27,24 +28,12 @@ esac
 [ "$(id -u)" = 0 ] || { echo "down.sh: run as root" >&2; exit 2; }
 export PATH=$PATH:/usr/sbin:/sbin
 
-stop() {  # stop PIDFILE NAME: TERM the process the pid file names, if it is NAME; KILL after 20 s
-  local pid
-  [ -f "$1" ] || return 0
-  pid=$(cat "$1" 2>/dev/null)
-  if [ -n "$pid" ] && [ -r "/proc/$pid/comm" ] && [ "$(cat "/proc/$pid/comm")" = "$2" ]; then
-    echo "down.sh: stopping $2 (pid $pid)"
-    kill "$pid" 2>/dev/null
-    for _ in $(seq 1 40); do [ -d "/proc/$pid" ] || break; sleep 0.5; done
-    [ -d "/proc/$pid" ] && kill -9 "$pid" 2>/dev/null
-  fi
-  rm -f "$1"
-}
 made() { grep -qxF "$1" "$HOME_DIR/made-by-up" 2>/dev/null; }
 
-for pidfile in "$RUN"/slurmd.pid "$RUN"/node*/slurmd.pid; do stop "$pidfile" slurmd; done
-stop "$RUN/slurmctld.pid" slurmctld
+for pidfile in "$RUN"/slurmd.pid "$RUN"/node*/slurmd.pid; do stop_daemon "$pidfile" slurmd; done
+stop_daemon "$RUN/slurmctld.pid" slurmctld
 [ "$MODE" = slurm-only ] && exit 0
-stop "$RUN/slurmdbd.pid" slurmdbd
+stop_daemon "$RUN/slurmdbd.pid" slurmdbd
 
 if [ "$MODE" = purge ]; then
   # Daemons whose pid files an earlier, killed life of this machine lost: ours are the only Slurm here.
@@ -60,11 +49,11 @@ if [ "$MODE" = purge ]; then
 fi
 
 if grep -qxF mariadb "$RUN/started-by-up" 2>/dev/null || { [ "$MODE" = purge ] && made mariadb-data; }; then
-  stop /run/mysqld/mysqld.pid mariadbd
+  stop_daemon /run/mysqld/mysqld.pid mariadbd
   # mysqld_safe would restart it; it ends by itself once mariadbd stops cleanly.
 fi
 if grep -qxF munged "$RUN/started-by-up" 2>/dev/null || { [ "$MODE" = purge ] && made munge-key; }; then
-  stop /run/munge/munged.pid munged
+  stop_daemon /run/munge/munged.pid munged
 fi
 rm -f "$RUN/started-by-up"
 

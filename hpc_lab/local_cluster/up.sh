@@ -79,7 +79,7 @@ SUBNET=10.77.0
 BRIDGE=tgslurm0
 HOSTS_MARK='# tinygpt-slurm'  # marks our /etc/hosts lines, for down.sh --purge
 HOST=$(hostname -s)
-ETC=$HOME_DIR/etc LOG=$HOME_DIR/log RUN=$HOME_DIR/run
+ETC=$HOME_DIR/etc
 T0=$(date +%s.%N)
 
 say() { printf 'up.sh: %s\n' "$*"; }
@@ -88,19 +88,8 @@ die() {  # die DAEMON LOGFILE MESSAGE
   if [ -n "$2" ] && [ -f "$2" ]; then printf -- '--- last lines of %s:\n' "$2" >&2; tail -n 25 "$2" >&2; fi
   exit 1
 }
-alive() {  # alive PIDFILE NAME: the pid file names a live process called NAME
-  local pid
-  [ -f "$1" ] || return 1
-  pid=$(cat "$1" 2>/dev/null) || return 1
-  [ -n "$pid" ] && [ -r "/proc/$pid/comm" ] && [ "$(cat "/proc/$pid/comm")" = "$2" ]
-}
-wait_for() {  # wait_for SECONDS COMMAND...: retry until the command succeeds
-  local deadline=$(( $(date +%s) + $1 )); shift
-  until "$@" >/dev/null 2>&1; do
-    [ "$(date +%s)" -lt "$deadline" ] || return 1
-    sleep 0.5
-  done
-}
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"  # alive, wait_for, start_* (daemon.sh starts them the same way)
 # What up.sh started (down.sh stops only these) and what it made (down.sh --purge removes only these).
 mark_started() { grep -qxF "$1" "$RUN/started-by-up" 2>/dev/null || echo "$1" >>"$RUN/started-by-up"; }
 mark_made() { grep -qxF "$1" "$HOME_DIR/made-by-up" 2>/dev/null || echo "$1" >>"$HOME_DIR/made-by-up"; }
@@ -387,13 +376,12 @@ fi
 if [ "$ACCOUNTING" = 1 ]; then
   if ! mysqladmin ping >/dev/null 2>&1; then
     say "starting MariaDB"
-    mkdir -p /run/mysqld "$LOG/mariadb" && chown mysql:mysql /run/mysqld "$LOG/mariadb"
     if [ ! -d /var/lib/mysql/mysql ]; then
       mariadb-install-db --user=mysql >"$LOG/mariadb-install.log" 2>&1 \
         || die mariadb "$LOG/mariadb-install.log" "could not create its data folder"
       mark_made mariadb-data
     fi
-    setsid mysqld_safe --user=mysql --log-error="$LOG/mariadb/mariadb.log" >/dev/null 2>&1 < /dev/null &
+    start_mariadb
     wait_for 60 mysqladmin ping || die mariadb "$LOG/mariadb/mariadb.log" "does not answer mysqladmin ping"
     mark_started mariadb
   fi
@@ -406,7 +394,7 @@ EOF
   mark_made accounting-db
   if ! alive "$RUN/slurmdbd.pid" slurmdbd; then
     say "starting slurmdbd"
-    /usr/sbin/slurmdbd >>"$LOG/slurmdbd.out" 2>&1 || die slurmdbd "$LOG/slurmdbd.log" "did not start"
+    start_slurmdbd || die slurmdbd "$LOG/slurmdbd.log" "did not start"
   fi
   wait_for 60 sacctmgr -n show cluster || die slurmdbd "$LOG/slurmdbd.log" "does not answer sacctmgr"
   if [ -z "$(sacctmgr -n -P show cluster "$CLUSTER" format=cluster 2>/dev/null)" ]; then
@@ -443,7 +431,7 @@ if [ "$conf_changed" = 1 ] && alive "$RUN/slurmctld.pid" slurmctld; then
 fi
 if ! alive "$RUN/slurmctld.pid" slurmctld; then
   say "starting slurmctld"
-  /usr/sbin/slurmctld >>"$LOG/slurmctld.out" 2>&1 || die slurmctld "$LOG/slurmctld.log" "did not start"
+  start_slurmctld || die slurmctld "$LOG/slurmctld.log" "did not start"
 fi
 wait_for 60 scontrol ping || die slurmctld "$LOG/slurmctld.log" "does not answer scontrol ping"
 
