@@ -293,8 +293,8 @@ def pytest_runtest_setup(item):
 # ----------------------------------------------------------------------------------------------------
 # Hermetic tests: a test that is not marked `slurm` runs as on a machine without Slurm, whether or not a cluster
 # is up, so that it gives the same answer in CI and on a newcomer's laptop. For its whole protocol (setup, call,
-# teardown: the module-scoped fixtures it sets up too), Slurm's commands are off PATH and the variables that
-# steer them are unset; a `slurm` test sees the cluster.
+# teardown: the module-scoped fixtures it sets up too), Slurm's commands are off PATH, the variables that
+# steer them are unset and its configuration is empty; a `slurm` test sees the cluster.
 
 SLURM_COMMANDS = frozenset({"sacct", "sacctmgr", "salloc", "sattach", "sbatch", "sbcast", "scancel", "scontrol",
                             "scrontab", "sdiag", "sh5util", "sinfo", "sprio", "squeue", "sreport", "srun", "sshare",
@@ -344,6 +344,7 @@ def pytest_runtest_protocol(item, nextitem):
     saved = dict(os.environ)
     for name in [n for n in os.environ if n.startswith(SLURM_VARIABLES)]:
         del os.environ[name]
+    os.environ["SLURM_CONF"] = os.devnull  # (an empty configuration, not this machine's /etc/slurm/slurm.conf)
     os.environ["PATH"] = path_without_slurm(os.environ.get("PATH", os.defpath))
     try:
         yield

@@ -11,10 +11,11 @@ import pytest
 from conftest import ROOT, SLURM_COMMANDS, SLURM_VARIABLES, python_env
 
 
-def what_is_seen() -> tuple[list[str], list[str]]:
-    """(the Slurm commands on PATH, the variables set that steer them)"""
+def what_is_seen() -> tuple[list[str], list[str], str | None]:
+    """(the Slurm commands on PATH, the variables set that steer them but SLURM_CONF, the configuration file)"""
     return (sorted(c for c in SLURM_COMMANDS if shutil.which(c)),
-            sorted(n for n in os.environ if n.startswith(SLURM_VARIABLES)))
+            sorted(n for n in os.environ if n.startswith(SLURM_VARIABLES) and n != "SLURM_CONF"),
+            os.environ.get("SLURM_CONF"))
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +24,8 @@ def seen_by_a_module_fixture():
 
 
 def test_a_test_not_about_slurm_sees_no_slurm_nor_its_variables(seen_by_a_module_fixture):
-    assert what_is_seen() == ([], [])
-    assert seen_by_a_module_fixture == ([], [])  # (set up within the first test that uses it, hidden too)
+    assert what_is_seen() == ([], [], os.devnull)  # (an empty configuration)
+    assert seen_by_a_module_fixture == ([], [], os.devnull)  # (set up within the first test that uses it, hidden too)
     assert shutil.which("git") and shutil.which("sh")  # (everything else is still on PATH)
 
 
@@ -41,7 +42,7 @@ def test_slurm_is_hidden_even_when_the_machine_has_it(tmp_path):
     (tmp_path / "test_sees.py").write_text(
         "import shutil, os\nimport pytest\n"
         "def test_unmarked():\n"
-        "    assert shutil.which('sinfo') is None and 'SLURM_CONF' not in os.environ\n"
+        f"    assert shutil.which('sinfo') is None and os.environ['SLURM_CONF'] == {os.devnull!r}\n"
         "@pytest.mark.slurm\n"
         "def test_marked():\n"
         f"    assert shutil.which('sinfo') and os.environ['SLURM_CONF'] == {str(conf)!r}\n")

@@ -237,8 +237,8 @@ def test_every_sbatch_value_round_trips_through_sbatch_and_the_shell(tmp_path):
     assert options["signal"] == "USR2@90" and "requeue" in options
     assert options["reservation"] == "maint $(reboot)" and options["exclusive"] is None
     assert options["exclude"] == "node[3-4]"
-    srun_line = next(line for line in text.splitlines() if line.startswith("srun "))
-    assert shlex.split(srun_line)[2:4] == ["--cpu-bind=cores", "--label; rm -rf ~"]
+    srun_line = next(line for line in text.splitlines() if line.startswith("step srun "))
+    assert shlex.split(srun_line)[3:5] == ["--cpu-bind=cores", "--label; rm -rf ~"]
     # The setup section, run for real in a shell, exports values verbatim and executes nothing.
     setup = text.split("# Setup\n")[1].split("\n# Command")[0]
     setup = "\n".join(line for line in setup.splitlines() if not line.startswith(("module ", "source ")))
@@ -640,12 +640,13 @@ def test_a_job_accounting_still_calls_running_takes_the_state_the_controller_saw
 
     monkeypatch.setattr(slurm_cli, "sacct_states", sacct_states)
     monkeypatch.setattr(slurm_cli, "squeue_states", squeue_states)
-    found = states.job_states(["7_0", "7_1", "8", "9", "10"], None)
+    found, unheard = states.job_states(["7_0", "7_1", "8", "9", "10"], None)
     assert {job: (s.state, s.source) for job, s in found.items()} == {
         "7_0": ("FAILED", "squeue"), "7_1": ("COMPLETED", "sacct"), "8": ("RUNNING", "sacct"),
         "9": ("PENDING", "squeue"), "10": ("PENDING", "sacct")}
     assert found["10"].starts == "2026-12-02T03:00:00"  # (the controller's estimate, on accounting's record)
     assert asked == [["10", "7", "8", "9"]]  # once, by job, for those accounting does not show ended
+    assert unheard == []  # (no Slurm here: nobody to be silent)
 
 
 def test_a_local_sweep_says_which_runs_failed_and_has_no_job_to_cancel_or_resubmit(tmp_path, tiny_corpus):

@@ -135,7 +135,7 @@ def test_a_submission_fails_closed_when_slurm_cannot_answer_and_no_check_says_it
     spec, work = spec_with(tmp_path, tiny_corpus, "blind"), tmp_path / "w"
     before = queue()
     out = launch(str(spec), "--workdir", str(work), env=env)
-    assert out.returncode == 1 and live_check.NO_ANSWER in out.stderr, out.stdout + out.stderr
+    assert out.returncode == 1 and live_check.NOT_CHECKED in out.stderr, out.stdout + out.stderr
     assert not set(queue()) - set(before) and not (work / "jobs").exists()
     held = launch(str(spec), "--workdir", str(work), "--no-check", "--hold", env=env)
     assert held.returncode == 0 and "not checked against the live cluster (--no-check)" in held.stdout, held.stderr

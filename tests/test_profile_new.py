@@ -93,7 +93,11 @@ def test_profile_new_without_a_slurm_writes_nothing(tmp_path):
 
     out = launch("profile", "new", "--dir", str(tmp_path / "out"),
                  env={"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"})
-    assert out.returncode == 1 and "no Slurm answers here" in out.stderr and "Traceback" not in out.stderr
+    # A controller that does not answer: said at once, with the status that says "try again"
+    assert out.returncode == 75 and "the Slurm controller (slurmctld) does not answer" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and not (tmp_path / "out").exists()
+    nothing = launch("profile", "new", "--dir", str(tmp_path / "out"))  # (no Slurm commands on this machine)
+    assert nothing.returncode == 1 and "no Slurm commands on this machine" in nothing.stderr, nothing.stderr
     assert not (tmp_path / "out").exists()
     # Its own flags are checked first: a mistake in them is said without asking Slurm anything.
     recording, asked = slurm_that_records(tmp_path)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from tinygpt import forked
 
 from . import manifest as manifest_mod
-from . import run_config, slurm_cli
+from . import run_config, sbatch, slurm_cli
 from .errors import LaunchError
 from .layout import submitit_folder
 from .slurm_options import container_prefix, sbatch_options, setup_lines
@@ -50,6 +50,7 @@ class Backend:
         """scancel every Slurm job of the sweep (the chain's steps too); the ids cancelled."""
         ids = sorted({sub.job_id for sub in manifest.slurm_submissions()})
         if ids:
+            slurm_cli.require_controller()
             ok, message = slurm_cli.scancel(ids)
             if not ok:
                 raise LaunchError(f"scancel failed for {', '.join(ids)}: {message}")
@@ -152,7 +153,8 @@ class Submitit(Backend):
         options = sbatch_options(r, prof, plan.workdir)
         additional = {key.replace("-", "_"): True if value is None else value for key, value in options.items()}
         setup = [*setup_lines(prof, pythonpath or str(plan.code)),
-                 f"export SUBMITIT_PREEMPT_SIGNAL={shlex.quote(prof.signal)}"]
+                 f"export SUBMITIT_PREEMPT_SIGNAL={shlex.quote(prof.signal)}",
+                 sbatch.WAIT_FOR_CONTROLLER, "controller_back || exit 1"]
         params: dict[str, Any] = dict(job_name=sweep.name, nodes=r.nodes, ntasks_per_node=r.tasks_per_node,
                                       setup=setup, additional_parameters=additional)
         if sweep.array_parallelism:

@@ -16,7 +16,9 @@
     python launch.py profile new                a cluster profile from what Slurm says [--name N] [--force]
 
 `launch.py COMMAND --help` lists a command's options (`launch.py launch --help`: those of `launch.py SPEC`).
-Errors in the spec are all reported at once, and nothing is submitted; the exit status is 1.
+Errors in the spec are all reported at once, and nothing is submitted; the exit status is 1. When Slurm's controller
+or its accounting does not answer (a restart, a failover), a command that needs it refuses at once with exit status
+75 (try again later).
 """
 
 from __future__ import annotations
@@ -193,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         return HANDLERS[args.command](args)
     except LaunchError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 1
+        return err.exit_status
     except OSError as err:  # the filesystem refused (full, read-only, permissions): nothing half-written
         from tinygpt.errors import filesystem_message
 

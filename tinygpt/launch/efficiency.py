@@ -150,8 +150,10 @@ def table_rows(manifest: Manifest) -> list[dict[str, str]]:
     if found is None:
         from .errors import LaunchError
 
-        raise LaunchError("efficiency: sacct did not answer (Slurm accounting is off or unreachable); it needs "
-                          "slurmdbd")
+        if silence := slurm_cli.accounting_silence():
+            raise slurm_cli.SlurmAway(f"efficiency: cannot measure: {silence}; try again in a minute")
+        raise LaunchError("efficiency: this cluster keeps no job accounting (sacct does not answer); the figures "
+                          "need slurmdbd")
     return [{"run": run.name, "job": job_id, "state": u.state if u else "-", **cells(u)} for run, job_id, u in found]
 
 

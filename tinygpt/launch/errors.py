@@ -7,3 +7,5 @@ from tinygpt.errors import ProblemsError
 
 class LaunchError(ProblemsError):
     """One or more problems; `problems` holds one message each, naming the field and the fix."""
+
+    exit_status = 1

@@ -59,6 +59,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "check" or not (args.dry_run or args.local or args.no_check):
         cluster = live_check.before_writing(sweep)  # (nothing is written when it fails)
     elif args.no_check and not (args.dry_run or args.local):
+        slurm_cli.require_controller()
         print("not checked against the live cluster (--no-check)")
     # One command at a time writes a sweep: from the check that its jobs are not live to the last record.
     with manifest_mod.sweep_lock(sweep.dirs.jobs):
@@ -158,6 +159,7 @@ def _refuse_if_live(manifest: Manifest, name: str, spec: str) -> None:
     jobs |= {s.job_id: f"the chain's {s.role} step" for s in manifest.submissions if s.role}
     if not jobs:
         return
+    slurm_cli.require_controller()
     queued = slurm_cli.squeue_states(states.jobs_of(list(jobs)))
     if queued is None:
         raise LaunchError(f"sweep `{name}` has jobs on Slurm, and squeue could not say whether they are still "

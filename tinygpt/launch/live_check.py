@@ -6,7 +6,7 @@ fits its MaxTime and the nodes its size; the GPUs asked for are on its nodes, of
 account and QOS are the user's, and the time fits the QOS's MaxWall (where accounting answers); each job
 array's task ids stay below MaxArraySize. Then `sbatch --test-only` of each batch script: Slurm's own
 verdict, and its estimate of when the job would start. When Slurm does not answer, nothing is submitted
-(the check fails closed).
+(the check fails closed); a controller that does not answer is said at once (slurm_cli.SlurmAway).
 """
 
 from __future__ import annotations
@@ -23,16 +23,15 @@ if TYPE_CHECKING:
     from .plan import Plan
     from .spec import Sweep
 
-NO_ANSWER = ("check: Slurm does not answer here (scontrol failed), so the spec cannot be checked against the "
-             "cluster and nothing was submitted; submit from a login node of the cluster, or add --no-check to "
-             "submit without the check")
+NOT_CHECKED = ("so the spec cannot be checked against the cluster and nothing was submitted; submit from a login "
+               "node of the cluster, or add --no-check to submit without the check")
 
 
 def before_writing(sweep: Sweep) -> LiveCluster:
     """What can be checked from the spec alone, before a file is written; the cluster as Slurm described it."""
     cluster = LiveCluster.ask()
     if cluster is None:
-        raise LaunchError(NO_ANSWER)
+        raise LaunchError(f"check: {slurm_cli.no_answer()}, {NOT_CHECKED}")
     if problems := spec_problems(sweep, cluster):
         raise LaunchError(problems, f"{sweep.spec_path} against cluster {cluster.name}")
     return cluster

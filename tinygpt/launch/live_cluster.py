@@ -28,11 +28,14 @@ class LiveCluster:
 
     @classmethod
     def ask(cls) -> LiveCluster | None:
-        """None when scontrol does not answer (accounting may not: then `accounts` is None)."""
-        config = slurm_cli.cluster_config()
-        partitions = slurm_cli.scontrol_records("partition")
-        nodes = slurm_cli.scontrol_records("node")
-        if config is None or partitions is None or nodes is None:
+        """None when scontrol does not answer (accounting may not: then `accounts` is None); SlurmAway at once
+        when the controller does not."""
+        slurm_cli.require_controller()
+        if (config := slurm_cli.cluster_config()) is None:
+            return None
+        if (partitions := slurm_cli.scontrol_records("partition")) is None:
+            return None
+        if (nodes := slurm_cli.scontrol_records("node")) is None:
             return None
         return cls(config, {p.get("PartitionName", "?"): p for p in partitions}, nodes,
                    slurm_cli.associations(getpass.getuser()), slurm_cli.qos_max_wall())

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from tinygpt import durable
 
+from . import slurm_cli
 from .errors import LaunchError
 from .layout import schema_file
 from .live_cluster import LiveCluster, Shape
@@ -40,8 +41,8 @@ def write(directory: Path, name: str | None, force: bool) -> Path:
         _refuse_name(directory, name, force)
     cluster = LiveCluster.ask()
     if cluster is None:
-        raise LaunchError("profile new: no Slurm answers here (scontrol show config/partition/node failed); run it "
-                          "on a login node of the cluster; nothing was written")
+        raise LaunchError(f"profile new: {slurm_cli.no_answer()}; run it on a login node of the cluster; nothing "
+                          f"was written")
     name = name or cluster.name or "cluster"
     _refuse_name(directory, name, force)
     path = directory / f"{name}.yaml"

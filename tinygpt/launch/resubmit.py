@@ -15,6 +15,7 @@ from pathlib import Path
 from .errors import LaunchError
 from .manifest import BACKENDS, Life, Manifest
 from .resources import format_time, parse_mem_mb, parse_time_min
+from .slurm_cli import RETRY, SlurmAway
 from .states import RESUBMIT_CHOICES, Row, collect, read_progress
 
 BAD_NODE_STATES = ("NODE_FAIL", "HUNG")  # what --exclude-failed-nodes keeps away from
@@ -102,6 +103,8 @@ def collect_rows(manifest: Manifest) -> list[Row]:
         raise LaunchError("resubmit: no job of this sweep was submitted to Slurm; launch it first (runs of "
                           "--local are run again with --local)")
     rows = collect(manifest)
+    if rows.unheard:
+        raise SlurmAway(f"resubmit: {'; '.join(rows.unheard)}, so which runs failed cannot be told for sure; {RETRY}")
     if rows and all(r.source == "run dir" for r in rows if r.job_id != "-"):
         raise LaunchError("resubmit: Slurm does not say how the sweep's jobs ended (no sacct or squeue answer); "
                           "run it where Slurm's commands work")

@@ -27,6 +27,46 @@ if TYPE_CHECKING:
     from .resources import Resources
 
 REQUEUE_EXIT = preemption.EXIT_REQUEUE  # (a shorter name for the f-strings below)
+# srun's exit status for its own failures (SLURM_EXIT_ERROR), apart from a trainer's: 108, used by no trainer.
+SRUN_ERROR_EXIT = 108
+CONTROLLER_WAIT_S = 600  # how long a task waits for a controller that does not answer before it gives up
+
+# srun asks the controller for each step. While the controller is away (a restart, a failover, maintenance)
+# srun cannot start one and exits with SLURM_EXIT_ERROR instead of a trainer's status: the task waits for the
+# controller and for its nodes to register with it again (a step asked for before that waits on srun's growing
+# back-off, minutes), says so in its log, and starts the step again; a trainer that had begun resumes from its
+# checkpoint. Bounded: three more tries, each after at most CONTROLLER_WAIT_S of waiting. (submitit's scripts,
+# whose srun line is submitit's, wait for the controller once before it.)
+WAIT_FOR_CONTROLLER = f"""answers() {{  # the controller, and every node of this job (after a restart: registered)
+  local nodes
+  scontrol ping >/dev/null 2>&1 || return 1
+  nodes=$(scontrol -o show node "$SLURM_JOB_NODELIST" 2>/dev/null) || return 1
+  [ -n "$nodes" ] && ! grep -q 'SlurmdStartTime=None' <<<"$nodes"
+}}
+controller_back() {{
+  local start=$SECONDS
+  answers && return 0
+  echo "tinygpt: the controller does not answer (scontrol ping); waiting for it, at most {CONTROLLER_WAIT_S} s" >&2
+  until answers; do
+    if [ $(( SECONDS - start )) -ge {CONTROLLER_WAIT_S} ]; then
+      echo "tinygpt: the controller did not answer for {CONTROLLER_WAIT_S} s; giving up (resubmit runs it again)" >&2
+      return 1
+    fi
+    sleep 2
+  done
+  echo "tinygpt: the controller answers again after $(( SECONDS - start )) s; starting the step" >&2
+}}"""
+STEP = f"""export SLURM_EXIT_ERROR={SRUN_ERROR_EXIT}
+{WAIT_FOR_CONTROLLER}
+step() {{
+  local code tries=1
+  "$@"; code=$?
+  while [ "$code" -eq {SRUN_ERROR_EXIT} ] && [ "$tries" -lt 4 ] && controller_back; do
+    tries=$(( tries + 1 ))
+    "$@"; code=$?
+  done
+  return "$code"
+}}"""
 
 
 @dataclass(frozen=True)
@@ -60,7 +100,7 @@ def render(p: ScriptParams) -> str:
     ]
     lines += [directives.line(key, value) for key, value in sorted(options.items())]
     lines += ["", "# Setup", *setup_lines(p.profile, p.pythonpath)]
-    lines += [f"PYTHON={q(p.python)}", f"MANIFEST={q(p.manifest)}", "", "# Command"]
+    lines += [f"PYTHON={q(p.python)}", f"MANIFEST={q(p.manifest)}", "", "# Command", STEP]
     lines += _packed(p) if p.pack > 1 else _single(p)
     lines += [
         f"if [ \"$status\" -eq {REQUEUE_EXIT} ]; then",
@@ -99,7 +139,7 @@ def _single(p: ScriptParams) -> list[str]:
         'CONFIG="search worker $RUN_INDEX"' if p.worker else CONFIG_LINE,
         LIFE_LINE,
         "status=0",
-        f"srun --kill-on-bad-exit=1 {_trainer(p)} || status=$?",
+        f"step srun --kill-on-bad-exit=1 {_trainer(p)} || status=$?",
     ]
 
 
@@ -120,7 +160,7 @@ def _packed(p: ScriptParams) -> list[str]:
         f"  LOG={q(p.log_dir)}/{PACKED_RUN_LOG.format(task=task_log, index='$RUN_INDEX')}",
         f"  {LIFE_LINE} | tee -a \"$LOG\"",
         f'  {preemption.REQUEUE_ENV}=script {PACK_SLOT_ENV}="$(( RUN_INDEX - FIRST ))/{p.pack}" '
-        'SLURM_CPUS_PER_TASK="$CPUS" srun --overlap --ntasks=1 --nodes=1 '
+        'SLURM_CPUS_PER_TASK="$CPUS" step srun --overlap --ntasks=1 --nodes=1 '
         f'{_trainer(p)} >> "$LOG" 2>&1 &',
         "  pids+=($!)",
         "done",

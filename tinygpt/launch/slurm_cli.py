@@ -2,19 +2,36 @@
 
 Every call has a timeout; a missing command or a failed call gives a clear error or None (for the
 queries), so that status falls back from sacct (accounting) to squeue to what the run directory says.
+
+Three reasons for no answer are told apart in every message: no Slurm commands on this machine; the controller
+(slurmctld) does not answer, asked first with `scontrol ping`, which says so at once where every other command
+waits out Slurm's message timeout; accounting (slurmdbd or its database) does not answer. The last two pass
+(a restart, a failover, maintenance): commands that need them refuse with SlurmAway, whose exit status says
+"try again".
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from .errors import LaunchError
 
 TIMEOUT_S = 30
+_UNREACHABLE = "Unable to contact slurm controller"  # (Slurm's words for a connection to it that failed)
+NO_COMMANDS = "no Slurm commands on this machine (scontrol is not on PATH)"
+RETRY = "nothing was written or submitted; try again in a minute"
+
+
+class SlurmAway(LaunchError):
+    """The controller or accounting did not answer: nothing was done, and the same command may work in a minute."""
+
+    exit_status = 75  # sysexits' EX_TEMPFAIL, for scripts to retry on
 
 
 @dataclass(frozen=True)
@@ -53,6 +70,8 @@ def sbatch(script_path: str, extra: list[str] | None = None) -> str:
         raise LaunchError(f"sbatch {script_path} did not answer within 120 s; is slurmctld up?") from None
     if out.returncode != 0:
         message = (out.stderr or out.stdout).strip() or f"exit status {out.returncode}"
+        if _UNREACHABLE in message:
+            raise SlurmAway(f"sbatch {script_path}: {controller_silence() or message}; try again in a minute")
         raise LaunchError(f"sbatch rejected {script_path}: {message}")
     job_id = out.stdout.strip().split(";")[0]
     if not job_id:
@@ -78,6 +97,70 @@ def scancel(job_ids: list[str], signal: str | None = None) -> tuple[bool, str]:
     if out is None:
         return False, "scancel is not on PATH or did not answer"
     return out.returncode == 0, (out.stderr or out.stdout).strip()
+
+
+def _slurm_conf() -> dict[str, str]:
+    """This machine's slurm.conf as {key in lower case: its first value}; {} where there is none (a configless
+    site's login node gets its configuration from the controller)."""
+    try:
+        text = Path(os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf").read_text(errors="replace")
+    except OSError:
+        return {}
+    conf: dict[str, str] = {}
+    for line in text.splitlines():
+        key, eq, value = line.split("#", 1)[0].partition("=")
+        if eq and value.strip():
+            conf.setdefault(key.strip().lower(), value.split()[0])
+    return conf
+
+
+def _daemon(name: str, host: str | None, port: str) -> str:
+    """`slurmctld on vm (10.77.0.1), port 6817`: `SlurmctldHost=vm(10.77.0.1)` as words."""
+    if not host:
+        return name
+    host = re.sub(r"\((.*)\)$", r" (\1)", host)
+    return f"{name} on {host}, port {port}"
+
+
+def controller_silence() -> str | None:
+    """None when the controller answers; else why not, in words: NO_COMMANDS, or the controller named (its
+    host and port where this machine's slurm.conf says them) as not answering."""
+    if shutil.which("scontrol") is None:
+        return NO_COMMANDS
+    out = _run(["scontrol", "ping"], timeout=5)
+    if out is not None and (out.returncode == 0 or " is UP" in out.stdout):  # (a backup controller answers)
+        return None
+    conf = _slurm_conf()
+    pinged = re.findall(r" at (\S+) is DOWN", out.stdout if out else "")
+    host = conf.get("slurmctldhost") or conf.get("controlmachine") or (pinged[0] if pinged else None)
+    return f"the Slurm controller ({_daemon('slurmctld', host, conf.get('slurmctldport', '6817'))}) does not answer"
+
+
+def require_controller() -> None:
+    """Return when the controller answers (or this machine has no Slurm commands: the caller's own call says
+    so); else SlurmAway at once."""
+    silence = controller_silence()
+    if silence not in (None, NO_COMMANDS):
+        raise SlurmAway(f"{silence}: it may be restarting; {RETRY}")
+
+
+_SLURMDBD = "accounting_storage/slurmdbd"
+
+
+def no_answer() -> str:
+    """Why scontrol's queries gave nothing, when the controller answered its ping: NO_COMMANDS, or that they
+    failed."""
+    return NO_COMMANDS if shutil.which("scontrol") is None else "Slurm does not answer here (scontrol failed)"
+
+
+def accounting_silence() -> str | None:
+    """Why sacct or sacctmgr gave no answer, in words: None where this cluster keeps no accounting (its
+    slurm.conf says so), else accounting named as not answering."""
+    conf = _slurm_conf()
+    if shutil.which("sacct") is None or (conf and conf.get("accountingstoragetype", "none") != _SLURMDBD):
+        return None
+    daemon = _daemon("slurmdbd", conf.get("accountingstoragehost"), conf.get("accountingstorageport", "6819"))
+    return f"Slurm's accounting ({daemon}, or its database) does not answer"
 
 
 def cluster_config() -> dict[str, str] | None:

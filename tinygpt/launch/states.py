@@ -107,13 +107,20 @@ def state_from_run_dir(progress: dict) -> RunState:
     return RunState("NOT STARTED")
 
 
-def collect(manifest: Manifest) -> list[Row]:
+class Rows(list[Row]):
+    """A row per run, and who among Slurm's daemons did not answer (`unheard`: slurm_cli's words)."""
+
+    unheard: list[str]
+
+
+def collect(manifest: Manifest) -> Rows:
     """A row per run of the sweep."""
     ids = manifest.task_job_ids()
     wanted = sorted(set(ids.values()))
-    slurm_states = job_states(wanted, manifest.first_submitted()) if wanted else {}
+    slurm_states, unheard = job_states(wanted, manifest.first_submitted()) if wanted else ({}, [])
     history = submission_history(manifest)
-    rows = []
+    rows = Rows()
+    rows.unheard = unheard
     for run in manifest.runs:
         run_dir = Path(run.out_dir)
         progress = read_progress(run_dir)
@@ -140,14 +147,21 @@ def collect(manifest: Manifest) -> list[Row]:
     return rows
 
 
-def job_states(wanted: list[str], since: float | None) -> dict[str, slurm_cli.JobState]:
+def job_states(wanted: list[str], since: float | None) -> tuple[dict[str, slurm_cli.JobState], list[str]]:
     """Each job's state as accounting records it, but the controller's where accounting does not know the job
     yet, or still calls it live when the controller has seen it end (accounting hears of an end a moment
     later: a status, or a resubmit, right after a job failed would read it as running). Asked by job (an
-    array's id stands for all its tasks): two calls at most, however many tasks."""
-    accounted = slurm_cli.sacct_states(jobs_of(wanted), since) or {}
+    array's id stands for all its tasks): a ping and two calls at most, however many tasks. Also who did not
+    answer (slurm_cli's words for the controller, accounting), for the caller to say."""
+    silence = slurm_cli.controller_silence()
+    away = silence not in (None, slurm_cli.NO_COMMANDS)  # (then squeue would wait out Slurm's timeout for nothing)
+    unheard = [silence] if away else []
+    accounted = slurm_cli.sacct_states(jobs_of(wanted), since)
+    if accounted is None and (accounting := slurm_cli.accounting_silence()):
+        unheard.append(accounting)
+    accounted = accounted or {}
     unsure = [j for j in wanted if j not in accounted or not RunState(accounted[j].state).ended]
-    queued = (slurm_cli.squeue_states(jobs_of(unsure)) or {}) if unsure else {}
+    queued = (slurm_cli.squeue_states(jobs_of(unsure)) or {}) if unsure and not away else {}
     states = dict(accounted)
     for job in unsure:
         if job not in queued:
@@ -156,7 +170,7 @@ def job_states(wanted: list[str], since: float | None) -> dict[str, slurm_cli.Jo
             states[job] = queued[job]
         elif queued[job].starts:  # (accounting's record, with the controller's estimate of a pending start)
             states[job] = dataclasses.replace(accounted[job], starts=queued[job].starts)
-    return states
+    return states, unheard
 
 
 def jobs_of(task_ids: list[str]) -> list[str]:
@@ -180,7 +194,8 @@ def chain_steps(manifest: Manifest) -> str | None:
     if not steps:
         return None
     ids = [s.job_id for s in steps]
-    states = {**(slurm_cli.squeue_states(ids) or {}), **(slurm_cli.sacct_states(ids) or {})}
+    queued = slurm_cli.squeue_states(ids) if slurm_cli.controller_silence() is None else None
+    states = {**(queued or {}), **(slurm_cli.sacct_states(ids) or {})}
 
     def said(sub: Submission) -> str:
         js = states.get(sub.job_id)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import manifest as manifest_mod
-from .states import SUMMARY_ABOVE, Row, collect
+from .states import SUMMARY_ABOVE, Row, Rows, collect
 
 if TYPE_CHECKING:
     from .manifest import Manifest
@@ -156,6 +156,7 @@ def show(manifest: Manifest, watch: bool = False, interval: float = 5.0, console
         console.print(chain, soft_wrap=True, markup=False)
     if not watch:
         console.print(view(rows, title, console.width, every_row))
+        _print_unheard(rows, console)
         _print_failures(manifest, rows, console)
         _print_trials(manifest, console)
         return rows
@@ -167,9 +168,20 @@ def show(manifest: Manifest, watch: bool = False, interval: float = 5.0, console
             manifest = manifest_mod.load(manifest.path)  # (a resubmission may have added jobs meanwhile)
             rows = collect(manifest)
             live.update(view(rows, title, console.width, every_row))
+    _print_unheard(rows, console)
     _print_failures(manifest, rows, console)
     _print_trials(manifest, console)
     return rows
+
+
+def _print_unheard(rows: Rows, console) -> None:
+    """Under the table: which of Slurm's daemons did not answer, so that its states are read as what the others
+    and the run directories knew."""
+    from rich.markup import escape
+
+    for words in rows.unheard:
+        console.print(f"[yellow]note:[/] {escape(words)}; the states above are what the rest of Slurm and the run "
+                      f"directories say; ask again in a minute", soft_wrap=True)
 
 
 def _print_trials(manifest: Manifest, console) -> None:
