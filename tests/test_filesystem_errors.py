@@ -47,8 +47,8 @@ def test_a_full_disk_stops_the_trainer_with_one_message_and_keeps_the_newest_che
     filler = fill(small_disk, leave=64 * 1024)  # (a checkpoint of the tiny model is ~200 kB)
     out = train(run, tiny_corpus, 30)  # its checkpoint at step 20 finds no space
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
-    assert f"error: cannot go on: {run}/checkpoints/step_00000020.pt: no space left on the device; free space on " \
-           f"it; then run the same command again" in out.stderr, out.stderr
+    assert f"error: cannot go on: out_dir: {run}/checkpoints/step_00000020.pt: no space left on the device; free " \
+           f"space on it; then run the same command again" in out.stderr, out.stderr
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_00000010.pt"]  # no half-written file
     assert checkpoint.load(run / "checkpoints" / "step_00000010.pt").step == 10
     filler.unlink()
@@ -72,7 +72,7 @@ def test_a_read_only_filesystem_is_named_by_the_trainer_the_report_and_the_launc
     subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
     out = train(run, tiny_corpus, 20)
     assert out.returncode == 1 and "Traceback" not in out.stderr
-    assert f"error: cannot go on: {run}/.lock: the filesystem is read-only; use a directory on a writable " \
+    assert f"error: cannot go on: out_dir: {run}/.lock: the filesystem is read-only; use a directory on a writable " \
            f"filesystem" in out.stderr, out.stderr
     report = launch("report", str(spec))
     assert report.returncode == 1 and "Traceback" not in report.stderr

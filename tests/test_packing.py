@@ -66,7 +66,8 @@ def test_a_packed_task_starts_its_runs_and_requeues_when_one_asks(tmp_path, tiny
 def test_pack_is_checked(tmp_path, tiny_corpus):
     for pack, backend, message in [(0, "sbatch", "pack: must be >= 1, got 0"),
                                    (2, "submitit", "pack: packing runs into one task is for the sbatch backend"),
-                                   (2, "sbatch", "pack: packed runs are one process each")]:
+                                   (2, "sbatch", "pack: packed runs are one process each"),
+                                   (3, "sbatch", r"pack: 3 runs at once would share 2 CPU\(s\) .* more runs than")]:
         extra = {"resources": {"nodes": 2}} if "one process" in message else {}
         with pytest.raises(LaunchError, match=message):
             spec_mod.load(spec_file(tmp_path, tiny_corpus, "p", pack, backend=backend, **extra), tmp_path)

@@ -184,7 +184,7 @@ def test_cli_help_errors_and_sample(tmp_path, tiny_corpus):
     assert help_out.returncode == 0 and "--n-layer" in help_out.stdout
     bad = run_module("tinygpt.train", "--n-layers", "2", "--lr", "-1")
     assert bad.returncode == 2
-    assert "did you mean `n_layer`" in bad.stderr and "lr: must be > 0" in bad.stderr
+    assert "did you mean `n_layer`" in bad.stderr and "lr: must be in (0, 1]" in bad.stderr
     assert "Traceback" not in bad.stderr
     missing = run_module("tinygpt.train", "--data-file", str(tmp_path / "missing.txt"), "--out-dir",
                          str(tmp_path / "x"))
@@ -246,7 +246,7 @@ def test_the_console_script_takes_the_same_path_as_python_m():
     assert "if __name__ == \"__main__\":\n    cli()" in (ROOT / "tinygpt" / "train.py").read_text()
     installed = Path(sys.executable).parent / "tinygpt-train"
     out = subprocess.run([str(installed), "--n-layer", "0"], capture_output=True, text=True, env=python_env())
-    assert out.returncode == 2 and "n_layer: must be >= 1" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 2 and "n_layer: must be from 1 to 4,096" in out.stderr and "Traceback" not in out.stderr
 
 
 def _format_1(new: dict) -> dict:

@@ -26,7 +26,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from . import schema
-from .errors import ProblemsError
+from .errors import ProblemsError, not_utf8
 from .schema import Bool, Float, Int, Items, OptFloat, OptInt, OptText, Text, suggest
 
 __all__ = ["suggest"]  # (the launcher's modules take it from here)
@@ -41,10 +41,10 @@ def _f(default: Any, help: str, hint: str | None = None, **bounds: Any) -> Any:
 
 
 class ModelConfig(schema.Schema):
-    n_layer: Int = _f(4, "number of transformer blocks", ge=1)
-    n_head: Int = _f(4, "attention heads per block; must divide n_embd", ge=1)
-    n_embd: Int = _f(128, "width of the residual stream", ge=1)
-    block_size: Int = _f(128, "context length in characters", ge=1)
+    n_layer: Int = _f(4, "number of transformer blocks", ge=1, le=4096)
+    n_head: Int = _f(4, "attention heads per block; must divide n_embd", ge=1, le=4096)
+    n_embd: Int = _f(128, "width of the residual stream", ge=1, le=65536)
+    block_size: Int = _f(128, "context length in characters", ge=1, le=2**20)
     dropout: Float = _f(0.0, "dropout probability, 0 <= p < 1", ge=0.0, lt=1.0)
     bias: Bool = _f(False, "use biases in Linear and LayerNorm layers")
     pos_emb: Bool = _f(True, "learned position embeddings (false: the 'no positions' exercise)")
@@ -89,8 +89,8 @@ class DataConfig(schema.Schema):
     dataset: Literal[DATASETS] = _f("shakespeare", "built-in corpus (ignored when data_file is set)")
     data_file: OptText = _f(None, "train on any UTF-8 text file instead of a built-in corpus")
     data_dir: OptText = _f(None, "where prepared data is cached (default: $TINYGPT_DATA_DIR, else ./data)")
-    batch_size: Int = _f(16, "sequences per micro-batch, per rank", ge=1)
-    eval_windows: Int = _f(240, "fixed windows used to measure val (and train) loss", ge=1)
+    batch_size: Int = _f(16, "sequences per micro-batch, per rank", ge=1, le=2**20)
+    eval_windows: Int = _f(240, "fixed windows used to measure val (and train) loss", ge=1, le=10**6)
 
     _paths = field_validator("data_file", "data_dir")(_a_path)
 
@@ -99,15 +99,15 @@ class OptimConfig(schema.Schema):
     max_steps: Int = _f(1600, "optimizer steps to train for", ge=1)
     optimizer: Literal["adamw", "muon"] = _f(
         "adamw", "adamw, or muon: Muon for the blocks' matrices, AdamW for the rest (tinygpt/optimizers.py)")
-    lr: Float = _f(5e-3, "peak learning rate (AdamW's)", gt=0)
+    lr: Float = _f(5e-3, "peak learning rate (AdamW's)", gt=0, le=1)
     min_lr: Float = _f(2e-4, "learning rate at the end of the cosine decay (Muon's ends at the same fraction of "
                              "muon_lr)", ge=0)
-    muon_lr: Float = _f(0.02, "Muon's peak learning rate (optimizer: muon)", gt=0)
+    muon_lr: Float = _f(0.02, "Muon's peak learning rate (optimizer: muon)", gt=0, le=1)
     muon_momentum: Float = _f(0.95, "Muon's momentum (optimizer: muon)", ge=0, lt=1)
-    muon_weight_decay: Float = _f(0.0, "Muon's decoupled weight decay (optimizer: muon)", ge=0)
+    muon_weight_decay: Float = _f(0.0, "Muon's decoupled weight decay (optimizer: muon)", ge=0, le=10)
     warmup_steps: Int = _f(50, "linear warm-up steps", ge=0)
     lr_decay_steps: OptInt = _f(None, "steps of the cosine decay (default: max_steps)", ge=1)
-    weight_decay: Float = _f(0.1, "AdamW weight decay, applied to matrices only", ge=0)
+    weight_decay: Float = _f(0.1, "AdamW weight decay, applied to matrices only", ge=0, le=10)
     beta1: Float = _f(0.9, "AdamW beta1", ge=0, lt=1)
     beta2: Float = _f(0.99, "AdamW beta2", ge=0, lt=1)
     grad_clip: Float = _f(1.0, "clip the global gradient norm to this (0: off)", ge=0)
@@ -131,14 +131,14 @@ COMPILE_MODES = ("auto", "on", "off")
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 PROGRESS_MODES = ("auto", "bar", "plain", "off")
 PREEMPT_SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "XCPU")  # (a cluster profile's `signal` too)
-MAX_SEED = 2**53 - 1  # every rank's seeds are derived from it (seed * 1000 + ...), within torch's 64 bits
+MAX_WAIT_S = 10**7  # (about 116 days) the longest timeout: Python's timers and torch's refuse far longer ones
 DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
 
 
 class RunConfig(schema.Schema):
     out_dir: Text = _f("runs/default", "run directory: config, metrics, checkpoints, samples")
-    seed: Int = _f(1337, "seed for weights, data order and dropout", ge=0, le=MAX_SEED,
-                hint="2^53 - 1")
+    # (every rank's seeds are derived from it, seed * 1000 + ...: within torch's 64 bits up to schema.INT_MAX)
+    seed: Int = _f(1337, "seed for weights, data order and dropout", ge=0)
     resume: Text = _f("auto", "auto (newest valid checkpoint, else fresh), never, or a checkpoint PATH")
     eval_interval: Int = _f(250, "evaluate every this many steps (and at the end)", ge=1)
     log_interval: Int = _f(10, "write a training metrics line every this many steps", ge=1)
@@ -146,10 +146,10 @@ class RunConfig(schema.Schema):
     keep_checkpoints: Int = _f(3, "keep the newest K checkpoints (at least 2)", ge=2,
                                hint="the newest may be half-written when a job dies")
     stop_after: OptInt = _f(None, "leave after this many steps in this process, resumable (a time box)", ge=1)
-    sample_tokens: Int = _f(300, "characters of text sampled at the end (0: none)", ge=0)
-    sample_prompt: Text = _f("\n", "prompt for the final sample")
+    sample_tokens: Int = _f(300, "characters of text sampled at the end (0: none)", ge=0, le=10**6)
+    sample_prompt: Text = _f("\n", "prompt for the final sample, at least one character", min_length=1)
     sample_temperature: Float = _f(SAMPLE_TEMPERATURE, "temperature of the final sample, > 0 (python -m "
-                                                       "tinygpt.sample's default too)", gt=0)
+                                                       "tinygpt.sample's default too)", ge=0.01, le=100)
     sample_top_k: Int = _f(SAMPLE_TOP_K, "the final sample draws from the top K characters (0: all; python -m "
                                          "tinygpt.sample's default too)", ge=0)
     device: Text = _f("auto", "auto, cpu, cuda or cuda:N")
@@ -163,18 +163,18 @@ class RunConfig(schema.Schema):
         "inductor", "torch.compile backend: inductor (generated kernels), or aot_eager / eager to see graph "
                     "breaks and recompiles in seconds")
     activation_checkpointing: Bool = _f(False, "recompute each block in backward: less memory, ~30% more compute")
-    threads: OptInt = _f(None, "CPU threads (default: $SLURM_CPUS_PER_TASK, else torch's choice)", ge=1)
-    peak_flops: OptFloat = _f(None, "peak FLOP/s of one device, for MFU (default: known GPUs)", gt=0)
+    threads: OptInt = _f(None, "CPU threads (default: $SLURM_CPUS_PER_TASK, else torch's choice)", ge=1, le=4096)
+    peak_flops: OptFloat = _f(None, "peak FLOP/s of one device, for MFU (default: known GPUs)", ge=1e6, le=1e21)
     progress: Literal[PROGRESS_MODES] = _f("auto", "auto (a bar on a terminal, plain lines otherwise), bar, "
                                                    "plain or off")
     preempt_signal: Literal[PREEMPT_SIGNALS] = _f("USR2", "signal Slurm sends before the time limit (SIGTERM is "
                                                           "always handled)")
     max_requeues: Int = _f(20, "give up requeueing after this many restarts", ge=0)
     hang_timeout: Float = _f(900.0, "end the job when no step, evaluation or checkpoint completes for this many "
-                                    "seconds, with every live rank's stacks in the log (0: never)", ge=0)
+                                    "seconds, with every live rank's stacks in the log (0: never)", ge=0, le=MAX_WAIT_S)
     join_timeout: Float = _f(600.0, "seconds the ranks may take to find each other at start (a slow shared "
                                     "filesystem delays their imports); then the message names the master and "
-                                    "the ranks that never arrived", gt=0)
+                                    "the ranks that never arrived", gt=0, le=MAX_WAIT_S)
     sweep: OptText = _f(None, "the sweep this run belongs to (set by the launcher; the W&B group)")
 
     _paths = field_validator("out_dir", "resume")(_a_path)
@@ -252,6 +252,7 @@ class Key:
     default: Any
     help: str
     choices: tuple[str, ...] | None
+    range: str | None = None  # its declared range in words (`from 1 to 4,096`), for --help
 
 
 def _kind(annotation: Any) -> tuple[type, bool, tuple[str, ...] | None]:
@@ -275,7 +276,7 @@ def _build_keys() -> dict[str, Key]:
             kind, optional, choices = _kind(f.annotation)
             assert name not in table, f"key {name} appears in two sections"
             default = [] if kind is list else f.default
-            table[name] = Key(name, section, kind, optional, default, f.description, choices)
+            table[name] = Key(name, section, kind, optional, default, f.description, choices, schema.range_words(f))
     return table
 
 
@@ -478,6 +479,8 @@ def parse_cli(argv: list[str]) -> tuple[dict[str, Any], str | None, list[str]]:
     """`--key value`, `--key=value`, `--flag`, `--no-flag` -> ({key: raw value}, config path, problems).
 
     The problems come grouped: the arguments that are no option, the unknown options, the misused ones."""
+    if problems := not_utf8(argv):
+        return {}, None, problems
     options, problems = _joined(argv)
     matched = argparse.Namespace(given=[])
     _, unknown = _parser().parse_known_args(options, matched)
@@ -516,6 +519,7 @@ def help_text(prog: str = "python -m tinygpt.train") -> str:
         "Train a character-level GPT. Every key can also be set in a YAML file given with --config;",
         "command-line flags win over the file, the file over the defaults. Dashes and underscores are",
         "both accepted (--n-layer 6, --n_layer=6); booleans take true/false or --flag/--no-flag.",
+        f"No whole number is above {schema.INT_MAX:,} (2^53 - 1); none or null unsets a key that may be unset.",
     ]
     for section in SECTION_NAMES:
         lines += ["", f"{section}:"]
@@ -525,5 +529,6 @@ def help_text(prog: str = "python -m tinygpt.train") -> str:
             flag = f"--{info.name.replace('_', '-')}"
             default = "unset" if info.default is None else repr(info.default)
             choices = f" [{'|'.join(info.choices)}]" if info.choices else ""
-            lines.append(f"  {flag:<20} {info.help}{choices} (default: {default})")
+            within = f"; {info.range}" if info.range else ""
+            lines.append(f"  {flag:<20} {info.help}{choices} (default: {default}{within})")
     return "\n".join(lines)

@@ -380,7 +380,7 @@ class Batches:
 # Command line
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser():
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m tinygpt.data", description="Prepare training data.")
@@ -389,9 +389,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("name", nargs="?", default="shakespeare", help="shakespeare, pydoc or sherlock")
     p.add_argument("--data-file", help="any UTF-8 text file instead of a named corpus")
     p.add_argument("--data-dir", help="where to write (default: $TINYGPT_DATA_DIR, else ./data)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .errors import not_utf8
+
+    argv = sys.argv[1:] if argv is None else argv
+    top = parser()
+    if problems := not_utf8(argv):
+        top.error("; ".join(problems))
+    args = top.parse_args(argv)
     if args.data_file is None and args.name not in ("shakespeare", "pydoc", "sherlock"):
-        parser.error(f"unknown corpus {args.name!r}; choose shakespeare, pydoc or sherlock, or give --data-file")
+        top.error(f"unknown corpus {args.name!r}; choose shakespeare, pydoc or sherlock, or give --data-file")
+    for name, value in (("--data-file", args.data_file), ("--data-dir", args.data_dir)):
+        if value is not None and not value.strip():
+            top.error(f"{name}: is empty; give a path, or leave the option out")
     try:
         prepared = prepare_from_config(args.name, args.data_file, args.data_dir)
     except DataError as err:

@@ -32,4 +32,26 @@ FULL = (errno.ENOSPC, errno.EDQUOT)  # refusals that pass once space is freed
 def filesystem_message(err: OSError) -> str:
     """One plain line for the filesystem's refusal of a read or write: the path, the cause, the fix."""
     cause, fix = _FILESYSTEM.get(err.errno, (err.strerror or str(err), "check the path"))
-    return f"{err.filename or 'a file'}: {cause}; {fix}"
+    return f"{shown_path(err.filename) if err.filename else 'a file'}: {cause}; {fix}"
+
+
+def shown_path(path: object, most: int = 200) -> str:
+    """A path as a message shows it: whole up to `most` characters, else its two ends around `...`."""
+    text = str(path)
+    return text if len(text) <= most else f"{text[:most // 2]}...{text[-most // 2:]}"
+
+
+def not_utf8(argv: list[str]) -> list[str]:
+    """One problem per command-line argument that is not UTF-8 text (bytes Python could not decode arrive as lone
+    surrogates): every value ends up in a UTF-8 file or script. Named by its option where it is one's value."""
+    problems = []
+    for i, arg in enumerate(argv):
+        try:
+            arg.encode()
+        except UnicodeEncodeError:
+            option, eq, _ = arg.partition("=")
+            named = option if eq and option.startswith("-") else argv[i - 1] if i and argv[i - 1].startswith("-") \
+                else f"argument {i + 1}"
+            shown = arg.encode(errors="surrogateescape").decode(errors="backslashreplace")
+            problems.append(f"{named}: {shown!r} holds bytes that are not UTF-8 text; give it in UTF-8")
+    return problems

@@ -7,6 +7,7 @@ order and gives back what was taken.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,6 +32,9 @@ def place(run: RunConfig, dist: dist_mod.DistEnv, out_dir: Path) -> tuple[str, p
     """Threads, device, precision policy and the process group; rank 0 makes the run directory."""
     threads = run.threads or int(os.environ.get("SLURM_CPUS_PER_TASK", "0") or 0)
     if threads:
+        if threads > (cpus := len(os.sched_getaffinity(0))):
+            print(f"warning: threads {threads} is more than the {cpus} CPU(s) this process may use: they share "
+                  f"them, which is slower, not faster", file=sys.stderr)
         torch.set_num_threads(threads)
     device = precision_mod.pick_device(run.device, dist.local_rank)
     policy = precision_mod.resolve_policy(device, run.precision, run.compile)

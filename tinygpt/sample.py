@@ -6,13 +6,13 @@
 from __future__ import annotations
 
 import argparse
-import math
 import re
 import sys
 from pathlib import Path
 
 from . import schema
 from .config import SAMPLE_TEMPERATURE, SAMPLE_TOP_K, RunConfig
+from .errors import filesystem_message, not_utf8
 
 
 def sample_text(model, prepared, prompt: str, tokens: int, seed: int, device: str,
@@ -34,13 +34,15 @@ def sample_text(model, prepared, prompt: str, tokens: int, seed: int, device: st
 def _problems(args: argparse.Namespace) -> list[str]:
     """What is wrong with the flags' values, every problem at once. The ranges are those of the trainer's own
     sample_* keys (one declaration, in config.py)."""
-    def below(key: str, value: float) -> str | None:
-        return schema.below(RunConfig.model_fields[key], value)
+    def outside(key: str, value: float) -> str | None:
+        return schema.outside(RunConfig.model_fields[key], value)
 
-    finite = args.temperature if math.isfinite(args.temperature) else math.nan  # (inf is no temperature either)
-    temperature = below("sample_temperature", finite)
-    tokens, top_k = below("sample_tokens", args.tokens), below("sample_top_k", args.top_k)
-    return [message for bad, message in (
+    temperature = outside("sample_temperature", args.temperature)
+    tokens, top_k = outside("sample_tokens", args.tokens), outside("sample_top_k", args.top_k)
+    texts = (("--run", args.run), ("--checkpoint", args.checkpoint), ("--device", args.device))
+    blank = [f"{flag}: is empty; give a value" for flag, value in texts if value is not None and not value.strip()]
+    return blank + [message for bad, message in (
+        (not args.prompt, "--prompt: is empty; give at least one character to continue"),
         (temperature, f"--temperature: must be a number {temperature}, got {args.temperature}"),
         (tokens, f"--tokens: must be {tokens}, got {args.tokens}"),
         (top_k, f"--top-k: must be {top_k} (0: all characters), got {args.top_k}"),
@@ -49,7 +51,7 @@ def _problems(args: argparse.Namespace) -> list[str]:
     ) if bad]
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tinygpt.sample", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", required=True, help="run directory (its newest valid checkpoint is used)")
@@ -62,7 +64,15 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"sample among the k likeliest (0: all; default {SAMPLE_TOP_K})")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--device", default="cpu")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if problems := not_utf8(argv):
+        print("error: " + "; ".join(problems), file=sys.stderr)
+        return 2
+    args = parser().parse_args(argv)
     problems = _problems(args)
     if problems:
         print("error: " + "; ".join(problems), file=sys.stderr)
@@ -89,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         model = model_from(checkpoint).to(device)
     except (ckpt.CheckpointError, DataError, ConfigError, PrecisionError) as err:
         print(f"error: {err}", file=sys.stderr)
+        return 1
+    except OSError as err:  # (the path is too long, a folder cannot be read, ...)
+        print(f"error: {'--checkpoint' if args.checkpoint else '--run'}: {filesystem_message(err)}", file=sys.stderr)
         return 1
     unknown = sorted({ch for ch in args.prompt if ch not in set(prepared.vocab)})
     if unknown:

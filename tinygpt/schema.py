@@ -10,7 +10,8 @@ the nearest valid one.
 A value is read the same way wherever it appears: a number field takes a number, or a string that is
 exactly one (flags arrive as strings); a whole-number field also takes 4.0; a yes/no field takes true or
 false (or the words yes/no, on/off, 1/0 as text); a text field takes text, or a number as its text; an
-unset-able field takes null, or the text none. Nothing else is coerced: `True` is not 1, `[2]` is not 2.
+unset-able field takes null, or the text none (an empty text is refused). Nothing else is coerced: `True` is not 1,
+`[2]` is not 2. No whole number is above INT_MAX.
 
 Every YAML file is read by `load_yaml`, which says which file and line a syntax error is on.
 
@@ -27,10 +28,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any
 
+from annotated_types import Le
 from pydantic import AllowInfNan, BaseModel, BeforeValidator, ConfigDict, Strict, ValidationError
 from pydantic_core import PydanticCustomError
 
-from .errors import ProblemsError
+from .errors import ProblemsError, shown_path
 
 
 class Schema(BaseModel):
@@ -45,7 +47,10 @@ class Schema(BaseModel):
 
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}
-_NONE = {"none", "null", "~", ""}
+_NONE = {"none", "null", "~"}
+# The largest whole number any key takes (a field may declare a smaller one): the largest that JSON readers in
+# every language hold exactly (the manifest, metrics.jsonl, W&B). A larger one is a mistake, not a meaning.
+INT_MAX = 2**53 - 1
 
 
 # The fast path first in each (a value already of its type): every field of every run of a sweep passes
@@ -70,7 +75,7 @@ def _whole(value: Any) -> Any:
     number = _number_from_text(value)
     if isinstance(number, float) and number.is_integer():
         return int(number)
-    return number if isinstance(number, int) else value  # (a message shows 2.5 as it was given: '2.5')
+    return number if isinstance(number, int) else value  # (a message shows 2.5 as it was given)
 
 
 def _truth(value: Any) -> Any:
@@ -90,19 +95,25 @@ def _text(value: Any) -> Any:
 
 
 def _unset(value: Any) -> Any:
-    return None if type(value) is str and value.strip().lower() in _NONE else value
+    """null or the word none: unset. An empty text is refused: it reads as a value the user meant to give."""
+    if type(value) is str and value.strip().lower() in _NONE:
+        return None
+    if type(value) is str and not value.strip():
+        raise PydanticCustomError("empty", "is empty; give a value, or leave the key out (or write none) for its "
+                                           "default")
+    return value
 
 
 def _items(value: Any) -> Any:
     """A list from YAML (`[a, b]`), or from comma-separated text (`a,b`; none or empty: no items)."""
-    if value is None or (isinstance(value, str) and value.strip().lower() in _NONE):
+    if value is None or (isinstance(value, str) and value.strip().lower() in _NONE | {""}):
         return []
     if isinstance(value, str):
         return list(dict.fromkeys(part.strip() for part in value.split(",") if part.strip()))
     return value
 
 
-Int = Annotated[int, BeforeValidator(_whole), Strict()]
+Int = Annotated[int, BeforeValidator(_whole), Strict(), Le(INT_MAX)]
 Float = Annotated[float, BeforeValidator(_number_from_text), Strict(), AllowInfNan(False)]
 Bool = Annotated[bool, BeforeValidator(_truth), Strict()]
 Text = Annotated[str, BeforeValidator(_text), Strict()]
@@ -228,32 +239,61 @@ def messages(err: ValidationError, model: type[BaseModel], name_of: typing.Calla
 
 
 def _shown(value: Any) -> str:
+    if isinstance(value, str) and _number_from_text(value) is not value:
+        return value.strip()  # (a number given as text, as flags give every value: shown as the number it is)
     return repr(value) if isinstance(value, (str, dict, list, tuple, bool)) or value is None else str(value)
 
 
+def _stated(field: Any) -> dict[str, Any]:
+    """The bounds a message states: the field's, without the INT_MAX every Int has (which it states only when
+    crossed)."""
+    return {key: value for key, value in ends(field).items() if not (key == "le" and value == INT_MAX)}
+
+
 def ends(field: Any) -> dict[str, Any]:
-    """A field's declared bounds, {'ge': 0, 'lt': 1}: the one place they are read from its declaration."""
-    return {key: getattr(m, key) for m in (field.metadata if field else ()) for key in ("ge", "gt", "le", "lt")
-            if getattr(m, key, None) is not None}
+    """A field's declared bounds, {'ge': 0, 'lt': 1}: the one place they are read from its declaration (the
+    tighter of its own and its type's: every Int's INT_MAX)."""
+    found: dict[str, Any] = {}
+    for m in field.metadata if field else ():
+        for key in ("ge", "gt", "le", "lt"):
+            if (value := getattr(m, key, None)) is not None:
+                found[key] = value if key not in found else (max if key in ("ge", "gt") else min)(found[key], value)
+    return found
 
 
-def below(field: Any, value: float) -> str | None:
-    """`>= 0` when `value` is under the field's lower end (a NaN is under every end), else None."""
-    low = ends(field)
-    if "ge" in low and not value >= low["ge"]:
-        return f">= {_bound(low['ge'])}"
-    if "gt" in low and not value > low["gt"]:
-        return f"> {_bound(low['gt'])}"
-    return None
+def outside(field: Any, value: float) -> str | None:
+    """The field's range in words (`from 1 to 1,000,000`, `>= 0`) when `value` is outside it (a NaN is outside
+    every range), else None."""
+    declared = ends(field)
+    within = {"ge": lambda b: value >= b, "gt": lambda b: value > b, "le": lambda b: value <= b,
+              "lt": lambda b: value < b}
+    crossed = [key for key, bound in declared.items() if not within[key](bound)]  # (all of them, for a NaN)
+    if not crossed:
+        return None
+    stated = declared if "le" in crossed else _stated(field)
+    return _span(stated) or f"{_SYMBOLS[crossed[0]]} {_bound(declared[crossed[0]])}"
+
+
+_SYMBOLS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+
+
+def range_words(field: Any) -> str | None:
+    """The range a field states (`from 1 to 4,096`, `>= 0`), without every Int's INT_MAX; None without one."""
+    stated = _stated(field)
+    return _span(stated) or next((f"{_SYMBOLS[k]} {_bound(v)}" for k, v in stated.items()), None)
 
 
 def _range(field: Any, kind: str, ctx: dict) -> str:
     """`from 1 to 1,000`, `in [0, 1)` when the field has both ends, else `>= 1` (the end that was crossed)."""
-    declared = ends(field)
+    symbol, key = _BOUNDS[kind]
+    return _span(ends(field) if ctx.get(key) == INT_MAX else _stated(field)) or f"{symbol} {_bound(ctx[key])}"
+
+
+def _span(declared: dict[str, Any]) -> str | None:
+    """`from 1 to 1,000`, `in [0, 1)`: a range of two ends in words; None without both."""
     low, high = declared.get("ge", declared.get("gt")), declared.get("le", declared.get("lt"))
     if low is None or high is None:
-        symbol, key = _BOUNDS[kind]
-        return f"{symbol} {_bound(ctx[key])}"
+        return None
     if "ge" in declared and "le" in declared:
         return f"from {_bound(low)} to {_bound(high)}"
     return f"in {'[' if 'ge' in declared else '('}{_bound(low)}, {_bound(high)}{']' if 'le' in declared else ')'}"
@@ -336,13 +376,18 @@ def load_yaml(path: str | Path, error: type[ProblemsError] = ProblemsError) -> A
     (with its line), is an `error`."""
     import yaml
 
+    if not str(path).strip():
+        raise error("the path is empty; give the path of a YAML file")
+    shown = shown_path(path)
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise error(f"{path}: no such file; check the path") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise error(f"{path}: cannot be read ({err})") from None
+        raise error(f"{shown}: no such file; check the path") from None
+    except UnicodeDecodeError as err:
+        raise error(f"{shown}: cannot be read ({err})") from None
+    except OSError as err:
+        raise error(f"{shown}: cannot be read ({err.strerror})") from None
     except ValueError as err:  # a NUL character in the path
         raise error(f"{str(path)!r}: not a usable file path ({err}); check the path") from None
     try:

@@ -45,11 +45,17 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:  # the filesystem refused (full, read-only, permissions): what, where, and the fix
         again = "; then run the same command again: the run resumes from its newest checkpoint" \
             if err.errno in FULL else ""
-        print(f"error: cannot go on: {filesystem_message(err)}{again}", file=sys.stderr)
+        print(f"error: cannot go on: {_key_of(err, cfg)}{filesystem_message(err)}{again}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _key_of(err: OSError, cfg: config_mod.TrainConfig) -> str:
+    """`out_dir: ` where the filesystem refused the run directory or a folder on the way to it."""
+    refused, out_dir = str(err.filename or ""), str(cfg.run.out_dir)
+    return "out_dir: " if refused and (out_dir.startswith(refused) or refused.startswith(out_dir)) else ""
 
 
 def cli() -> None:

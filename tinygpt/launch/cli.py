@@ -28,6 +28,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tinygpt.errors import not_utf8
+
 from .errors import LaunchError
 
 if TYPE_CHECKING:
@@ -107,7 +109,8 @@ def _status_options(p: argparse.ArgumentParser) -> None:
     from .states import SUMMARY_ABOVE
 
     p.add_argument("--watch", action="store_true", help="refresh until every run has ended")
-    p.add_argument("--interval", type=float, default=5.0, help="seconds between refreshes")
+    p.add_argument("--interval", type=float, default=5.0,
+                   help=f"seconds between refreshes, from {WATCH_S[0]} to {WATCH_S[1]:,} (default: %(default)s)")
     p.add_argument("--efficiency", action="store_true",
                    help="how each run used its allocation: CPU and memory efficiency, GPU use (sacct)")
     p.add_argument("--all", action="store_true", dest="every_row",
@@ -129,7 +132,13 @@ def _resubmit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="say what would be resubmitted, submit nothing")
 
 
+WATCH_S = (1.0, 3600.0)  # status --watch's interval: no faster than a second (a shared controller), at most an hour
+
+
 def _status(args: argparse.Namespace) -> int:
+    if not WATCH_S[0] <= args.interval <= WATCH_S[1]:  # (a NaN is in no range)
+        raise LaunchError(f"--interval: {args.interval} is not a number of seconds from {WATCH_S[0]:g} to "
+                          f"{WATCH_S[1]:,.0f}; give one in that range")
     manifest = _launched(args)
     if args.efficiency:
         from . import efficiency
@@ -188,10 +197,16 @@ def _launched(args: argparse.Namespace) -> Manifest:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if problems := not_utf8(argv):
+        print(f"error: {LaunchError(problems)}", file=sys.stderr)
+        return 1
     if argv and argv[0] not in HANDLERS and argv[0] not in ("-h", "--help"):
         argv = ["launch", *argv]  # (`launch.py SPEC`)
-    args = parser().parse_args(argv)
+    top = parser()
+    args = top.parse_args(argv)
     try:
+        if problems := _blank(top, args):
+            raise LaunchError(problems)
         return HANDLERS[args.command](args)
     except LaunchError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -203,6 +218,15 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _blank(top: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """One problem per option or argument given as an empty or blank text: it would read as `.` (a path) or as
+    the default, not as what the user meant."""
+    commands = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    return [f"{a.option_strings[-1] if a.option_strings else a.dest}: is empty; give a value, or leave the option "
+            f"out for its default" for a in commands.choices[args.command]._actions
+            if isinstance(getattr(args, a.dest, None), str) and not getattr(args, a.dest).strip()]
 
 
 def _launch(args) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import sys
 import time
 from pathlib import Path
@@ -31,6 +32,9 @@ if TYPE_CHECKING:
     from .spec import Sweep
 
 
+MAX_NPROC = 64  # --local's ranks per run: a machine's worth; more only oversubscribes it
+
+
 def run(args: argparse.Namespace) -> int:
     """`launch.py SPEC` (and `check SPEC`): the spec read and checked, then written and submitted."""
     # A sweep of 100,000 runs is a few hundred thousand small objects, none of them in a reference cycle: the
@@ -43,8 +47,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.nproc < 1:
-        raise LaunchError(f"--nproc: must be >= 1, got {args.nproc}")
+    if not 1 <= args.nproc <= MAX_NPROC:
+        raise LaunchError(f"--nproc: must be from 1 to {MAX_NPROC}, got {args.nproc}")
+    if args.local and args.nproc > (cpus := len(os.sched_getaffinity(0))):
+        print(f"warning: --nproc {args.nproc} ranks share the {cpus} CPU(s) this process may use: each run is "
+              f"slower, not faster, than with --nproc {cpus}", file=sys.stderr)
     if args.local and args.dry_run:
         raise LaunchError("--local and --dry-run: choose one")
     overrides = {}
@@ -87,6 +94,8 @@ def _launch_locked(sweep: Sweep, args: argparse.Namespace, cluster: LiveCluster 
         _refuse_if_live(previous, sweep.name, args.spec)
         _refuse_changed_search(previous, sweep)
     plan = plan_mod.build(sweep, None if args.local else _snapshot(sweep, args.no_snapshot))
+    if not args.local:
+        _say_steering_variables()
     steps = {}
     if args.chain and not args.local:
         steps = chain.write_scripts(plan)
@@ -113,6 +122,15 @@ def _launch_locked(sweep: Sweep, args: argparse.Namespace, cluster: LiveCluster 
         print(f"submitted {len(sweep.runs)} run(s) as job array {', '.join(ids)}; follow with "
               f"`python launch.py status {args.spec}`")
     return 0
+
+
+def _say_steering_variables() -> None:
+    """sbatch reads SBATCH_* variables of the submitting shell over a script's #SBATCH lines (`man sbatch`, INPUT
+    ENVIRONMENT VARIABLES): said, so that a job asking for what the spec did not is no surprise."""
+    if steering := sorted(name for name in os.environ if name.startswith("SBATCH_")):
+        shown = ", ".join(f"{name}={os.environ[name]!r}"[:120] for name in steering)
+        print(f"note: sbatch reads {shown} from this shell, over the scripts' #SBATCH lines; unset them to submit "
+              f"exactly what the spec asks for")
 
 
 def _chain_here(plan: Plan, backend: backends.Backend, spec: str) -> int:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,8 +126,11 @@ def check_safe_name(value: str, field_name: str, problems: list[str]) -> bool:
     return True
 
 
-def unwritable_dir(where: Path) -> str | None:
-    """Why a directory (made with its parents where missing) could not be written in, or None."""
+def unwritable_dir(where: Path, probe: bool = False) -> str | None:
+    """Why a directory (made with its parents where missing) could not be written in, or None. `probe`: also make
+    and remove a folder there (permission bits do not stop root, and /proc or a read-only mount refuse what
+    os.access allows); without it such a folder is found when the data is prepared, with the spec's other
+    problems."""
     if any(len(part.encode()) > 255 for part in where.parts) or len(str(where).encode()) > 3000:
         return "a name in it is too long"
     existing = where
@@ -136,4 +140,9 @@ def unwritable_dir(where: Path) -> str | None:
         return f"{existing} is not a directory"
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"{existing} is not writable"
+    if probe:
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".tinygpt-probe-", dir=existing))
+        except OSError as err:
+            return f"{existing} takes no new folder ({err.strerror})"
     return None

@@ -9,6 +9,7 @@ message that names the field to change.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -72,6 +73,8 @@ def size_mb(value: Any) -> float:
     if isinstance(value, bool):
         raise ValueError(value)
     if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            raise ValueError(value)
         return float(value)
     m = _SIZE.fullmatch(str(value))
     if not m:
@@ -79,9 +82,15 @@ def size_mb(value: Any) -> float:
     return float(m.group(1)) * _MB_PER_UNIT[m.group(2).upper()]
 
 
+MAX_MEM_MB = 2**40  # (a million terabytes) the most a request may name: no node holds more; Slurm would refuse
+
+
 def parse_mem_mb(value: Any) -> int:
-    """A memory request in whole megabytes (what `--mem=<N>M` carries). Raises ValueError."""
-    return int(size_mb(value))
+    """A memory request in whole megabytes (what `--mem=<N>M` carries), at most MAX_MEM_MB. Raises ValueError."""
+    mb = size_mb(value)
+    if not 0 <= mb <= MAX_MEM_MB:
+        raise ValueError(value)
+    return int(mb)
 
 
 def duration_s(text: str) -> float:
@@ -109,7 +118,8 @@ def _megabytes(value: Any) -> int | None:
     try:
         return None if value is None else parse_mem_mb(value)
     except ValueError:
-        raise ValueError(f"{value!r} is not a memory size; use e.g. 4G, 500M or 2048 (MB)") from None
+        raise ValueError(f"{value!r} is not a memory size; use e.g. 4G, 500M or 2048 (MB), at most "
+                         f"{MAX_MEM_MB // 2**20:,}T") from None
 
 
 _TIME_SCHEMA = {"type": ["string", "integer", "null"],

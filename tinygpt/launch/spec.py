@@ -290,6 +290,10 @@ def _pack(pack: int, backend: str, optuna: dict | None, resources: Resources | N
     if pack > 1 and not one_process:
         problems.append("pack: packed runs are one process each; ask for resources nodes: 1, tasks_per_node: 1 "
                         "(the packed runs share the task's CPUs, and each takes its share of its GPUs)")
+    if pack > 1 and resources is not None and pack > resources.cpus_per_task:
+        problems.append(f"pack: {pack} runs at once would share {resources.cpus_per_task} CPU(s) (resources."
+                        f"cpus_per_task), more runs than CPUs; ask for cpus_per_task >= {pack}, or pack at most "
+                        f"{resources.cpus_per_task}")
     return pack
 
 
@@ -323,7 +327,7 @@ def check_workdir(workdir: str | Path) -> Path:
     if "\x00" in str(workdir):
         raise LaunchError(f"--workdir: {str(workdir)!r} holds a NUL character; give a directory path")
     where = Path(os.path.abspath(workdir))
-    if problem := unwritable_dir(where):
+    if problem := unwritable_dir(where, probe=True):
         raise LaunchError(f"--workdir: {str(workdir)[:200]!r} cannot hold jobs/, logs/ and runs/ ({problem}); "
                           f"give a directory you can write to")
     return where.resolve()
