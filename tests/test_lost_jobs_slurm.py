@@ -173,10 +173,13 @@ def scontrol(action: str, job: str) -> None:
 
 
 def in_service(name: str) -> bool:
-    """Whether slurmctld has the node back (sinfo: idle, or running other tests' jobs), not down or unresponsive."""
+    """Whether slurmctld has the node back (sinfo: idle, or running other tests' jobs), not down or unresponsive,
+    and its slurmd has registered (a node that answers pings before that shows SlurmdStartTime=None)."""
     out = subprocess.run(["sinfo", "-h", "-n", name, "-o", "%t"], capture_output=True, text=True, timeout=30)
     states = set(out.stdout.split())
-    return bool(states) and states <= {"idle", "mix", "alloc", "comp"}
+    shown = subprocess.run(["scontrol", "-o", "show", "node", name], capture_output=True, text=True, timeout=30)
+    registered = shown.returncode == 0 and "SlurmdStartTime=None" not in shown.stdout
+    return bool(states) and states <= {"idle", "mix", "alloc", "comp"} and registered
 
 
 def node(action: str, name: str) -> None:
