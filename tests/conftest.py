@@ -187,6 +187,21 @@ def run_cli(argv: list[str]) -> tuple[int, str]:
     return code, err.getvalue()
 
 
+def main_status(main, argv: list[str]) -> tuple[int, str]:
+    """A command's main() on argv in this process: (exit status, stderr), argparse's own exits (status 2)
+    included."""
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main(argv)
+        except SystemExit as exit_:
+            code = exit_.code
+    return code, err.getvalue()
+
+
 def run_module(module: str, *args: str, cwd: Path | None = None, timeout: float = 300,
                **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,

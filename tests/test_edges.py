@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import TINY_TEXT, tiny_train
+from conftest import TINY_TEXT, main_status, tiny_train
 from tinygpt import config
 from tinygpt.launch import cli, profiles
 from tinygpt.launch import spec as spec_mod
@@ -33,19 +33,8 @@ EDGES = {"zero": "0", "minus one": "-1", "tiny": "1e-45", "nan": "nan", "inf": "
          "unwritable path": "/proc/tinygpt/x"}  # (as root, a permission bit stops nothing; /proc takes no folder)
 
 
-def module_call(main, argv: list[str]) -> tuple[int, str]:
-    """A command's `main(ARGV)` in this process: (exit status, stderr); argparse's own exit (2) included."""
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            code = main(argv)
-        except SystemExit as exit_:
-            code = exit_.code if isinstance(exit_.code, int) else 1
-    return code, err.getvalue()
-
-
 def call(argv: list[str]) -> tuple[int, str]:
-    return module_call(cli.main, argv)
+    return main_status(cli.main, argv)
 
 
 def files(folder: Path) -> set[str]:
@@ -251,14 +240,14 @@ def test_every_option_of_sample_and_data_at_its_edges(tmp_path, monkeypatch, mod
         top = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction)).choices["prepare"]
     valid = (["--run", str(tmp_path / "no-run")] if module == "sample"
              else ["prepare", "--data-file", str(tmp_path / "corpus.txt"), "--data-dir", str(tmp_path / "d")])
-    baseline = module_call(main, valid)
+    baseline = main_status(main, valid)
     failures = []
     for action in [a for a in top._actions if a.nargs != 0 and not isinstance(a, argparse._HelpAction)]:
         for label, value in EDGES.items():
             value = value.replace("{tmp}", str(tmp_path))
             argv = [*valid, f"{action.option_strings[-1]}={value}"] if action.option_strings \
                 else [*valid[:1], value, *valid[1:]]
-            code, err = module_call(main, argv)
+            code, err = main_status(main, argv)
             shown = value.encode(errors="surrogateescape").decode(errors="backslashreplace")[:50]
             names = (*action.option_strings, action.dest, shown or action.dest)
             if problem := judge(code, err, baseline, names, written=False):

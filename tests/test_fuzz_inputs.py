@@ -9,7 +9,6 @@ key added later is fuzzed without a new test. Examples that once failed are pinn
 from __future__ import annotations
 
 import contextlib
-import io
 import math
 import os
 import tempfile
@@ -19,7 +18,7 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from conftest import TINY_TEXT, run_cli, tiny_train
+from conftest import TINY_TEXT, main_status, run_cli, tiny_train
 from tinygpt import config, sample
 from tinygpt.launch import cli, profiles
 from tinygpt.launch import spec as spec_mod
@@ -136,15 +135,10 @@ def test_any_value_of_any_trainer_flag(name, text):
 def test_any_value_of_any_sample_flag_before_a_run_is_read(flag, text):
     if text.startswith("-"):
         text = " " + text  # (argparse would take it for a flag)
-    err = io.StringIO()
-    with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stderr(err), \
-            contextlib.redirect_stdout(io.StringIO()):
-        try:
-            code = sample.main(["--run", str(Path(tmp) / "none"), flag, text])
-        except SystemExit as exit_:  # argparse's own type errors: usage and a message, status 2
-            code = exit_.code
-    assert code in (1, 2) and "Traceback" not in err.getvalue()
-    assert flag in err.getvalue() or "no valid checkpoint" in err.getvalue() or "device" in err.getvalue()
+    with tempfile.TemporaryDirectory() as tmp:  # (argparse's own type errors: usage and a message, status 2)
+        code, err = main_status(sample.main, ["--run", str(Path(tmp) / "none"), flag, text])
+    assert code in (1, 2) and "Traceback" not in err
+    assert flag in err or "no valid checkpoint" in err or "device" in err
 
 
 @SETTINGS
@@ -176,17 +170,6 @@ def test_the_fuzz_strategies_reach_the_extremes():
     assert len(find(ANY_VALUE, lambda v: isinstance(v, str) and len(v) > 1000, settings=search)) == 5000
 
 
-def _main_status(main, argv: list[str]) -> tuple[int, str]:
-    """A module's main() on argv: (exit status, stderr), argparse's own exits (status 2) included."""
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            code = main(argv)
-        except SystemExit as exit_:
-            code = exit_.code
-    return code, err.getvalue()
-
-
 FLAG_TEXT = st.one_of(ANY_VALUE.map(str), st.text(max_size=20)).map(lambda t: " " + t if t.startswith("-") else t)
 
 
@@ -214,7 +197,7 @@ def test_any_value_of_any_data_flag(flag, text):
         argv = {"name": ["prepare", text, "--data-file", str(corpus)],
                 "--data-file": ["prepare", "--data-file", text, "--data-dir", "out"],
                 "--data-dir": ["prepare", "--data-file", str(corpus), "--data-dir", text]}[flag]
-        code, err = _main_status(data.main, argv)
+        code, err = main_status(data.main, argv)
         if code == 0:
             return
         assert code in (1, 2) and "Traceback" not in err, err
@@ -228,7 +211,7 @@ def test_any_value_of_the_report_run_flag(text):
     from tinygpt import report
 
     with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
-        code, err = _main_status(report.main, ["--run", text])
+        code, err = main_status(report.main, ["--run", text])
         assert code in (1, 2) and "Traceback" not in err, err  # no run directory anywhere here
         assert "config.yaml" in err or "--run" in err, err
         assert not any(Path(tmp).iterdir())  # nothing written
@@ -253,7 +236,7 @@ def test_any_value_of_any_flag_of_the_launch_commands(command, which, text):
             argv = [command, text, "--workdir", tmp]
         else:
             argv = [command, str(spec), "--workdir", tmp] + [flags[which], text]
-        code, err = _main_status(cli.main, argv)
+        code, err = main_status(cli.main, argv)
         assert code in (1, 2) and "Traceback" not in err, err
         assert any(word in err for word in ("manifest", "spec", "name", "--", repr(text), text.strip())), err
         assert sorted(p.name for p in Path(tmp).iterdir()) == ["fuzz.yaml"]  # nothing written
@@ -264,7 +247,7 @@ def test_any_workdir_of_launch(text):
     with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
         spec = Path(tmp) / "fuzz.yaml"
         spec.write_text(yaml.safe_dump({"name": "fuzz", "train": {**BASE_TRAIN, "dataset": "pydoc"}}))
-        code, err = _main_status(cli.main, [str(spec), "--dry-run", "--workdir", text])
+        code, err = main_status(cli.main, [str(spec), "--dry-run", "--workdir", text])
         assert code in (0, 1) and "Traceback" not in err, err
         if code == 1:
             assert "workdir" in err, err

@@ -393,7 +393,9 @@ def parser():
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .errors import not_utf8
+    import argparse
+
+    from .errors import blank_arguments, not_utf8
 
     argv = sys.argv[1:] if argv is None else argv
     top = parser()
@@ -402,9 +404,9 @@ def main(argv: list[str] | None = None) -> int:
     args = top.parse_args(argv)
     if args.data_file is None and args.name not in ("shakespeare", "pydoc", "sherlock"):
         top.error(f"unknown corpus {args.name!r}; choose shakespeare, pydoc or sherlock, or give --data-file")
-    for name, value in (("--data-file", args.data_file), ("--data-dir", args.data_dir)):
-        if value is not None and not value.strip():
-            top.error(f"{name}: is empty; give a path, or leave the option out")
+    prepare = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction)).choices["prepare"]
+    if problems := blank_arguments(prepare._actions, args):
+        top.error("; ".join(problems))
     try:
         prepared = prepare_from_config(args.name, args.data_file, args.data_dir)
     except DataError as err:

@@ -55,3 +55,13 @@ def not_utf8(argv: list[str]) -> list[str]:
             shown = arg.encode(errors="surrogateescape").decode(errors="backslashreplace")
             problems.append(f"{named}: {shown!r} holds bytes that are not UTF-8 text; give it in UTF-8")
     return problems
+
+
+def blank_arguments(actions: list, args: object, keep: tuple[str, ...] = ()) -> list[str]:
+    """One problem per option or argument (argparse's `actions`, as parsed into `args`) given as an empty or blank
+    text: it would read as `.` (a path) or as the default, not as what the user meant. `keep`: the destinations
+    where a blank text is a value."""
+    return [f"{a.option_strings[-1] if a.option_strings else a.dest}: is empty; give a value"
+            + ("" if a.required else ", or leave the option out for its default")
+            for a in actions if a.dest not in keep and isinstance(value := getattr(args, a.dest, None), str)
+            and not value.strip()]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import schema
 from .config import SAMPLE_TEMPERATURE, SAMPLE_TOP_K, RunConfig
-from .errors import filesystem_message, not_utf8
+from .errors import blank_arguments, filesystem_message, not_utf8
 
 
 def sample_text(model, prepared, prompt: str, tokens: int, seed: int, device: str,
@@ -39,8 +39,7 @@ def _problems(args: argparse.Namespace) -> list[str]:
 
     temperature = outside("sample_temperature", args.temperature)
     tokens, top_k = outside("sample_tokens", args.tokens), outside("sample_top_k", args.top_k)
-    texts = (("--run", args.run), ("--checkpoint", args.checkpoint), ("--device", args.device))
-    blank = [f"{flag}: is empty; give a value" for flag, value in texts if value is not None and not value.strip()]
+    blank = blank_arguments(parser()._actions, args, keep=("prompt",))  # (a prompt of spaces is one)
     return blank + [message for bad, message in (
         (not args.prompt, "--prompt: is empty; give at least one character to continue"),
         (temperature, f"--temperature: must be a number {temperature}, got {args.temperature}"),

@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tinygpt.errors import not_utf8
+from tinygpt.errors import blank_arguments, not_utf8
 
 from .errors import LaunchError
 
@@ -221,12 +221,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _blank(top: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
-    """One problem per option or argument given as an empty or blank text: it would read as `.` (a path) or as
-    the default, not as what the user meant."""
+    """The options of the command given as an empty or blank text (errors.blank_arguments)."""
     commands = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
-    return [f"{a.option_strings[-1] if a.option_strings else a.dest}: is empty; give a value, or leave the option "
-            f"out for its default" for a in commands.choices[args.command]._actions
-            if isinstance(getattr(args, a.dest, None), str) and not getattr(args, a.dest).strip()]
+    return blank_arguments(commands.choices[args.command]._actions, args)
 
 
 def _launch(args) -> int:

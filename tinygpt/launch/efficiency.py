@@ -151,7 +151,7 @@ def table_rows(manifest: Manifest) -> list[dict[str, str]]:
         from .errors import LaunchError
 
         if silence := slurm_cli.accounting_silence():
-            raise slurm_cli.SlurmAway(f"efficiency: cannot measure: {silence}; try again in a minute")
+            raise slurm_cli.SlurmAway(f"efficiency: cannot measure: {silence}; {slurm_cli.AGAIN}")
         raise LaunchError("efficiency: this cluster keeps no job accounting (sacct does not answer); the figures "
                           "need slurmdbd")
     return [{"run": run.name, "job": job_id, "state": u.state if u else "-", **cells(u)} for run, job_id, u in found]

@@ -25,7 +25,8 @@ from .errors import LaunchError
 TIMEOUT_S = 30
 _UNREACHABLE = "Unable to contact slurm controller"  # (Slurm's words for a connection to it that failed)
 NO_COMMANDS = "no Slurm commands on this machine (scontrol is not on PATH)"
-RETRY = "nothing was written or submitted; try again in a minute"
+AGAIN = "try again in a minute"  # (what every SlurmAway says)
+RETRY = f"nothing was written or submitted; {AGAIN}"
 
 
 class SlurmAway(LaunchError):
@@ -71,7 +72,7 @@ def sbatch(script_path: str, extra: list[str] | None = None) -> str:
     if out.returncode != 0:
         message = (out.stderr or out.stdout).strip() or f"exit status {out.returncode}"
         if _UNREACHABLE in message:
-            raise SlurmAway(f"sbatch {script_path}: {controller_silence() or message}; try again in a minute")
+            raise SlurmAway(f"sbatch {script_path}: {controller_silence() or message}; {AGAIN}")
         raise LaunchError(f"sbatch rejected {script_path}: {message}")
     job_id = out.stdout.strip().split(";")[0]
     if not job_id:
