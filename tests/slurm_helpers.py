@@ -161,16 +161,18 @@ def run_to_completion(job_id: str, timeout: float = 300.0) -> tuple[str, int]:
     raise TimeoutError(f"job {job_id} did not finish within {timeout:.0f} s (last: {fields.get('JobState')})")
 
 
+def training(metrics: Path, min_lines: int = 1) -> bool:
+    """Whether a run's metrics show at least `min_lines` training lines (so its signal handlers are in place)."""
+    try:
+        return sum('"lr"' in line for line in metrics.read_text().splitlines()) >= min_lines
+    except OSError:
+        return False
+
+
 def signal_when_training(job_id: str, metrics: Path, signal: str = "USR2", min_lines: int = 5,
                          timeout: float = 120.0) -> None:
     """Send `signal` to the job's steps (the trainers) once its metrics show it training."""
-    def training() -> bool:
-        try:
-            return sum('"lr"' in line for line in metrics.read_text().splitlines()) >= min_lines
-        except OSError:
-            return False
-
-    wait_until(training, timeout=timeout, poll=0.05, what=f"job {job_id} training")
+    wait_until(lambda: training(metrics, min_lines), timeout=timeout, poll=0.05, what=f"job {job_id} training")
     subprocess.run(["scancel", "-s", signal, job_id], check=True, capture_output=True, timeout=30)
 
 

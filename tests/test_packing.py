@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, read_metrics, tiny_train
-from slurm_helpers import job_env, manifest_of, run_to_completion, signal_when_training, wait
+from conftest import ROOT, read_metrics, slow_saves, tiny_train, wait_until
+from slurm_helpers import job_env, manifest_of, run_to_completion, training, wait
 from tinygpt.launch import spec as spec_mod
 from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.plan import build
@@ -77,16 +77,21 @@ def test_pack_is_checked(tmp_path, tiny_corpus):
 def test_a_signal_to_a_packed_task_requeues_it_and_both_runs_resume_exactly(tmp_path, tiny_corpus):
     from tinygpt import config, trainer
 
-    work = tmp_path / "w"
-    spec = spec_file(tmp_path, tiny_corpus, "packed", 2, max_steps=400, runs=2)
+    work, gate = tmp_path / "w", tmp_path / "both-training"
+    spec = spec_file(tmp_path, tiny_corpus, "packed", 2, runs=2)
+    # Each run holds its first checkpoint until the gate opens: the signal finds both training, however far
+    # apart their steps started (run 0 had once finished before run 1 had imported torch).
+    env = job_env(**slow_saves(0), TINYGPT_TEST_SAVE_GATE=str(gate))
     out = subprocess.run([sys.executable, str(ROOT / "launch.py"), str(spec), "--workdir", str(work)],
-                         capture_output=True, text=True, env=job_env(), cwd=ROOT, timeout=180)
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=180)
     assert out.returncode == 0, out.stdout + out.stderr
     manifest = manifest_of(work, "packed")
     ids = manifest.task_job_ids()
     assert ids[0] == ids[1]  # one task, two runs
     runs = [Path(r.out_dir) for r in manifest.runs]
-    signal_when_training(ids[0], runs[1] / "metrics.jsonl", min_lines=4)
+    wait_until(lambda: all(training(run / "metrics.jsonl") for run in runs), timeout=120, what="both runs training")
+    subprocess.run(["scancel", "-s", "USR2", ids[0]], check=True, capture_output=True, timeout=30)
+    gate.touch()
     assert run_to_completion(ids[0], timeout=400) == ("COMPLETED", 1)
     for index, run_dir in enumerate(runs):
         records = read_metrics(run_dir)
@@ -98,5 +103,5 @@ def test_a_signal_to_a_packed_task_requeues_it_and_both_runs_resume_exactly(tmp_
         assert trainer.train(reference).finished
         assert records[-1]["weights_digest"] == read_metrics(tmp_path / f"ref{index}")[-1]["weights_digest"]
         log = (work / "logs" / "packed" / f"{ids[0]}.run{index}.out").read_text()
-        assert "restart 0" in log and "restart 1" in log and "done: step 400" in log
+        assert "restart 0" in log and "restart 1" in log and "done: step 40" in log
     assert wait(ids[0]) == "COMPLETED"
