@@ -7,13 +7,15 @@
 #   sudo hpc_lab/local_cluster/down.sh --slurm-only  # slurmctld and slurmd only
 #   sudo hpc_lab/local_cluster/down.sh --purge       # stop it all and remove everything up.sh made but
 #       the packages: bridge, veths, namespaces, our /etc/hosts lines, $TINYGPT_SLURM_HOME, the
-#       /etc/slurm links, the accounting database and its user, and MariaDB's data folder and the munge
-#       key where up.sh (or the packages it installed) made them. The next up.sh starts from nothing.
+#       /etc/slurm links, the Slurm commands of up.sh --slurm in /usr/local/bin, the accounting database
+#       and its user, and MariaDB's data folder and the munge key where up.sh (or the packages it
+#       installed) made them. The next up.sh starts from nothing. The root filesystems of up.sh --slurm
+#       stay cached in /var/cache/tinygpt-slurm (rm -rf it to download them again).
 set -uo pipefail
 
 HOME_DIR=${TINYGPT_SLURM_HOME:-/var/lib/tinygpt-slurm}
 # shellcheck source=lib.sh
-source "$(dirname "$0")/lib.sh"  # stop_daemon
+source "$(dirname "$0")/lib.sh"  # stop_daemon, SLURM_COMMANDS, WRAPPER_MARK
 SUBNET=10.77.0
 BRIDGE=tgslurm0
 HOSTS_MARK='# tinygpt-slurm'
@@ -21,7 +23,7 @@ MODE=stop
 case "${1:-}" in
   --slurm-only) MODE=slurm-only ;;
   --purge) MODE=purge ;;
-  -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   "") ;;
   *) echo "down.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
 esac
@@ -70,6 +72,9 @@ if [ "$MODE" = purge ]; then
   rm -rf /run/tinygpt-slurmd
   made mariadb-data && rm -rf /var/lib/mysql && echo "down.sh: removed MariaDB's data folder"
   made munge-key && rm -f /etc/munge/munge.key && echo "down.sh: removed the munge key"
+  for cmd in $SLURM_COMMANDS; do  # up.sh --slurm's commands of another release (its root stays cached)
+    grep -qF "$WRAPPER_MARK" "/usr/local/bin/$cmd" 2>/dev/null && rm -f "/usr/local/bin/$cmd"
+  done
   for link in /etc/slurm/slurm.conf /etc/slurm/slurmdbd.conf /etc/slurm/gres.conf; do
     [ -L "$link" ] && rm -f "$link"
   done

@@ -1,7 +1,31 @@
-# Sourced by up.sh, down.sh and daemon.sh: how the local cluster's daemons are found, stopped and started.
-# Needs HOME_DIR (the cluster's folder); sets RUN and LOG under it.
+# Sourced by up.sh, down.sh, daemon.sh and node.sh: how the local cluster's daemons are found, stopped and
+# started, and in which Slurm release they run. Needs HOME_DIR (the cluster's folder); sets RUN, LOG and
+# RELEASE_ROOT.
 RUN=$HOME_DIR/run
 LOG=$HOME_DIR/log
+# The root filesystem whose /usr holds the cluster's Slurm, where it is not this machine's own (up.sh --slurm):
+# written by up.sh, empty or absent for the machine's own Slurm.
+RELEASE_ROOT=$(cat "$HOME_DIR/etc/release-root" 2>/dev/null || true)
+
+# The Slurm commands up.sh puts in /usr/local/bin for a release that is not this machine's own, and the mark
+# that tells its wrappers from anybody else's files.
+SLURM_COMMANDS="sacct sacctmgr salloc sattach sbatch sbcast scancel scontrol scrontab sdiag sh5util sinfo sprio
+ squeue sreport srun sshare sstat strigger sview"
+WRAPPER_MARK='# tinygpt-slurm: a Slurm command of the local cluster'
+
+overlay_usr() {  # the mount that gives a mount namespace the release's /usr (RELEASE_ROOT has no spaces)
+  # An overlay, the root's /usr over this machine's: Slurm and the libraries it was built against come from the
+  # root, and what the root lacks (the libraries the project's own Python links to, say) from this machine.
+  echo "mount -t overlay tinygpt-slurm -o lowerdir=$RELEASE_ROOT/usr:/usr /usr"
+}
+
+in_release() {  # in_release COMMAND...: run COMMAND with the cluster's Slurm release as /usr
+  # In a private mount namespace, so nothing else on this machine sees it; the processes the command starts
+  # (slurmd's job steps and the jobs' own commands) stay in that namespace. /etc, /run, /tmp, /home, the
+  # project and its Python stay this machine's.
+  if [ -z "$RELEASE_ROOT" ]; then "$@"; return; fi
+  unshare --mount --propagation private -- sh -c "$(overlay_usr)"' && exec "$@"' sh "$@"
+}
 
 alive() {  # alive PIDFILE NAME: the pid file names a live process called NAME
   local pid
@@ -36,5 +60,5 @@ start_mariadb() {
   mkdir -p /run/mysqld "$LOG/mariadb" && chown mysql:mysql /run/mysqld "$LOG/mariadb"
   setsid mysqld_safe --user=mysql --log-error="$LOG/mariadb/mariadb.log" >/dev/null 2>&1 </dev/null &
 }
-start_slurmdbd() { /usr/sbin/slurmdbd >>"$LOG/slurmdbd.out" 2>&1; }
-start_slurmctld() { /usr/sbin/slurmctld >>"$LOG/slurmctld.out" 2>&1; }
+start_slurmdbd() { in_release /usr/sbin/slurmdbd >>"$LOG/slurmdbd.out" 2>&1; }
+start_slurmctld() { in_release /usr/sbin/slurmctld >>"$LOG/slurmctld.out" 2>&1; }

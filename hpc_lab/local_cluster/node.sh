@@ -10,7 +10,8 @@
 set -euo pipefail
 
 HOME_DIR=${TINYGPT_SLURM_HOME:-/var/lib/tinygpt-slurm}
-RUN=$HOME_DIR/run LOG=$HOME_DIR/log
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"  # RUN, LOG, RELEASE_ROOT
 usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; }
 [ $# = 2 ] || { usage >&2; exit 2; }
 action=$1 node=$2
@@ -45,9 +46,11 @@ case "$action" in
     export PATH=$PATH:/usr/sbin:/sbin
     mkdir -p "$RUN/$node" /run/tinygpt-slurmd
     # Its own hostname (UTS namespace) and its own /run/tinygpt-slurmd (mount namespace), where slurm.conf's
-    # SlurmdPidFile is: every node's slurmd believes it is alone on its host.
+    # SlurmdPidFile is: every node's slurmd believes it is alone on its host. In the same mount namespace, the
+    # cluster's Slurm release as /usr where it is not this machine's own (lib.sh's overlay_usr).
+    release=${RELEASE_ROOT:+"$(overlay_usr) && "}
     nsenter --net="$ns" unshare --uts --mount --propagation private sh -c \
-      "hostname $node && mount --bind '$RUN/$node' /run/tinygpt-slurmd && exec /usr/sbin/slurmd" \
+      "hostname $node && mount --bind '$RUN/$node' /run/tinygpt-slurmd && $release exec /usr/sbin/slurmd" \
       >>"$LOG/slurmd.$node.out" 2>&1 || {
         echo "node.sh: slurmd ($node) did not start; last lines of $LOG/slurmd.$node.log:" >&2
         tail -n 25 "$LOG/slurmd.$node.log" >&2 2>/dev/null; exit 1; } ;;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Bring up a real Slurm 22.05 cluster on this machine: munge, MariaDB, slurmdbd (accounting, so sacct
-# works), slurmctld and one slurmd per compute node.
+# Bring up a real Slurm cluster on this machine: munge, MariaDB, slurmdbd (accounting, so sacct works),
+# slurmctld and one slurmd per compute node; Slurm 22.05 or 24.11 (--slurm).
 #
 #   sudo hpc_lab/local_cluster/up.sh             # one node: this host
 #   sudo hpc_lab/local_cluster/up.sh --nodes 2   # two nodes, each a network namespace (node1, node2)
@@ -20,6 +20,14 @@
 # `normal` and `capped` (a job of at most 10 minutes, refused at submission above it), and account `elsewhere`,
 # which the user is not in; AccountingStorageEnforce=associations,limits,qos). Always there besides `debug`:
 # `short`, the same nodes with a time limit of 30 minutes.
+#
+# --slurm RELEASE: 22.05 (Debian 12's) or 24.11 (Debian 13's); default: the release of this machine's Debian
+# packages. A release that is not this machine's own runs from a root filesystem of the Debian that ships it,
+# made once with mmdebstrap from Debian's registry and cached in /var/cache/tinygpt-slurm/SUITE (down.sh
+# --purge leaves it): its daemons, their job steps and the Slurm commands up.sh puts in /usr/local/bin (ahead
+# of /usr/bin on PATH) run with that root's /usr as /usr, and with everything else of this machine's (/etc,
+# /run, /tmp, /home, the project). So a job's Python must not live under /usr (a venv of pyenv's, conda's or
+# uv's Python is fine; one of /usr/bin/python3 is not). One release at a time: to change it, down.sh --purge.
 #
 # The cluster's timers are those of a test cluster, where tests wait on every transition: see the
 # "Timers" comment in the slurm.conf below (a node that stops answering is DOWN after 10 s, not 300).
@@ -41,7 +49,8 @@ ACCOUNTING=1
 PREEMPTION=0
 GPUS=""
 ACCOUNTS=0
-usage() { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; }
+RELEASE=""
+usage() { sed -n '2,43p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --nodes) NODES=${2:?--nodes needs a number}; shift 2 ;;
@@ -54,6 +63,8 @@ while [ $# -gt 0 ]; do
     --gpus) GPUS=${2:?--gpus needs N[:TYPE]}; shift 2 ;;
     --gpus=*) GPUS=${1#*=}; shift ;;
     --accounts) ACCOUNTS=1; shift ;;
+    --slurm) RELEASE=${2:?--slurm needs a release (22.05 or 24.11)}; shift 2 ;;
+    --slurm=*) RELEASE=${1#*=}; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "up.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
@@ -68,6 +79,11 @@ done
 case "${#GPU_SPECS[@]}" in 0|1|"$NODES") ;;
   *) echo "up.sh: --gpus: ${#GPU_SPECS[@]} node specs for $NODES node(s); give one for all, or one per node" >&2; exit 2 ;;
 esac
+suite_of() {  # suite_of RELEASE: the Debian release whose packages are that Slurm
+  case "$1" in 22.05) echo bookworm ;; 24.11) echo trixie ;; *) return 1 ;; esac
+}
+[ -z "$RELEASE" ] || suite_of "$RELEASE" >/dev/null \
+  || { echo "up.sh: --slurm: '$RELEASE' is not a release this script brings up; give 22.05 or 24.11" >&2; exit 2; }
 [ "$ACCOUNTS" = 1 ] && [ "$ACCOUNTING" = 0 ] \
   && { echo "up.sh: --accounts needs accounting; drop --no-accounting" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "up.sh: run as root (sudo $0 $*)" >&2; exit 2; }
@@ -80,6 +96,7 @@ BRIDGE=tgslurm0
 HOSTS_MARK='# tinygpt-slurm'  # marks our /etc/hosts lines, for down.sh --purge
 HOST=$(hostname -s)
 ETC=$HOME_DIR/etc
+CACHE=/var/cache/tinygpt-slurm  # root filesystems of other Slurm releases (--slurm); down.sh --purge leaves it
 T0=$(date +%s.%N)
 
 say() { printf 'up.sh: %s\n' "$*"; }
@@ -124,8 +141,39 @@ if [ "$missing" = 1 ]; then
   [ "$had_key" = 0 ] && [ -f /etc/munge/munge.key ] && mark_made munge-key
   [ "$had_db" = 0 ] && [ -d /var/lib/mysql/mysql ] && mark_made mariadb-data
 fi
-export PATH=$PATH:/usr/sbin:/sbin
+# (/usr/local/bin first: the Slurm commands of a release that is not this machine's own are there)
+export PATH=/usr/local/bin:$PATH:/usr/sbin:/sbin
 mkdir -p "$ETC" "$LOG" "$RUN" "$HOME_DIR/state" "$HOME_DIR/spool" /etc/slurm
+
+# --- 1b. the Slurm release: this machine's own, or a root filesystem of the Debian that ships it ---------
+own=$(dpkg-query -W -f '${Version}' slurmctld 2>/dev/null | cut -d. -f1,2)
+RELEASE=${RELEASE:-$own}
+was=$(cat "$ETC/release" 2>/dev/null || true)
+[ -z "$was" ] && [ -f "$ETC/slurm.conf" ] && was=$own  # (a cluster of an up.sh before --slurm)
+[ -z "$was" ] || [ "$was" = "$RELEASE" ] || die release "" "the local cluster here runs Slurm $was (its state,\
+ accounting and logs are under $HOME_DIR); to bring up $RELEASE instead, first: $(dirname "$0")/down.sh --purge"
+RELEASE_ROOT=""
+if [ "$RELEASE" != "$own" ]; then
+  suite=$(suite_of "$RELEASE")
+  RELEASE_ROOT=$CACHE/$suite
+  has_release() {  # the root's Slurm is RELEASE (its own dpkg database says so)
+    local version
+    version=$(dpkg-query --admindir="$RELEASE_ROOT/var/lib/dpkg" -W -f '${Version}' slurmctld 2>/dev/null)
+    [[ "$version" == "$RELEASE".* ]]
+  }
+  if ! has_release; then
+    say "making a Debian $suite root filesystem for Slurm $RELEASE in $RELEASE_ROOT (once: it stays cached)"
+    command -v mmdebstrap >/dev/null 2>&1 || apt-get install -y -q mmdebstrap >>"/tmp/tinygpt-slurm-apt.log" 2>&1 \
+      || die apt /tmp/tinygpt-slurm-apt.log "apt-get install mmdebstrap failed"
+    rm -rf "$RELEASE_ROOT.new" && mkdir -p "$CACHE"
+    mmdebstrap --variant=apt --include=slurmctld,slurmd,slurmdbd,slurm-client "$suite" "$RELEASE_ROOT.new" \
+      >"$LOG/mmdebstrap.log" 2>&1 || die mmdebstrap "$LOG/mmdebstrap.log" "could not make the $suite root"
+    rm -rf "$RELEASE_ROOT" && mv "$RELEASE_ROOT.new" "$RELEASE_ROOT"
+    has_release || die mmdebstrap "" "the $suite root's Slurm is not $RELEASE"
+  fi
+fi
+echo "$RELEASE" >"$ETC/release"
+echo "$RELEASE_ROOT" >"$ETC/release-root"
 
 # --- 2. network: bridge, one namespace per node, /etc/hosts (multi-node only) -----------------------
 # Before any configuration names these addresses and before any daemon or client is asked to reach them.
@@ -288,6 +336,8 @@ MinJobAge=600
 # its end: a 10,000-run sweep held whole (bench/launcher.py), cancelled, and held again within MinJobAge fits.
 MaxJobCount=100000
 JobCompType=jobcomp/none
+# No mail is sent (24.11 checks at its start that the default, /usr/bin/mail, exists).
+MailProg=/bin/true
 ${gres_lines:+GresTypes=gpu
 }$accounting
 $node_lines
@@ -356,6 +406,24 @@ for host in $(named_hosts | sort -u); do
     is_local "$addr" || die network "" "'$host' is $addr, which no interface of this machine holds;\
  refusing to start daemons that would reach it (check /etc/hosts and 'ip addr')"
   done
+done
+
+# --- 4b. the release's Slurm commands, ahead of this machine's on PATH (/usr/local/bin) -----------------
+# Only now that every check has passed: an up.sh that stops before would leave the commands as they were. Ours
+# are removed where the release is this machine's own.
+for cmd in $SLURM_COMMANDS; do
+  wrapper=/usr/local/bin/$cmd
+  ours=0
+  [ -f "$wrapper" ] && grep -qF "$WRAPPER_MARK" "$wrapper" && ours=1
+  if [ -n "$RELEASE_ROOT" ] && [ -x "$RELEASE_ROOT/usr/bin/$cmd" ]; then
+    [ -e "$wrapper" ] && [ "$ours" = 0 ] && die release "" "$wrapper is not up.sh's; move it away to use Slurm $RELEASE"
+    printf '#!/bin/sh\n%s\nexec unshare --mount --propagation private -- sh -c %s sh /usr/bin/%s "$@"\n' \
+      "$WRAPPER_MARK (up.sh --slurm $RELEASE): Slurm $RELEASE's $cmd, as lib.sh's in_release runs it" \
+      "'$(overlay_usr) && exec \"\$@\"'" "$cmd" >"$wrapper"
+    chmod 755 "$wrapper"
+  elif [ "$ours" = 1 ]; then
+    rm -f "$wrapper"
+  fi
 done
 
 # --- 5. munge -------------------------------------------------------------------------------------------
@@ -439,7 +507,7 @@ wait_for 60 scontrol ping || die slurmctld "$LOG/slurmctld.log" "does not answer
 if [ "$NODES" = 1 ]; then
   if ! alive "$RUN/slurmd.pid" slurmd; then
     say "starting slurmd ($HOST)"
-    /usr/sbin/slurmd >>"$LOG/slurmd.out" 2>&1 || die slurmd "$LOG/slurmd.$HOST.log" "did not start"
+    in_release /usr/sbin/slurmd >>"$LOG/slurmd.out" 2>&1 || die slurmd "$LOG/slurmd.$HOST.log" "did not start"
   fi
 else
   for n in $(seq 1 "$NODES"); do
