@@ -211,3 +211,15 @@ def trainer_pid(task_id: str, rank: int, timeout: float = 120) -> int:
         return None
 
     return wait_until(find, timeout=timeout, what=f"rank {rank} of {task_id}")
+
+
+def step_cpus(job_id: str, steps: int) -> dict[str, int]:
+    """{step: the CPUs Slurm allocated it} of a job's numbered steps (srun's), once accounting has all `steps`."""
+    def read() -> dict[str, int] | None:
+        out = subprocess.run(["sacct", "-n", "-P", "-j", job_id, "-o", "JobID,AllocCPUS"], capture_output=True,
+                             text=True, timeout=30).stdout
+        found = {jid.rpartition(".")[2]: int(cpus) for jid, _, cpus in (line.partition("|") for line in
+                 out.splitlines()) if jid.rpartition(".")[2].isdigit()}
+        return found if len(found) >= steps else None
+
+    return wait_until(read, timeout=60, poll=0.5, what=f"accounting of job {job_id}'s steps")

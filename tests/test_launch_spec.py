@@ -228,6 +228,7 @@ def test_every_sbatch_value_round_trips_through_sbatch_and_the_shell(tmp_path):
     params = hostile_params(tmp_path)
     text = render(params)
     options = sbatch_rules.options(text)  # as sbatch's own parser reads the #SBATCH lines
+    assert all(sbatch_rules.options(text, release) == options for release in sbatch_rules.RELEASES)
     assert options["partition"] == "p'; echo foo"
     assert options["qos"] == 'a"=0"'
     assert options["account"] == "acct with space"
@@ -238,7 +239,7 @@ def test_every_sbatch_value_round_trips_through_sbatch_and_the_shell(tmp_path):
     assert options["reservation"] == "maint $(reboot)" and options["exclusive"] is None
     assert options["exclude"] == "node[3-4]"
     srun_line = next(line for line in text.splitlines() if line.startswith("step srun "))
-    assert shlex.split(srun_line)[3:5] == ["--cpu-bind=cores", "--label; rm -rf ~"]
+    assert shlex.split(srun_line)[3:6] == ["--cpus-per-task=8", "--cpu-bind=cores", "--label; rm -rf ~"]
     # The setup section, run for real in a shell, exports values verbatim and executes nothing.
     setup = text.split("# Setup\n")[1].split("\n# Command")[0]
     setup = "\n".join(line for line in setup.splitlines() if not line.startswith(("module ", "source ")))
@@ -335,9 +336,9 @@ def test_passed_through_options_reach_both_backends(tmp_path):
     for line in ("#SBATCH --exclude=node2", "#SBATCH --constraint=fast", "#SBATCH --reservation=site-wide",
                  "#SBATCH --mail-type=FAIL", "#SBATCH --exclusive\n"):
         assert line in text
-    assert "srun --kill-on-bad-exit=1 --cpu-bind=cores --label " in text
+    assert "srun --kill-on-bad-exit=1 --cpus-per-task=1 --cpu-bind=cores --label " in text
     params = Submitit.executor_parameters(plan)
-    assert params["srun_args"] == ["--cpu-bind=cores", "--label"]
+    assert params["srun_args"] == ["--cpus-per-task=1", "--cpu-bind=cores", "--label"]
     assert params["additional_parameters"]["exclusive"] is True
     assert params["additional_parameters"]["mail_type"] == "FAIL"
 

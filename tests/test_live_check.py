@@ -14,7 +14,7 @@ import yaml
 from conftest import ROOT, launch, tiny_yaml
 from gpu_cluster import GPU_CLUSTER
 from slurm_helpers import manifest_of, sbatch, wait_until
-from tinygpt.launch import live_check
+from tinygpt.launch import live_check, slurm_cli
 from tinygpt.launch import spec as spec_mod
 
 LOCAL = yaml.safe_load((ROOT / "hpc_lab" / "clusters" / "local.yaml").read_text())
@@ -35,13 +35,15 @@ def spec_with(tmp_path: Path, corpus: Path, name: str, profile: dict | None = No
     return spec
 
 
+@pytest.mark.slurm_release
 @pytest.mark.slurm
 def test_check_of_a_good_spec_gives_slurms_estimate_and_submits_nothing(tmp_path, tiny_corpus):
     before = queue()
     out = launch("check", str(spec_with(tmp_path, tiny_corpus, "good")), "--workdir", str(tmp_path / "w"))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "slurm: good.sbatch: would start at " in out.stdout and "in partition debug" in out.stdout
-    assert "check: the spec fits cluster local; nothing submitted" in out.stdout
+    release = slurm_cli.release()  # (of the commands on PATH, which are the controller's release here)
+    assert f"check: the spec fits cluster local (Slurm {release}); nothing submitted" in out.stdout, out.stdout
     assert not set(queue()) - set(before)  # (no new job; one of an earlier test may have left the queue)
 
 
@@ -77,6 +79,7 @@ REFUSED = [
 ]
 
 
+@pytest.mark.slurm_release
 @pytest.mark.slurm(needs=["gpus", "accounts"])
 @pytest.mark.parametrize("name, profile, resources, grid, message", REFUSED, ids=[case[0] for case in REFUSED])
 def test_a_spec_the_live_cluster_would_refuse_is_named_and_nothing_is_submitted(tmp_path, tiny_corpus, name,
@@ -143,6 +146,7 @@ def test_a_submission_fails_closed_when_slurm_cannot_answer_and_no_check_says_it
     subprocess.run(["scancel", job], check=True, timeout=30)
 
 
+@pytest.mark.slurm_release
 @pytest.mark.slurm
 def test_status_shows_when_slurm_expects_a_pending_run_to_start(tmp_path, tiny_corpus):
     spec, work = spec_with(tmp_path, tiny_corpus, "later"), tmp_path / "w"

@@ -33,7 +33,7 @@ def test_a_packed_task_starts_its_runs_and_requeues_when_one_asks(tmp_path, tiny
     assert (array, offset, indices) == ("0-2", 0, [0, 1, 2, 3, 4])
     stubs = tmp_path / "stubs"
     stubs.mkdir()
-    (stubs / "srun").write_text('#!/bin/bash\necho "srun $* cpus=$SLURM_CPUS_PER_TASK requeue=$TINYGPT_REQUEUE"\n'
+    (stubs / "srun").write_text('#!/bin/bash\necho "srun $* requeue=$TINYGPT_REQUEUE"\n'
                                 'case "$*" in */cfg/run1*) exit "${CODE_OF_RUN1:-0}";; esac\n')
     (stubs / "scontrol").write_text('#!/bin/bash\necho "scontrol $*"\n')
     (stubs / "python").write_text(
@@ -52,7 +52,8 @@ def test_a_packed_task_starts_its_runs_and_requeues_when_one_asks(tmp_path, tiny
     logs = sorted(p.name for p in (tmp_path / "w" / "logs" / "five").glob("77_1.run*.out"))
     assert logs == ["77_1.run2.out", "77_1.run3.out"]  # task 1 holds runs 2 and 3
     calls = "".join((tmp_path / "w" / "logs" / "five" / name).read_text() for name in logs)
-    assert calls.count("srun --overlap --ntasks=1 --nodes=1") == 2 and "cpus=2 requeue=script" in calls
+    assert calls.count("srun --overlap --ntasks=1 --nodes=1 --cpus-per-task=2 ") == 2  # each half the task's 4 CPUs
+    assert calls.count("requeue=script") == 2
     assert "/cfg/run2" in calls and "/cfg/run3" in calls
     assert task(2).returncode == 0
     last = sorted(p.name for p in (tmp_path / "w" / "logs" / "five").glob("77_2.run*.out"))
@@ -73,6 +74,7 @@ def test_pack_is_checked(tmp_path, tiny_corpus):
             spec_mod.load(spec_file(tmp_path, tiny_corpus, "p", pack, backend=backend, **extra), tmp_path)
 
 
+@pytest.mark.slurm_release
 @pytest.mark.slurm
 def test_a_signal_to_a_packed_task_requeues_it_and_both_runs_resume_exactly(tmp_path, tiny_corpus):
     from tinygpt import config, trainer

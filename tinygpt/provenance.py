@@ -10,6 +10,7 @@ import json
 import os
 import platform
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -55,6 +56,21 @@ def gpu_names() -> list[str]:
     return [line.strip() for line in out.splitlines() if line.strip()] if out else []
 
 
+def slurm_release() -> str | None:
+    """The release of the Slurm this job runs under ("slurm-wlm 24.11.5"), or None outside a job."""
+    return _run(["scontrol", "--version"]) if "SLURM_JOB_ID" in os.environ and shutil.which("scontrol") else None
+
+
+def placement() -> dict:
+    """Where this rank runs and what it was given: its host, Slurm's CPUs per task (None outside Slurm), the CPUs
+    it may run on (its affinity set), and torch's threads."""
+    import torch
+
+    cpus_per_task = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    return {"host": socket.gethostname(), "cpus_per_task": int(cpus_per_task) if cpus_per_task.isdigit() else None,
+            "cpus": len(os.sched_getaffinity(0)), "threads": torch.get_num_threads()}
+
+
 def collect(hostnames: list[str], world_size: int, device: str) -> dict:
     import torch
 
@@ -81,6 +97,7 @@ def collect(hostnames: list[str], world_size: int, device: str) -> dict:
         "hostnames": hostnames,
         "world_size": world_size,
         "slurm": {k: os.environ[k] for k in SLURM_KEYS if k in os.environ},
+        "slurm_release": slurm_release(),
     }
 
 

@@ -5,7 +5,6 @@ happens; a `Reporter` says it, on rank 0 (the other ranks' records go nowhere).
 
 from __future__ import annotations
 
-import socket
 import time
 from pathlib import Path
 
@@ -67,13 +66,15 @@ class Reporter:
         self.say(f"global batch: {cfg.data.batch_size} x {cfg.optim.grad_accum} accum x {world} ranks = "
                  f"{cfg.data.batch_size * cfg.optim.grad_accum * world} sequences "
                  f"({self.meter.tokens_per_step:,} tokens) per step; data {data_source}")
-        hostnames = dist_mod.gather_objects(socket.gethostname(), d)
+        ranks = dist_mod.gather_objects(provenance.placement(), d)
+        hostnames = [rank.pop("host") for rank in ranks]
         if d.is_main:
             provenance.append(self.out_dir, provenance.collect(hostnames, world, device), fresh=resumed_from is None)
         self.metrics.write({
             "step": step, "event": "start", "resumed_from": str(resumed_from) if resumed_from else None,
             "restarts": restarts, "world_size": world, "launcher": d.launcher,
             "master": f"{d.master_addr}:{d.master_port}" if d.is_distributed else None, "hostnames": hostnames,
+            "cpus": ranks,  # each rank's: Slurm's CPUs per task, its affinity set's size, torch's threads
             "precision": precision, "compile": compile_, "device": device,
             "tokens_per_step": self.meter.tokens_per_step,
         })

@@ -159,8 +159,8 @@ class Submitit(Backend):
                                       setup=setup, additional_parameters=additional)
         if sweep.array_parallelism:
             params["array_parallelism"] = sweep.array_parallelism
-        if r.srun_args:
-            params["srun_args"] = list(r.srun_args)
+        # (what each task gets said on submitit's srun line too, as on ours: sbatch.py, before _trainer)
+        params["srun_args"] = [f"--cpus-per-task={r.cpus_per_task}", *r.srun_args]
         return params
 
     def script(self, plan: Plan, pythonpath: str | None = None) -> str:

@@ -104,7 +104,8 @@ def _launch_locked(sweep: Sweep, args: argparse.Namespace, cluster: LiveCluster 
         for estimate in live_check.before_submitting(plan, cluster):
             print(f"slurm: {estimate}")
     if args.dry_run:
-        print(f"check: the spec fits cluster {cluster.name}; nothing submitted" if args.command == "check"
+        print(f"check: the spec fits cluster {cluster.name} (Slurm {cluster.release}); nothing submitted"
+              if args.command == "check"
               else "dry run: nothing submitted")
         return 0
     backend = backends.Local(args.nproc) if args.local else backends.of(sweep.backend)

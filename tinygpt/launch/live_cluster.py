@@ -45,6 +45,11 @@ class LiveCluster:
         return self.config.get("ClusterName")
 
     @property
+    def release(self) -> str:
+        """The controller's Slurm release ("24.11.5"), as `scontrol show config` says it."""
+        return self.config.get("SLURM_VERSION", "of an unknown release")
+
+    @property
     def default_partition(self) -> str | None:
         return next((n for n, p in self.partitions.items() if p.get("Default") == "YES"), None)
 

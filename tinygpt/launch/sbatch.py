@@ -117,6 +117,12 @@ def render(p: ScriptParams) -> str:
     return "\n".join(lines)
 
 
+# Every srun line says how many CPUs each task gets (--cpus-per-task), never left to the release: srun 22.05 does
+# not take it from the allocation (a step's task gets one CPU), 23.11 and later take SLURM_CPUS_PER_TASK from the
+# job's environment as a request, and 24.11 refuses a step whose SLURM_CPUS_PER_TASK disagrees with the job's
+# SLURM_TRES_PER_TASK. An option on the command line is read the same way by all of them.
+
+
 def _trainer(p: ScriptParams) -> str:
     """How a task starts its Python entry point inside srun (the profile's srun arguments and container)."""
     q = shlex.quote
@@ -139,7 +145,7 @@ def _single(p: ScriptParams) -> list[str]:
         'CONFIG="search worker $RUN_INDEX"' if p.worker else CONFIG_LINE,
         LIFE_LINE,
         "status=0",
-        f"step srun --kill-on-bad-exit=1 {_trainer(p)} || status=$?",
+        f"step srun --kill-on-bad-exit=1 --cpus-per-task={p.resources.cpus_per_task} {_trainer(p)} || status=$?",
     ]
 
 
@@ -160,7 +166,7 @@ def _packed(p: ScriptParams) -> list[str]:
         f"  LOG={q(p.log_dir)}/{PACKED_RUN_LOG.format(task=task_log, index='$RUN_INDEX')}",
         f"  {LIFE_LINE} | tee -a \"$LOG\"",
         f'  {preemption.REQUEUE_ENV}=script {PACK_SLOT_ENV}="$(( RUN_INDEX - FIRST ))/{p.pack}" '
-        'SLURM_CPUS_PER_TASK="$CPUS" step srun --overlap --ntasks=1 --nodes=1 '
+        'step srun --overlap --ntasks=1 --nodes=1 --cpus-per-task="$CPUS" '
         f'{_trainer(p)} >> "$LOG" 2>&1 &',
         "  pids+=($!)",
         "done",
