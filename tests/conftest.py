@@ -386,6 +386,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("slurm") is not None:
             item.add_marker(pytest.mark.xdist_group("slurm"))
+        elif item.get_closest_marker("slurm_release") is not None:  # (it would skip nowhere and run unguarded)
+            raise pytest.UsageError(f"{item.nodeid} is marked slurm_release but not slurm; mark it slurm too")
     # `alone` tests first: then the test beside one is the other worker's first, not a long one half done.
     items.sort(key=lambda item: item.get_closest_marker("alone") is None)
 

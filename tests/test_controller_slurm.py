@@ -55,6 +55,7 @@ def write_spec(tmp_path: Path, corpus: Path, name: str, cluster: str = "local") 
     return spec
 
 
+@pytest.mark.slurm_release
 def test_while_the_controller_is_away_commands_say_so_at_once_and_afterwards_answer_as_before(
         tmp_path, tiny_corpus, away):
     work = tmp_path / "work"
@@ -88,6 +89,7 @@ def test_while_the_controller_is_away_commands_say_so_at_once_and_afterwards_ans
     assert not [j for j in queued if j.split("_")[0] == job]  # the one job there was, and nothing else submitted
 
 
+@pytest.mark.slurm_release
 @pytest.mark.parametrize("daemon_name", ["slurmdbd", "mariadb"])
 def test_while_accounting_is_away_status_says_so_and_resubmit_and_efficiency_refuse(
         tmp_path, tiny_corpus, away, daemon_name):
@@ -109,6 +111,7 @@ def test_while_accounting_is_away_status_says_so_and_resubmit_and_efficiency_ref
         cancel(job)
 
 
+@pytest.mark.slurm_release
 def test_a_task_whose_step_starts_while_the_controller_is_away_waits_for_it_and_trains(tmp_path, tiny_corpus,
                                                                                       away):
     """srun cannot start a step without the controller: the task waits for it (said in its log) and starts the

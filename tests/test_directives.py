@@ -4,6 +4,7 @@ names matched the way sbatch matches them, and srun arguments that cannot replac
 import dataclasses
 import json
 import shlex
+import subprocess
 
 import pytest
 from hypothesis import example, given
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 import sbatch_rules
 from conftest import run_cli
-from tinygpt.launch import directives, passthrough, profiles
+from tinygpt.launch import directives, passthrough, profiles, slurm_cli
 from tinygpt.launch import spec as spec_mod
 from tinygpt.launch.sbatch import ScriptParams, render
 
@@ -27,7 +28,9 @@ INJECTION = '\\\' " --job-name=pwned --output=/tmp/x/stolen_%j.out --hold #'
 @given(value=HOSTILE)
 @example(value=INJECTION)
 def test_any_writable_value_arrives_whole_as_one_argument(value):
-    assert sbatch_rules.arguments(directives.line("comment", value)[len("#SBATCH"):]) == [f"--comment={value}"]
+    for release in sbatch_rules.RELEASES:
+        assert sbatch_rules.arguments(directives.line("comment", value)[len("#SBATCH"):], release) == \
+            [f"--comment={value}"]
 
 
 @pytest.mark.parametrize("value", ["two\nlines", "nul\x00", "x" * (directives.MAX_BYTES + 1), "my HetJob"])
@@ -43,7 +46,7 @@ def test_the_submitit_backend_s_shell_quoting_reaches_sbatch_whole_unless_it_hol
     """submitit writes `#SBATCH --key=<shlex.quote(value)>`; sbatch reads single quotes as quotes too."""
     line = f" --comment={shlex.quote(value)}"
     if directives.problem(value, "submitit") is None:
-        assert sbatch_rules.arguments(line) == [f"--comment={value}"]
+        assert all(sbatch_rules.arguments(line, r) == [f"--comment={value}"] for r in sbatch_rules.RELEASES)
     else:  # refused: sbatch would have read it otherwise, or stopped
         assert "\\" in value and "backend: sbatch" in directives.problem(value, "submitit")
 
@@ -63,6 +66,7 @@ def test_a_rendered_script_gives_sbatch_exactly_its_options(comment, reservation
     text = script_with({"comment": comment, "reservation": reservation, "exclusive": None},
                        exclude=exclude, constraint=constraint, account=account, qos=qos)
     got = sbatch_rules.options(text)
+    assert all(sbatch_rules.options(text, release) == got for release in sbatch_rules.RELEASES)
     assert {k: got[k] for k in ("comment", "reservation", "exclude", "constraint", "account", "qos")} == {
         "comment": comment, "reservation": reservation, "exclude": exclude, "constraint": constraint,
         "account": account, "qos": qos}
@@ -130,3 +134,38 @@ def test_a_workdir_with_a_line_break_is_refused(tmp_path):
     code, err = launch_dry(spec, tmp_path / "a\nb")
     assert code == 1 and "--workdir" in err, err
     assert not (tmp_path / "a\nb").exists()
+
+
+# Raw #SBATCH text (not the launcher's encoding): quotes, escapes and comments, and the escaped space that
+# Slurm 24.05 began to keep.
+RAW_COMMENTS = ["a\\ b", '"a b"', "'a b'", "a\\\\b", '"x#y"', "x\\#y", "x # y", '"say \\"hi\\""', "it\\'s", "x\\ \\ y",
+                '\\"q', "it'\"'\"'s"]
+
+
+@pytest.mark.slurm
+@pytest.mark.slurm_release
+def test_the_model_of_sbatchs_parser_reads_raw_lines_as_this_clusters_sbatch_does(tmp_path):
+    """tests/sbatch_rules.py, the oracle of the property tests above, held against the real sbatch: each raw line
+    is submitted held, and the comment Slurm stored (squeue's %k) is the model's, for this cluster's release."""
+    release = tuple(int(n) for n in slurm_cli.release().split(".")[:2])
+    script = tmp_path / "raw.sh"
+    for raw in RAW_COMMENTS:
+        script.write_text(f"#!/bin/bash\n#SBATCH --comment={raw}\ntrue\n")
+        out = subprocess.run(["sbatch", "--hold", "--parsable", "-J", "raw-line", "-o", "/dev/null", str(script)],
+                             capture_output=True, text=True, timeout=60)
+        try:
+            args = sbatch_rules.arguments(f" --comment={raw}", release)
+        except sbatch_rules.Fatal:
+            assert out.returncode != 0 and "Unmatched" in out.stderr, (raw, out)
+            continue
+        if len(args) > 1:  # a second argument that is no option: sbatch refuses the script
+            assert out.returncode != 0 and "Invalid directive" in out.stderr, (raw, args, out)
+            continue
+        assert out.returncode == 0, (raw, out.stderr)
+        job = out.stdout.strip().split(";")[0]
+        try:
+            stored = subprocess.run(["squeue", "-h", "-j", job, "-o", "%k"], capture_output=True, text=True,
+                                    timeout=60).stdout.rstrip("\n")
+        finally:
+            subprocess.run(["scancel", job], capture_output=True, timeout=60)
+        assert [f"--comment={stored}"] == args, (raw, release)

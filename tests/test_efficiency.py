@@ -40,6 +40,7 @@ def sacct_counter(tmp_path):
     return counting_shim(tmp_path, "sacct")
 
 
+@pytest.mark.slurm_release
 @pytest.mark.slurm
 @pytest.mark.alone  # a busy CPU must read as busy: no other test's processes on the cores
 def test_efficiency_of_a_busy_and_a_half_idle_allocation(tmp_path, tiny_corpus, sacct_counter):

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, launch, tiny_train
-from slurm_helpers import manifest_of, wait, wait_sacct
+from conftest import ROOT, launch, read_metrics, tiny_train
+from slurm_helpers import manifest_of, step_cpus, wait, wait_sacct
+from tinygpt.launch import slurm_cli
 from tinygpt.precision import gpu_share, take_pack_share
 
 EXAMPLES = ROOT / "hpc_lab" / "clusters"
@@ -53,6 +54,7 @@ def started(run_dir: Path) -> dict:
 @pytest.mark.slurm(needs=["gpus"])
 @pytest.mark.parametrize("example, directive, node", [("a100-example", "#SBATCH --gres=gpu:a100:2", "node1"),
                                                       ("h100-example", "#SBATCH --gpus-per-node=2", None)])
+@pytest.mark.slurm_release
 def test_an_example_profiles_gpu_request_is_scheduled_given_and_accounted(tmp_path, tiny_corpus, example,
                                                                           directive, node):
     spec, work = sweep(tmp_path, tiny_corpus, example.split("-")[0], on_this_cluster(example, tmp_path))
@@ -83,14 +85,20 @@ def cell_texts(line: str) -> list[str]:
 
 
 @pytest.mark.slurm(needs=["gpus"])
-def test_packed_runs_each_take_their_share_of_the_tasks_gpus(tmp_path, tiny_corpus):
-    """Slurm gives every packed run (an overlapping step) both GPUs of the task; each takes one."""
+@pytest.mark.slurm_release
+def test_packed_runs_each_take_their_share_of_the_tasks_gpus_and_cpus(tmp_path, tiny_corpus):
+    """Slurm gives every packed run (an overlapping step) both GPUs of the task; each takes one. Each step holds
+    its half of the task's CPUs, as srun's line says on every release, and its trainer is told so."""
     spec, work = sweep(tmp_path, tiny_corpus, "packed", on_this_cluster("a100-example", tmp_path), runs=2, pack=2,
                        resources={"tasks_per_node": 1, "cpus_per_task": 2})
     manifest = manifest_of(work, spec.stem)
     assert wait(manifest.task_job_ids()[0]) == "COMPLETED"
     shares = [started(Path(run.out_dir))["cuda_visible_devices"] for run in manifest.runs]
     assert shares == ["0", "1"]
+    for run in manifest.runs:
+        assert [rank["cpus_per_task"] for rank in read_metrics(Path(run.out_dir))[0]["cpus"]] == [1]
+        assert started(Path(run.out_dir))["slurm_release"].split()[-1] == slurm_cli.release()  # (the node's)
+    assert step_cpus(manifest.task_job_ids()[0], 2) == {"0": 1, "1": 1}
     sacct = subprocess.run(["sacct", "-n", "-P", "-X", "-j", manifest.task_job_ids()[0], "-o", "AllocTRES"],
                            capture_output=True, text=True, timeout=30).stdout
     assert "gres/gpu=2" in sacct, sacct

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, launch, read_metrics, sweep_dirs, tiny_train, tiny_yaml
-from slurm_helpers import cancel, counting_shim, manifest_of, sbatch, wait, wait_until
+from slurm_helpers import cancel, counting_shim, manifest_of, sbatch, step_cpus, wait, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -81,15 +81,21 @@ def test_submitit_backend_completes_the_same_sweep(tmp_path, workdir, tiny_corpu
         assert read_metrics(Path(run.out_dir))[-1]["event"] == "finished"
 
 
-def test_a_two_node_run_puts_one_rank_on_each_node(tmp_path, workdir, tiny_corpus):
+@pytest.mark.slurm_release
+def test_a_two_node_run_puts_one_rank_on_each_node_with_the_cpus_it_asked_for(tmp_path, workdir, tiny_corpus):
+    """Each rank gets the CPUs the spec asks for: srun's step holds them (sacct), Slurm tells the rank
+    (SLURM_CPUS_PER_TASK) and torch runs that many threads, on every release (tinygpt/launch/sbatch.py says them
+    on srun's line)."""
     spec = tmp_path / "two.yaml"
-    spec.write_text(f"name: two\ntrain: {{data_file: {tiny_corpus}, {TINY_TRAIN}}}\n"
-                    f"resources: {{nodes: 2, tasks_per_node: 1, time: '00:10:00'}}\n")
+    spec.write_text(f"name: two\ntrain: {{data_file: {tiny_corpus}, {tiny_yaml(max_steps=20, threads=None)}}}\n"
+                    f"resources: {{nodes: 2, tasks_per_node: 1, cpus_per_task: 2, time: '00:10:00'}}\n")
     out = launch(str(spec), "--workdir", str(workdir))
     assert out.returncode == 0, out.stdout + out.stderr
     assert wait_all(workdir, "two") == {"base": "COMPLETED"}
     start = read_metrics(workdir / "runs" / "two" / "base")[0]
     assert start["world_size"] == 2 and sorted(start["hostnames"]) == ["node1", "node2"]
+    assert [(rank["cpus_per_task"], rank["threads"]) for rank in start["cpus"]] == [(2, 2), (2, 2)], start
+    assert step_cpus(job_ids(workdir, "two")[0], 1) == {"0": 4}  # the trainers' step: two tasks of two CPUs
 
 
 def test_dry_run_leaves_the_queue_untouched(tmp_path, workdir, tiny_corpus, sbatch_counter):
@@ -104,6 +110,7 @@ def test_dry_run_leaves_the_queue_untouched(tmp_path, workdir, tiny_corpus, sbat
     assert queued.returncode == 0 and queued.stdout == "", queued
 
 
+@pytest.mark.slurm_release
 def test_status_and_cancel_of_a_pending_sweep(tmp_path, workdir, tiny_corpus):
     spec = sweep_spec(tmp_path, tiny_corpus, "held")
     out = launch(str(spec), "--workdir", str(workdir), "--hold")
@@ -117,7 +124,8 @@ def test_status_and_cancel_of_a_pending_sweep(tmp_path, workdir, tiny_corpus):
     assert set(states.values()) == {"CANCELLED"}
 
 
-@pytest.mark.parametrize("from_own_folder", [False, True], ids=["repo-root", "own-folder"])
+@pytest.mark.parametrize("from_own_folder", [pytest.param(False, marks=pytest.mark.slurm_release), True],
+                         ids=["repo-root", "own-folder"])
 def test_hand_written_train_sbatch_forwards_every_argument(tmp_path, tiny_corpus, from_own_folder):
     out_dir = tmp_path / "run"
     cwd = ROOT / "hpc_lab" / "04_tinygpt" if from_own_folder else ROOT
@@ -137,6 +145,7 @@ def test_hand_written_train_sbatch_forwards_every_argument(tmp_path, tiny_corpus
         log.unlink(missing_ok=True)
 
 
+@pytest.mark.slurm_release
 def test_failed_sbatch_reports_sbatchs_own_message(tmp_path, workdir, tiny_corpus):
     spec = sweep_spec(tmp_path, tiny_corpus, "toomuch")
     spec.write_text(spec.read_text().replace("resources: {time: '00:10:00'}",
@@ -153,6 +162,7 @@ def test_failed_sbatch_reports_sbatchs_own_message(tmp_path, workdir, tiny_corpu
     assert "sbatch rejected" in unchecked.stderr and "memory" in unchecked.stderr.lower()
 
 
+@pytest.mark.slurm_release
 def test_status_shows_completed_running_and_cancelled_runs(tmp_path, workdir, tiny_corpus):
     spec = tmp_path / "three.yaml"
     train = tiny_yaml(eval_interval=10)
@@ -227,6 +237,7 @@ def test_a_live_sweep_is_never_changed_behind_its_jobs(tmp_path, workdir, tiny_c
     assert "dry run: nothing submitted" in dry.stdout
 
 
+@pytest.mark.slurm_release
 @pytest.mark.parametrize("backend", ["sbatch", "submitit"])
 def test_passed_through_options_reach_slurm(tmp_path, workdir, tiny_corpus, backend):
     """`exclude`, an extra #SBATCH option and an srun argument, as Slurm sees them."""
@@ -249,6 +260,7 @@ def test_passed_through_options_reach_slurm(tmp_path, workdir, tiny_corpus, back
         shown.stdout and "done: step 20" in shown.stdout, shown.stdout + shown.stderr
 
 
+@pytest.mark.slurm_release
 def test_arrays_are_split_at_the_reachable_clusters_max_array_size(tmp_path, workdir):
     """Slurm's own MaxArraySize (1001 here) when the profile names the reachable cluster; the profile's
     otherwise (a dry run for another cluster)."""
@@ -266,7 +278,7 @@ def test_arrays_are_split_at_the_reachable_clusters_max_array_size(tmp_path, wor
     assert parts == {"local": ["0-6"], "elsewhere": ["0-2", "0-2", "0-0"]}
 
 
-@pytest.mark.parametrize("option", ["comment", "wckey"])
+@pytest.mark.parametrize("option", [pytest.param("comment", marks=pytest.mark.slurm_release), "wckey"])
 def test_an_injection_through_a_passed_option_reaches_slurm_as_one_value(tmp_path, workdir, tiny_corpus, option):
     """A value made to end its #SBATCH argument early and add options of its own (a backslash, a quote, then
     --job-name, --output and --hold) arrives at Slurm whole; the job has the launcher's name and log and runs."""

@@ -97,6 +97,7 @@ def status_of(work: Path, name: str, want: str, source: str | None = None) -> st
     return rows[0]
 
 
+@pytest.mark.slurm_release
 def test_a_task_preempted_under_requeue_comes_back_resumes_exactly_and_is_completed_in_status(tmp_path, tiny_corpus):
     keys = train_keys(tiny_corpus, tmp_path / "data")
     spec, work, manifest = launch_sweep(tmp_path, "requeued", keys, {"partition": "low", "cpus_per_task": 2})
@@ -121,6 +122,7 @@ def test_a_task_preempted_under_requeue_comes_back_resumes_exactly_and_is_comple
     assert row.restarts == 1
 
 
+@pytest.mark.slurm_release
 def test_a_task_preempted_under_cancel_is_resubmitted_by_default_and_a_users_scancel_is_not(tmp_path, tiny_corpus):
     """Two runs, one per node: the user scancels one (CANCELLED: a stop, left alone), then a high-priority job
     takes both nodes and Slurm cancels the other (PREEMPTED). A plain `resubmit` sends only the preempted run
@@ -187,6 +189,7 @@ def node(action: str, name: str) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.slurm_release
 def test_a_node_lost_mid_job_ends_it_node_fail_and_it_comes_back_from_its_newest_checkpoint(tmp_path, tiny_corpus):
     """node2 of a two-node run crashes past the run's first checkpoint: Slurm ends the job NODE_FAIL and, the
     job being requeueable, queues it again; once node2 is back the run resumes from its newest complete

@@ -39,6 +39,7 @@ def spec_train(corpus: Path, data: Path) -> dict:
     return keys
 
 
+@pytest.mark.slurm_release
 def test_signalled_sbatch_job_requeues_resumes_and_matches_an_uninterrupted_run(tmp_path, tiny_corpus):
     ref = reference(config.resolve(flags(tiny_corpus, tmp_path / "reference", tmp_path / "data")))
     out = tmp_path / "job"
@@ -78,6 +79,7 @@ def test_two_nodes_signalled_resume_to_the_same_weights(tmp_path, tiny_corpus):
     assert loss_series(tmp_path / "signalled") == loss_series(tmp_path / "whole")
 
 
+@pytest.mark.slurm_release
 def test_time_limit_requeues_and_completes_without_losing_or_repeating_a_step(tmp_path, tiny_corpus):
     """Slurm's own warning before the time limit stops the run, which requeues itself and finishes, every
     logged step once across its lives. Whatever the machine's speed: the first life aims at a step count
@@ -108,6 +110,7 @@ def test_time_limit_requeues_and_completes_without_losing_or_repeating_a_step(tm
     assert len(events(out, "preempted")) == restarts
 
 
+@pytest.mark.slurm_release
 def test_submitit_job_is_checkpointed_and_requeued_by_submitit(tmp_path, tiny_corpus):
     ref = reference(config.resolve(flags(tiny_corpus, tmp_path / "reference", tmp_path / "data")))
     workdir = tmp_path / "w"
@@ -131,6 +134,7 @@ def test_submitit_job_is_checkpointed_and_requeued_by_submitit(tmp_path, tiny_co
     assert loss_series(run_dir) == loss_series(ref)
 
 
+@pytest.mark.slurm_release
 def test_one_signalled_array_task_requeues_alone(tmp_path, tiny_corpus):
     ref = reference(config.resolve(flags(tiny_corpus, tmp_path / "reference", tmp_path / "data", "--lr", "0.003")))
     workdir = tmp_path / "w"

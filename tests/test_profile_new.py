@@ -21,6 +21,7 @@ def live(kind: str) -> list[dict[str, str]]:
     return slurm_cli.scontrol_records(kind)
 
 
+@pytest.mark.slurm_release
 @pytest.mark.slurm(needs=["gpus", "accounts"])
 def test_profile_new_writes_what_slurm_says_and_sweeps_run_with_it_unchanged(tmp_path, tiny_corpus):
     out = launch("profile", "new", "--dir", str(tmp_path))

@@ -5,7 +5,7 @@ import pytest
 from conftest import TINY_FLAGS, read_metrics
 from slurm_helpers import cancel, job_env, python, sbatch, unique_name, wait, wait_sacct
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.slurm_release]  # (each: the release itself, on every release)
 
 
 @pytest.fixture
