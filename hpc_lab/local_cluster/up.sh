@@ -555,5 +555,8 @@ fi
 partitions=$(sinfo -h -o '%P' 2>/dev/null | paste -sd, -)
 extras=${GPUS:+, GPUs $GPUS}
 [ "$ACCOUNTS" = 1 ] && extras+=", accounts tinygpt (yours, QOS normal and capped) and elsewhere"
+# A shell that ran a Slurm command before remembers where it found it (bash's hash), not PATH's order.
+[ -n "$RELEASE_ROOT" ] && say "Slurm $RELEASE's commands are in /usr/local/bin; in a shell that ran one of"\
+  "this machine's before, run 'hash -r' first"
 say "cluster '$CLUSTER' is up: $NODES node(s) ($names), $CPUS CPUs each$extras, partitions ${partitions:-debug}" \
     "($(awk -v t0="$T0" -v t1="$(date +%s.%N)" 'BEGIN {printf "%.1f", t1 - t0}') s)"
