@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -223,3 +224,9 @@ def step_cpus(job_id: str, steps: int) -> dict[str, int]:
         return found if len(found) >= steps else None
 
     return wait_until(read, timeout=60, poll=0.5, what=f"accounting of job {job_id}'s steps")
+
+
+def slurm_release() -> str:
+    """The release of the Slurm commands on PATH ("24.11.5": `sbatch --version` says "slurm-wlm 24.11.5")."""
+    out = subprocess.run(["sbatch", "--version"], capture_output=True, text=True, timeout=30, check=True).stdout
+    return re.search(r"\b\d+\.\d+\.\d+\b", out).group(0)

@@ -11,8 +11,9 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 import sbatch_rules
+import slurm_helpers
 from conftest import run_cli
-from tinygpt.launch import directives, passthrough, profiles, slurm_cli
+from tinygpt.launch import directives, passthrough, profiles
 from tinygpt.launch import spec as spec_mod
 from tinygpt.launch.sbatch import ScriptParams, render
 
@@ -147,7 +148,7 @@ RAW_COMMENTS = ["a\\ b", '"a b"', "'a b'", "a\\\\b", '"x#y"', "x\\#y", "x # y", 
 def test_the_model_of_sbatchs_parser_reads_raw_lines_as_this_clusters_sbatch_does(tmp_path):
     """tests/sbatch_rules.py, the oracle of the property tests above, held against the real sbatch: each raw line
     is submitted held, and the comment Slurm stored (squeue's %k) is the model's, for this cluster's release."""
-    release = tuple(int(n) for n in slurm_cli.release().split(".")[:2])
+    release = tuple(int(n) for n in slurm_helpers.slurm_release().split(".")[:2])
     script = tmp_path / "raw.sh"
     for raw in RAW_COMMENTS:
         script.write_text(f"#!/bin/bash\n#SBATCH --comment={raw}\ntrue\n")

@@ -13,8 +13,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, launch, read_metrics, tiny_train
-from slurm_helpers import manifest_of, step_cpus, wait, wait_sacct
-from tinygpt.launch import slurm_cli
+from slurm_helpers import manifest_of, slurm_release, step_cpus, wait, wait_sacct
 from tinygpt.precision import gpu_share, take_pack_share
 
 EXAMPLES = ROOT / "hpc_lab" / "clusters"
@@ -97,7 +96,7 @@ def test_packed_runs_each_take_their_share_of_the_tasks_gpus_and_cpus(tmp_path, 
     assert shares == ["0", "1"]
     for run in manifest.runs:
         assert [rank["cpus_per_task"] for rank in read_metrics(Path(run.out_dir))[0]["cpus"]] == [1]
-        assert started(Path(run.out_dir))["slurm_release"].split()[-1] == slurm_cli.release()  # (the node's)
+        assert started(Path(run.out_dir))["slurm_release"].split()[-1] == slurm_release()  # (the node's)
     assert step_cpus(manifest.task_job_ids()[0], 2) == {"0": 1, "1": 1}
     sacct = subprocess.run(["sacct", "-n", "-P", "-X", "-j", manifest.task_job_ids()[0], "-o", "AllocTRES"],
                            capture_output=True, text=True, timeout=30).stdout

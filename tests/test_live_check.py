@@ -13,8 +13,8 @@ import yaml
 
 from conftest import ROOT, launch, tiny_yaml
 from gpu_cluster import GPU_CLUSTER
-from slurm_helpers import manifest_of, sbatch, wait_until
-from tinygpt.launch import live_check, slurm_cli
+from slurm_helpers import manifest_of, sbatch, slurm_release, wait_until
+from tinygpt.launch import live_check
 from tinygpt.launch import spec as spec_mod
 
 LOCAL = yaml.safe_load((ROOT / "hpc_lab" / "clusters" / "local.yaml").read_text())
@@ -42,7 +42,7 @@ def test_check_of_a_good_spec_gives_slurms_estimate_and_submits_nothing(tmp_path
     out = launch("check", str(spec_with(tmp_path, tiny_corpus, "good")), "--workdir", str(tmp_path / "w"))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "slurm: good.sbatch: would start at " in out.stdout and "in partition debug" in out.stdout
-    release = slurm_cli.release()  # (of the commands on PATH, which are the controller's release here)
+    release = slurm_release()  # (of the commands on PATH, which are the controller's release here)
     assert f"check: the spec fits cluster local (Slurm {release}); nothing submitted" in out.stdout, out.stdout
     assert not set(queue()) - set(before)  # (no new job; one of an earlier test may have left the queue)
 

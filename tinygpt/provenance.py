@@ -58,7 +58,7 @@ def gpu_names() -> list[str]:
 
 def slurm_release() -> str | None:
     """The release of the Slurm this job runs under ("slurm-wlm 24.11.5"), or None outside a job."""
-    return _run(["scontrol", "--version"]) if "SLURM_JOB_ID" in os.environ and shutil.which("scontrol") else None
+    return _run(["scontrol", "--version"]) if "SLURM_JOB_ID" in os.environ else None
 
 
 def placement() -> dict:

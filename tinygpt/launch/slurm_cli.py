@@ -206,17 +206,6 @@ def qos_max_wall() -> dict[str, str] | None:
     return dict(line.split("|", 1) for line in out.stdout.splitlines() if "|" in line)
 
 
-RELEASE = re.compile(r"\b(\d+)\.(\d+)\.(\d+)\b")
-
-
-def release() -> str | None:
-    """The release of the Slurm commands here ("24.11.5"; `sbatch --version` says "slurm 22.05.8" or
-    "slurm-wlm 24.11.5"), or None where there are none."""
-    out = _run(["sbatch", "--version"], timeout=10)
-    found = RELEASE.search(out.stdout) if out is not None and out.returncode == 0 else None
-    return found.group(0) if found else None
-
-
 def cluster_name() -> str | None:
     return (cluster_config() or {}).get("ClusterName")
 
