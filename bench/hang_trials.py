@@ -25,6 +25,7 @@ from pathlib import Path
 
 from common import ROOT, trial_options
 from tinygpt import metrics
+from tinygpt.launch import manifest
 from tinygpt.launch.layout import SweepDirs, task_log
 
 sys.path.insert(0, str(ROOT / "tests"))
@@ -52,9 +53,8 @@ def sweep(work: Path, name: str, **env: str) -> str:
 
 
 def task_of(work: Path, name: str) -> str:
-    manifest = json.loads(SweepDirs(work, name).manifest.read_text())
-    sub = manifest["submissions"][-1]
-    return f"{sub['job_id']}_{sub['array'].split(',')[0].split('-')[0]}"
+    sub = manifest.load(SweepDirs(work, name).manifest).submissions[-1]
+    return f"{sub.job_id}_{sub.array.split(',')[0].split('-')[0]}"
 
 
 def ended(task: str, timeout: float = 300) -> tuple[str, float]:

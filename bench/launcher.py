@@ -8,6 +8,8 @@ Prints one JSON object:
 - `dry_run_10000` and `dry_run_100000`: a grid's dry run (10 x 10 x 10 x 10; 1,000 seeds x 100 learning
   rates), each try in a fresh work directory: wall time, peak memory of the process, bytes written (targets
   0.7 s; 3 s, 300 MB and 20 MB);
+- `record_100_parts_of_100000`: what a real launch of the 100,000-run sweep adds to its dry run to record its
+  100 array parts' job ids (the dry run's manifest; each part recorded as the sbatch backend records it);
 - `snapshot`: the code snapshot a launch takes (files, size, a new one, an unchanged one found again);
 - `status_10000_held` and `resubmit_dry_run_10000_held`, with a Slurm cluster: a held 10,000-run sweep (then
   cancelled): wall time and the calls made to sacct, squeue and scontrol (targets 2 s, 3 calls);
@@ -83,6 +85,22 @@ TEN_THOUSAND = {"n_layer": [i + 1 for i in range(10)], "lr": [round(1e-4 * (i + 
 HUNDRED_THOUSAND = {"seed": [i + 1 for i in range(1000)], "lr": [round(1e-4 * (i + 1), 6) for i in range(100)]}
 
 
+def record_parts(tmp: Path, name: str, parts: int) -> dict:
+    """The time to record `parts` array parts of the dry-run sweep `name` (already in tmp/name), as the sbatch
+    backend records each part once Slurm has given its id."""
+    sys.path.insert(0, str(ROOT))
+    from tinygpt.launch import manifest
+    from tinygpt.launch.layout import SweepDirs
+
+    path = SweepDirs(tmp / name, name).manifest
+    per_part = runs_of(tmp / name, name) // parts
+    t0 = time.perf_counter()
+    for part in range(parts):
+        manifest.record_submission(path, "sbatch", str(1000 + part), list(range(part * per_part, (part + 1) *
+                                   per_part)), array=f"0-{per_part - 1}", offset=part * per_part, script="-", pack=1)
+    return {"s": round(time.perf_counter() - t0, 3), "parts": parts}
+
+
 def counting_shims(tmp: Path) -> tuple[dict[str, str], Path]:
     """PATH with sacct, squeue and scontrol wrapped to count their calls (in the returned file)."""
     calls, shims = tmp / "calls", tmp / "bin"
@@ -142,6 +160,7 @@ def main() -> None:
                    "dry_run_10000": dry_run(tmp, "ten", TEN_THOUSAND, target_s=0.7),
                    "dry_run_100000": dry_run(tmp, "hundred", HUNDRED_THOUSAND, target_s=3.0, target_mb=300,
                                              target_written_mb=20)}
+        figures["record_100_parts_of_100000"] = record_parts(tmp, "hundred", 100)
         try:
             figures["snapshot"] = snapshot_figures()
         except ImportError:  # a version of the launcher without snapshots

@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tinygpt.launch import manifest
 from tinygpt.launch.layout import SweepDirs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,7 +41,7 @@ def sweep_seconds(work: Path, pack: int, steps: int) -> float:
     t0 = time.perf_counter()
     subprocess.run([sys.executable, str(ROOT / "launch.py"), str(spec), "--workdir", str(work)], check=True,
                    capture_output=True, env=env)
-    job = json.loads(SweepDirs(work, f"pack{pack}").manifest.read_text())["submissions"][0]["job_id"]
+    job = manifest.load(SweepDirs(work, f"pack{pack}").manifest).submissions[0].job_id
     while subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip():
         time.sleep(0.2)
     return time.perf_counter() - t0

@@ -1,12 +1,11 @@
 """A job chain from one call: data preparation, the training array after it, the sweep report after that."""
 
-import json
 from pathlib import Path
 
 import pytest
 
 from conftest import launch, sweep_dirs, tiny_yaml
-from slurm_helpers import job_fields, wait, wait_until
+from slurm_helpers import job_fields, manifest_of, wait, wait_until
 
 TINY = tiny_yaml(max_steps=20, eval_interval=10, sample_tokens=40)
 
@@ -35,9 +34,9 @@ def test_the_chain_runs_in_order_on_the_cluster_and_the_report_is_written(tmp_pa
     spec = chain_spec(tmp_path, tiny_corpus, "chained")
     out = launch(str(spec), "--chain", "--workdir", str(work))
     assert out.returncode == 0, out.stdout + out.stderr
-    subs = json.loads(sweep_dirs(work, "chained").manifest.read_text())["submissions"]
-    assert [s.get("role") for s in subs] == ["data", None, "report"]
-    data, array, report = (s["job_id"] for s in subs)
+    subs = manifest_of(work, "chained").submissions
+    assert [s.role for s in subs] == ["data", None, "report"]
+    data, array, report = (s.job_id for s in subs)
     assert f"submitted the chain: data job {data}, training array {array}, report job {report}" in out.stdout
     assert job_fields(f"{array}_0")["Dependency"].startswith(f"afterok:{data}") or wait(data) == "COMPLETED"
     assert job_fields(report)["Dependency"].startswith(f"afterany:{array}") or wait(array + "_1") == "COMPLETED"
@@ -56,7 +55,7 @@ def test_cancel_cancels_the_whole_chain(tmp_path, tiny_corpus):
     work = tmp_path / "w"
     spec = chain_spec(tmp_path, tiny_corpus, "stopped")
     assert launch(str(spec), "--chain", "--hold", "--workdir", str(work)).returncode == 0
-    ids = [s["job_id"] for s in json.loads(sweep_dirs(work, "stopped").manifest.read_text())["submissions"]]
+    ids = [s.job_id for s in manifest_of(work, "stopped").submissions]
     again = launch(str(spec), "--chain", "--workdir", str(work))
     assert again.returncode == 1 and "the chain's data step (job" in again.stderr
     cancelled = launch("cancel", str(spec), "--workdir", str(work))

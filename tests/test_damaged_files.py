@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from conftest import run_cli, sweep_dirs, tiny_train
 from tinygpt import checkpoint, config, metrics, trainer
-from tinygpt.launch.manifest import Manifest
+from tinygpt.launch.manifest import Manifest, record_submission
 
 # (no shrinking: each case runs every command, and the failing case is printed as drawn)
 SETTINGS = settings(max_examples=int(os.environ.get("TINYGPT_FUZZ_EXAMPLES", "12")), deadline=None,
@@ -108,11 +108,11 @@ def sweep(tmp_path_factory):
     manifest = json.loads(path.read_text())
     manifest["submissions"] += [
         {"backend": "sbatch", "job_id": "4000001", "indices": [0], "array": "0-0", "offset": 0, "pack": 1,
-         "script": str(sweep_dirs(work, "damaged").script()), "submitted_at": 1.0e9},
-        {"backend": "submitit", "job_id": "4000002", "indices": [0], "per_run_ids": {"0": "4000002_0"},
-         "folder": str(sweep_dirs(work, "damaged").submitit), "submitted_at": 1.0e9 + 1}]
+         "script": str(sweep_dirs(work, "damaged").script()), "submitted_at": 1.0e9}]
     Manifest.model_validate(manifest)  # (a manifest every command reads, before it is damaged)
     path.write_text(json.dumps(manifest, indent=1))
+    record_submission(path, "submitit", "4000002", [0], per_run_ids={"0": "4000002_0"},  # (appended beside it)
+                      folder=str(sweep_dirs(work, "damaged").submitit))
     (work / "logs" / "damaged").mkdir(parents=True, exist_ok=True)
     (work / "logs" / "damaged" / "4000001_0.out").write_text("tinygpt: run 0 of damaged\nstep 5 | loss 3.7\n")
     pristine = root / "pristine"
@@ -151,6 +151,19 @@ def test_every_command_over_a_damaged_manifest_answers_with_a_message(sweep, dat
     try:
         run_every_command(sweep)
         assert tree_digest(sweep["run"], leave_out=("report",)) == kept  # the run's files are as they were
+    finally:
+        restore(sweep)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_every_command_over_a_damaged_submissions_record_answers_with_a_message(sweep, data):
+    record = sweep_dirs(sweep["work"], "damaged").submissions
+    kept = tree_digest(sweep["run"], leave_out=("report",))
+    record.write_bytes(data.draw(damaged_lines(record.read_bytes())))
+    try:
+        run_every_command(sweep)
+        assert tree_digest(sweep["run"], leave_out=("report",)) == kept
     finally:
         restore(sweep)
 

@@ -1,12 +1,11 @@
 """Efficiency from sacct: parsing Slurm's fields, and a sweep's figures on the local cluster."""
 
-import json
 
 import pytest
 
 from conftest import launch as shared_launch
-from conftest import slow_saves, sweep_dirs, tiny_yaml
-from slurm_helpers import counting_shim, wait
+from conftest import slow_saves, tiny_yaml
+from slurm_helpers import counting_shim, manifest_of, wait
 from tinygpt.launch import efficiency, resources
 
 SACCT = """\
@@ -61,8 +60,7 @@ def test_efficiency_of_a_busy_and_a_half_idle_allocation(tmp_path, tiny_corpus, 
     # inherits this environment), on two CPUs where it can use one.
     assert launch(str(specs["idle"]), **slow_saves(0.3)).returncode == 0
     for name in specs:
-        manifest = json.loads(sweep_dirs(work, name).manifest.read_text())
-        assert wait(f"{manifest['submissions'][0]['job_id']}_0") == "COMPLETED"
+        assert wait(f"{manifest_of(work, name).submissions[0].job_id}_0") == "COMPLETED"
     count.unlink(missing_ok=True)
     shown = {name: launch("status", str(spec), "--efficiency") for name, spec in specs.items()}
     assert len(count.read_text().splitlines()) == 2  # one sacct call per sweep

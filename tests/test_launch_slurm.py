@@ -10,6 +10,7 @@ import pytest
 
 from conftest import ROOT, launch, read_metrics, sweep_dirs, tiny_train, tiny_yaml
 from slurm_helpers import cancel, counting_shim, manifest_of, sbatch, step_cpus, wait, wait_until
+from tinygpt.launch import manifest as manifest_mod
 
 pytestmark = pytest.mark.slurm
 
@@ -31,7 +32,7 @@ def workdir(tmp_path):
     w.mkdir()
     yield w
     for m in (w / "jobs").glob("*/manifest.json"):
-        cancel(*[s["job_id"] for s in json.loads(m.read_text())["submissions"] if s["backend"] != "local"])
+        cancel(*[s.job_id for s in manifest_mod.load(m).slurm_submissions()])
 
 
 @pytest.fixture

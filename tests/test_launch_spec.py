@@ -137,17 +137,70 @@ def test_a_task_reads_its_own_line_of_the_manifest_else_the_whole_file(tmp_path)
             manifest_mod.load_run(path, beyond)
 
 
+def test_submissions_are_appended_and_the_manifest_is_written_once(tmp_path):
+    """Each submission is a line appended beside the manifest, which is not written again (a 100,000-run sweep's
+    100 array parts would rewrite it 100 times); readers see both. A relaunch carries the lines into its new
+    manifest and removes them; a crash between the two leaves each twice, read once."""
+    from tinygpt.launch import manifest as manifest_mod
+
+    spec = write(tmp_path, "name: s\ngrid: {seed: [1, 2, 3]}\n")
+    plan = build(spec_mod.load(spec, tmp_path))
+    path, text = plan.manifest_path, plan.manifest_path.read_bytes()
+    manifest_mod.record_submission(path, "sbatch", "11", [0, 1], array="0-1", offset=0)
+    manifest_mod.record_submission(path, "sbatch", "12", [2], array="0", offset=2)
+    record = sweep_dirs(tmp_path, "s").submissions
+    assert path.read_bytes() == text and len(record.read_text().splitlines()) == 2
+    assert manifest_mod.load(path).task_job_ids() == {0: "11_0", 1: "11_1", 2: "12_0"}
+    lines = record.read_text()
+
+    build(spec_mod.load(spec, tmp_path))  # relaunched (a dry run): the new manifest has them itself
+    assert not record.exists() and [s["job_id"] for s in json.loads(path.read_text())["submissions"]] == ["11", "12"]
+    record.write_text(lines)  # (as a crash just before the removal leaves it)
+    assert [s.job_id for s in manifest_mod.load(path).submissions] == ["11", "12"]
+
+
+def test_a_submission_cut_short_is_named_and_the_next_one_is_kept_whole(tmp_path):
+    """A line a crash cut short is refused with its file, line and what to do (a reader never guesses at a job
+    id); the next submission still gets a whole line of its own. A relaunch sets a record it could not carry
+    over aside, never deleting it."""
+    from tinygpt.launch import manifest as manifest_mod
+
+    spec = write(tmp_path, "name: s\ngrid: {seed: [1, 2]}\n")
+    path = build(spec_mod.load(spec, tmp_path)).manifest_path
+    record = sweep_dirs(tmp_path, "s").submissions
+    manifest_mod.record_submission(path, "sbatch", "11", [0], array="0", offset=0)
+    with open(record, "a") as fh:
+        fh.write('{"backend": "sbatch", "job_id": "1')  # (the crash)
+    with pytest.raises(manifest_mod.LaunchError) as err:
+        manifest_mod.load(path)
+    assert f"{record}: the submissions record is damaged (line 2 is not a record:" in str(err.value)
+    assert f"move it aside (mv {record} {record}.corrupt) and launch the spec again" in str(err.value)
+    manifest_mod.record_submission(path, "sbatch", "13", [1], array="0", offset=1)
+    assert json.loads(record.read_text().splitlines()[2])["job_id"] == "13"
+
+    record.write_text(record.read_text().splitlines()[0].replace('"11"', "11") + "\n")
+    with pytest.raises(manifest_mod.LaunchError, match=r"damaged \(line 1: job_id: expected a single value"):
+        manifest_mod.load(path)
+    with pytest.raises(LaunchError):  # a relaunch reads the old manifest first: nothing is written
+        build(spec_mod.load(spec, tmp_path))
+    path.unlink()  # (as the message says, once no job of it is live) ... and launched again
+    build(spec_mod.load(spec, tmp_path))
+    assert not record.exists() and record.with_name(record.name + ".corrupt").read_text().startswith('{"backend"')
+
+
 def test_the_manifest_leaves_out_the_run_dirs_it_can_tell(tmp_path):
-    """A run's out_dir is written only where it is not runs/<sweep>/<run>; reading fills it in, saving leaves it out
-    again, and one elsewhere is kept."""
+    """A run's out_dir is written only where it is not runs/<sweep>/<run>; reading fills it in, writing leaves it
+    out again, and one elsewhere is kept."""
     from tinygpt.launch import manifest as manifest_mod
 
     plan = build(spec_mod.load(write(tmp_path, "name: s\ngrid: {seed: [1, 2]}\n"), tmp_path))
     assert all("out_dir" not in run for run in json.loads(plan.manifest_path.read_text())["runs"])
     manifest = manifest_mod.load(plan.manifest_path)
     assert [r.out_dir for r in manifest.runs] == [str(tmp_path / "runs" / "s" / f"seed={i}") for i in (1, 2)]
-    manifest.runs[1].out_dir = "/elsewhere/seed=2"
-    manifest_mod.save(manifest)
+    runs = [run.model_dump() for run in manifest.runs]
+    runs[1]["out_dir"] = "/elsewhere/seed=2"
+    manifest_mod.create(plan.manifest_path, manifest_mod.ManifestHead.model_validate(
+        manifest.model_dump(exclude={"runs"}, exclude_unset=True)), runs)
     assert [run.get("out_dir") for run in json.loads(plan.manifest_path.read_text())["runs"]] == [
         None, "/elsewhere/seed=2"]
     assert manifest_mod.load(plan.manifest_path).runs[1].out_dir == "/elsewhere/seed=2"

@@ -179,7 +179,7 @@ def test_a_trial_that_fails_is_marked_failed_even_on_resume_and_a_worker_with_on
         tmp_path, tiny_corpus):
     import optuna
 
-    from tinygpt.launch.manifest import load, save
+    from tinygpt.launch.manifest import load
     from tinygpt.launch.study import trials
     from tinygpt.search_worker import open_study
 
@@ -195,8 +195,9 @@ def test_a_trial_that_fails_is_marked_failed_even_on_resume_and_a_worker_with_on
     (work / "runs" / "failing" / "worker=0").mkdir(parents=True)
     (work / "runs" / "failing" / "worker=0" / "worker.json").write_text(json.dumps({"trial": left.number}))
     # ... and every new trial fails too: a width no head count divides, as a hand-edited manifest could say
-    manifest.base["n_embd"] = 31
-    save(manifest)
+    edited = json.loads(path.read_text())
+    edited["base"]["n_embd"] = 31
+    path.write_text(json.dumps(edited))
 
     def worker() -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "tinygpt.search_worker", str(path), "0"], capture_output=True,

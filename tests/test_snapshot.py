@@ -93,8 +93,8 @@ def test_a_queued_job_runs_the_code_it_was_submitted_with(checkout, tmp_path, ti
     hold = ["--hold"] if backend == "sbatch" else []
     out = dry_run(checkout, spec, work, *hold)
     assert out.returncode == 0, out.stdout + out.stderr
-    manifest = json.loads(sweep_dirs(work, "held").manifest.read_text())
-    job = manifest["submissions"][0]["job_id"]
+    manifest = manifest_of(work, "held")
+    job = manifest.submissions[0].job_id
     trainer = checkout / "tinygpt" / "trainer.py"
     trainer.write_text('raise SystemExit("the edited checkout ran")\n' + trainer.read_text())
     if hold:
@@ -104,7 +104,7 @@ def test_a_queued_job_runs_the_code_it_was_submitted_with(checkout, tmp_path, ti
     run_dir = Path(manifest_of(work, "held").runs[0].out_dir)  # (the file leaves the usual out_dir out)
     assert read_metrics(run_dir)[-1]["event"] == "finished"
     start = json.loads((run_dir / "provenance.json").read_text())["starts"][0]
-    assert start["git"]["snapshot"] == manifest["code"]["snapshot"] and start["git"]["dirty"] is False
+    assert start["git"]["snapshot"] == manifest.code["snapshot"] and start["git"]["dirty"] is False
     assert start["git"]["commit"] == git(checkout, "rev-parse", "HEAD").strip()
     logs = "".join(p.read_text() for p in (work / "logs" / "held").rglob("*") if p.suffix in (".out", ".err"))
     assert "the edited checkout ran" not in logs

@@ -3,7 +3,9 @@
 The new contents go to a temporary file with a unique name in the same folder (a rename across
 filesystems is not atomic), which is flushed and fsynced; it is then renamed over the target (atomic on
 POSIX), and the folder is fsynced so that the rename itself survives a power cut. Every file tinygpt
-writes in place goes through here. Standard library only: the launcher uses it too.
+writes in place goes through here. A record that only grows (a sweep's submissions) is appended instead
+(`append_line`): a crash then loses at most the line being written. Standard library only: the launcher uses it
+too.
 """
 
 from __future__ import annotations
@@ -54,6 +56,25 @@ def write(path: str | Path, data: str | bytes) -> None:
     """Replace `path` with `data` (text is written as UTF-8)."""
     with replacing(path, "wb") as fh:
         fh.write(data.encode() if isinstance(data, str) else data)
+
+
+def append_line(path: str | Path, line: str) -> None:
+    """Add `line` to the end of `path` (made if missing) and fsync it: an earlier record is never rewritten, and a
+    crash loses at most this one. A last line cut short by an earlier crash is ended first, so that it stays one
+    damaged line (which its reader names) and does not swallow this one."""
+    path = Path(path)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        size = os.fstat(fd).st_size
+        cut_short = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+        data = memoryview(("\n" if cut_short else "").encode() + line.encode() + b"\n")
+        while data:  # (a write may take part of it: a signal, a full disk, which the next write then raises)
+            data = data[os.write(fd, data):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if size == 0:
+        fsync_dir(path.parent)  # (the file's name is new: make it durable too)
 
 
 def set_aside(path: Path) -> Path:

@@ -238,8 +238,9 @@ class Local(Backend):
     def run_all(self, plan: Plan) -> int:
         """Run every run in order (packed runs at once, as in one task); return the number that failed."""
         env = _local_env(plan, self.nproc)
-        manifest = manifest_mod.record_submission(plan.manifest_path, self.name, self.name,
-                                                  [r.index for r in plan.sweep.runs], nproc=self.nproc)
+        manifest_mod.record_submission(plan.manifest_path, self.name, self.name, [r.index for r in plan.sweep.runs],
+                                       nproc=self.nproc)
+        manifest = manifest_mod.load(plan.manifest_path)
         runs = manifest.runs
         if manifest.search:
             return self._workers(plan, runs, env)

@@ -2,6 +2,7 @@
 commands that read them, and the tests.
 
     <workdir>/jobs/<sweep>/manifest.json            the runs and the jobs that run them (manifest.py)
+    <workdir>/jobs/<sweep>/submissions.jsonl        the jobs submitted since, a line each (manifest.py)
     <workdir>/jobs/<sweep>/configs/<run>.yaml       a run's trainer config, written when its task starts
     <workdir>/jobs/<sweep>/<sweep>[-partN].sbatch   the job array (split in parts at MaxArraySize)
     <workdir>/jobs/<sweep>/<sweep>-<step>.sbatch    a chain's data and report steps
@@ -24,6 +25,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout: what jobs import without a snapshot
 PROFILE_DIR = REPO_ROOT / "hpc_lab" / "clusters"  # where `--cluster NAME` finds NAME.yaml
+SUBMISSIONS = "submissions.jsonl"  # beside a sweep's manifest: its submissions, appended
 
 
 def schema_file(kind: str) -> Path:
@@ -59,6 +61,10 @@ class SweepDirs:
     @property
     def manifest(self) -> Path:
         return self.jobs / "manifest.json"
+
+    @property
+    def submissions(self) -> Path:
+        return self.jobs / SUBMISSIONS
 
     @property
     def journal(self) -> Path:

@@ -1,8 +1,11 @@
 """`jobs/<sweep>/manifest.json`: the runs of a sweep, where they live, and the jobs that run them.
 
-Written by the launcher before anything is submitted, updated with job ids after each submission, and
-read by every array task on the nodes (run_config.py) and by `launch.py status|cancel|report|logs|resubmit`.
-The records are typed (pydantic, strict): a damaged file is refused with what to do, never half-read.
+Written by the launcher before anything is submitted, and read by every array task on the nodes (run_config.py)
+and by `launch.py status|cancel|report|logs|resubmit`. Each submission's job ids are appended to
+`submissions.jsonl` beside it, a line each, as soon as Slurm has given them (the manifest of a 100,000-run sweep
+is written once, not again after each of its 100 array parts); every reader sees the manifest's own submissions
+and then that file's. The records are typed (pydantic, strict): a damaged file is refused with what to do, never
+half-read.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from tinygpt import durable, schema
 from tinygpt.rundir_lock import RunDirLock, describe
 
 from .errors import LaunchError
-from .layout import SweepDirs
+from .layout import SUBMISSIONS, SweepDirs
 
 LOCK_WAIT_S = 5.0  # a second command on the same sweep waits this long for the first, then refuses
 
@@ -143,7 +146,7 @@ def _without_run_dir(run: dict[str, Any], runs: Path) -> dict[str, Any]:
 
 class Manifest(ManifestHead):
     """A launched sweep as every command after the launch reads it: its runs, the jobs that run them, its
-    folders (`dirs`). `load` gives one; `save` writes it back."""
+    folders (`dirs`). `load` gives one."""
 
     runs: list[RunRecord]
     _path: Path = PrivateAttr(default=Path("manifest.json"))
@@ -191,17 +194,30 @@ class Manifest(ManifestHead):
         return [r for r in self.runs if r.name == which or str(r.index) == which]
 
 
-def save(manifest: Manifest) -> None:
-    """Write the manifest back (keys the file did not have are not added: a default is not written out)."""
-    data = manifest.model_dump(mode="json", exclude_unset=True)
-    _write(manifest.path, data, data.pop("runs"))
+def submissions_record(path: Path) -> Path:
+    """The file the submissions of the manifest at `path` are appended to."""
+    return Path(path).with_name(SUBMISSIONS)
 
 
 def create(path: Path, head: ManifestHead, runs: list[dict[str, Any]]) -> None:
     """Write a new sweep's manifest at `path`: its head and its runs' records (fields of RunRecord). The runs are
     written as they are given, not made into typed records first (a sweep may have 100,000 of them); every
-    command reads them back as records."""
-    _write(Path(path), head.model_dump(mode="json", exclude_unset=True), runs)
+    command reads them back as records. An earlier manifest's appended submissions end with it: removed where
+    the caller carried every one into `head.submissions` (a crash between the write and the removal leaves each
+    twice, which `load` reads once), else set aside, never lost."""
+    data = head.model_dump(mode="json", exclude_unset=True)
+    _write(Path(path), data, runs)
+    record = submissions_record(path)
+    try:
+        carried = all(json.loads(line) in data["submissions"] for line in record.read_bytes().splitlines())
+    except FileNotFoundError:
+        return
+    except ValueError:
+        carried = False
+    if carried:
+        record.unlink()
+    else:
+        durable.set_aside(record)
 
 
 RUNS_START = '\n "runs": [\n'  # where the runs begin in a manifest `_write` wrote: then a line per run
@@ -250,7 +266,40 @@ def load(path: Path) -> Manifest:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         found = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise LaunchError(f"{path}: manifest format {found!r}, this version reads {FORMAT}; launch the spec again")
+    if isinstance(data.get("submissions"), list):  # (else the checks below say what is wrong)
+        data["submissions"] += _appended(Path(path), data["submissions"])
     return _checked(Path(path), data)
+
+
+def _appended(path: Path, own: list) -> list[dict[str, Any]]:
+    """The submissions appended beside the manifest at `path`, each checked, in order; those the manifest has
+    itself already (carried into a new manifest just before the file was removed) once."""
+    record = submissions_record(path)
+    try:
+        lines = record.read_bytes().splitlines()
+    except FileNotFoundError:
+        return []
+    except OSError as err:
+        raise LaunchError(f"{record}: the sweep's submissions cannot be read ({err.strerror or err})") from None
+    appended = []
+    for number, line in enumerate(lines, 1):
+        try:
+            data = json.loads(line)
+            Submission.model_validate(data)
+        except ValidationError as err:
+            raise _damaged(record, f"line {number}: {schema.messages(err, Submission)[0]}") from None
+        except ValueError as err:  # (not JSON, or not UTF-8: a line cut short by a crash, or changed since)
+            raise _damaged(record, f"line {number} is not a record: {err}") from None
+        if data not in own:
+            appended.append(data)
+    return appended
+
+
+def _damaged(path: Path, problem: str) -> LaunchError:
+    return LaunchError(f"{path}: the {'manifest' if path.suffix == '.json' else 'submissions record'} is damaged "
+                       f"({problem}), so the sweep's runs and jobs cannot be read from it; if none of its jobs is "
+                       f"queued or running (squeue --me), move it aside (mv {path} {path}.corrupt) and launch the "
+                       f"spec again")
 
 
 def _checked(path: Path, data: dict[str, Any]) -> Manifest:
@@ -259,21 +308,16 @@ def _checked(path: Path, data: dict[str, Any]) -> Manifest:
     try:
         manifest = Manifest.model_validate(data)
     except ValidationError as err:
-        problem = schema.messages(err, Manifest)[0]
-        raise LaunchError(f"{path}: the manifest is damaged ({problem}), so the sweep's runs and jobs cannot be "
-                          f"read from it; if none of its jobs is queued or running (squeue --me), move it aside "
-                          f"(mv {path} {path}.corrupt) and launch the spec again") from None
+        raise _damaged(path, schema.messages(err, Manifest)[0]) from None
     manifest._path = Path(path)
     return manifest
 
 
-def record_submission(path: Path, backend: str, job_id: str, indices: list[int], **extra: Any) -> Manifest:
-    """Add a submission to the manifest on disk (read again: it is the record); the manifest as saved."""
-    manifest = load(path)
-    manifest.submissions.append(Submission(backend=backend, job_id=job_id, indices=indices,
-                                           submitted_at=time.time(), **extra))
-    save(manifest)
-    return manifest
+def record_submission(path: Path, backend: str, job_id: str, indices: list[int], **extra: Any) -> None:
+    """Append a submission to the record of the manifest at `path`, durably, before anything else is submitted
+    (keys not given are not written: a default is not written out)."""
+    record = Submission(backend=backend, job_id=job_id, indices=indices, submitted_at=time.time(), **extra)
+    durable.append_line(submissions_record(path), json.dumps(record.model_dump(mode="json", exclude_unset=True)))
 
 
 if __name__ == "__main__":
