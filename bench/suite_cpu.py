@@ -49,7 +49,7 @@ def calibration_s() -> float:
 
 # ---- the pytest plugin (loaded in every pytest process, xdist workers included) ---------------------------
 _START: dict[str, tuple[float, os.times_result]] = {}
-_SESSION: list[float] = []  # the machine's CPU seconds when pytest's session began
+_SESSION: list[float] = []  # the machine's CPU seconds and the clock when pytest's session began
 _RUNS_TESTS = [True]  # (False in pytest-xdist's controller, which only hears of the tests its workers run)
 
 
@@ -72,13 +72,17 @@ def _forked_s() -> float:
 
 def pytest_sessionstart(session):
     if os.environ.get(LOG_ENV) and not hasattr(session.config, "workerinput"):  # (the process that runs pytest)
-        _SESSION.append(machine_cpu_s())
+        _SESSION[:] = [machine_cpu_s(), time.perf_counter()]
 
 
 def pytest_sessionfinish(session):
+    """A line per pytest session (a command such as .ci/run runs more than one): its arguments, its machine CPU
+    seconds and its wall seconds."""
     if os.environ.get(LOG_ENV) and _SESSION:
-        with open(Path(os.environ[LOG_ENV]) / "pytest.json", "w") as f:
-            json.dump({"cpu_s": machine_cpu_s() - _SESSION[0]}, f)
+        record = {"args": session.config.invocation_params.args, "cpu_s": machine_cpu_s() - _SESSION[0],
+                  "wall_s": time.perf_counter() - _SESSION[1]}
+        with open(Path(os.environ[LOG_ENV]) / "pytest.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
 
 
 def pytest_runtest_logstart(nodeid, location):
@@ -119,8 +123,10 @@ def summary(out: Path) -> None:
     print(f"command: {' '.join(machine['command'])} (exit {machine['exit']})")
     print(f"machine CPU seconds: {machine['cpu_s']:.0f} over {machine['wall_s']:.0f} s wall "
           f"({machine['cpu_s'] / machine['wall_s'] / os.cpu_count():.0%} of {os.cpu_count()} cores)")
-    if (out / "pytest.json").exists():
-        print(f"  of which pytest's session: {json.loads((out / 'pytest.json').read_text())['cpu_s']:.0f}")
+    sessions = (out / "pytest.jsonl").read_text().splitlines() if (out / "pytest.jsonl").exists() else []
+    for session in map(json.loads, sessions):
+        print(f"  of which pytest's session ({' '.join(session['args'])}): {session['cpu_s']:.0f} over "
+              f"{session['wall_s']:.0f} s")
     if "calibration_s" in machine:
         print(f"the machine's speed: a fixed loop took {machine['calibration_s'][0]:.2f} s of CPU before and "
               f"{machine['calibration_s'][1]:.2f} s after (compare runs made at other times with it)")
