@@ -173,6 +173,18 @@ def test_the_fuzz_strategies_reach_the_extremes():
 FLAG_TEXT = st.one_of(ANY_VALUE.map(str), st.text(max_size=20)).map(lambda t: " " + t if t.startswith("-") else t)
 
 
+def kept_inside(tmp: str, text: str) -> tuple[Path, str]:
+    """A folder to run in and `text` as a path the command may write to, both inside `tmp` wherever the drawn text
+    points: an absolute path is taken under tmp, and the folder is 40 deep in it, deeper than any run of `..` in
+    a drawn text climbs (from tmp itself, "../../etc" was /etc, and tests wrote their sweeps and data there)."""
+    here = Path(tmp, *["d"] * 40)
+    here.mkdir(parents=True, exist_ok=True)
+    path = tmp + text if text.startswith("/") else text
+    inside = os.path.realpath(os.path.join(here, path.replace("\x00", ""))) + os.sep
+    assert inside.startswith(os.path.realpath(tmp) + os.sep), text  # (the test's own guard)
+    return here, path
+
+
 def any_flag_text(*always: str):
     """Property test of one flag's value: SETTINGS, FLAG_TEXT drawn, and a 5,000-character value and `always`
     tried every time."""
@@ -188,16 +200,19 @@ def any_flag_text(*always: str):
 @example(flag="--data-dir", text="x" * 5000)
 @example(flag="--data-file", text="/dev/zero")
 @example(flag="--data-file", text="/")
+@example(flag="--data-dir", text="../../etc")
 def test_any_value_of_any_data_flag(flag, text):
     from tinygpt import data
 
-    with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
+    with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "c.txt"
         corpus.write_text(TINY_TEXT)
+        here, data_dir = kept_inside(tmp, text)  # (prepare writes where --data-dir says)
         argv = {"name": ["prepare", text, "--data-file", str(corpus)],
-                "--data-file": ["prepare", "--data-file", text, "--data-dir", "out"],
-                "--data-dir": ["prepare", "--data-file", str(corpus), "--data-dir", text]}[flag]
-        code, err = main_status(data.main, argv)
+                "--data-file": ["prepare", "--data-file", text, "--data-dir", str(Path(tmp) / "out")],
+                "--data-dir": ["prepare", "--data-file", str(corpus), "--data-dir", data_dir]}[flag]
+        with contextlib.chdir(here):
+            code, err = main_status(data.main, argv)
         if code == 0:
             return
         assert code in (1, 2) and "Traceback" not in err, err
@@ -242,16 +257,19 @@ def test_any_value_of_any_flag_of_the_launch_commands(command, which, text):
         assert sorted(p.name for p in Path(tmp).iterdir()) == ["fuzz.yaml"]  # nothing written
 
 
-@any_flag_text("\x00")
+@any_flag_text("\x00", "../../etc", "/")
 def test_any_workdir_of_launch(text):
-    with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
+    with tempfile.TemporaryDirectory() as tmp:
+        here, workdir = kept_inside(tmp, text)  # (a dry run writes its jobs/ and logs/ where --workdir says)
         spec = Path(tmp) / "fuzz.yaml"
         spec.write_text(yaml.safe_dump({"name": "fuzz", "train": {**BASE_TRAIN, "dataset": "pydoc"}}))
-        code, err = main_status(cli.main, [str(spec), "--dry-run", "--workdir", text])
+        before = set(Path(tmp).rglob("*"))
+        with contextlib.chdir(here):
+            code, err = main_status(cli.main, [str(spec), "--dry-run", "--workdir", workdir])
         assert code in (0, 1) and "Traceback" not in err, err
         if code == 1:
             assert "workdir" in err, err
-            assert sorted(p.name for p in Path(tmp).iterdir()) == ["fuzz.yaml"]  # nothing written
+            assert set(Path(tmp).rglob("*")) == before  # nothing written
 
 
 SEARCH_BASE = {"method": "random", "trials": 3, "seed": 0, "params": {"lr": {"loguniform": [1.0e-4, 1.0e-3]}}}
