@@ -31,7 +31,7 @@ from slurm_helpers import (
     wait,
     wait_until,
 )
-from tinygpt import config
+from tinygpt import config, durable
 from tinygpt.launch import manifest as manifest_mod
 from tinygpt.launch import states as status
 
@@ -58,11 +58,11 @@ def launch_sweep(tmp_path: Path, name: str, keys: dict, resources: dict, runs: t
 def end_at(work: Path, name: str, max_steps: int) -> None:
     """The run's real end, in the manifest its next start reads its config from."""
     path = sweep_dirs(work, name).manifest
-    manifest = manifest_mod.load(path)
-    manifest.base["max_steps"] = max_steps
-    for run in manifest.runs:
-        run.max_steps = max_steps
-    manifest_mod.save(manifest)
+    manifest = json.loads(path.read_text())
+    manifest["base"]["max_steps"] = max_steps
+    for run in manifest["runs"]:
+        run["max_steps"] = max_steps
+    durable.write(path, json.dumps(manifest, indent=1))  # (whole or not at all: the task reads it as it starts)
 
 
 def training(run_dir: Path, lines: int = 5) -> bool:
