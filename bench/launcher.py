@@ -11,8 +11,9 @@ Prints one JSON object:
 - `record_100_parts_of_100000`: what a real launch of the 100,000-run sweep adds to its dry run to record its
   100 array parts' job ids (the dry run's manifest; each part recorded as the sbatch backend records it);
 - `snapshot`: the code snapshot a launch takes (files, size, a new one, an unchanged one found again);
-- `status_10000_held` and `resubmit_dry_run_10000_held`, with a Slurm cluster: a held 10,000-run sweep (then
-  cancelled): wall time and the calls made to sacct, squeue and scontrol (targets 2 s, 3 calls);
+- `status_10000_held` and `resubmit_dry_run_10000_held`, with a Slurm cluster: a held 10,000-run sweep: wall
+  time and the calls made to sacct, squeue and scontrol (targets 2 s, 3 calls); `cancel_10000_held`: its
+  cancel (once), time and calls;
 - `report_1000`: `launch.py report` over 1,000 finished runs (tests/finished_sweep.py: one trained, the
   others written).
 Times are the best and the median of the tries (3 unless said).
@@ -101,11 +102,15 @@ def record_parts(tmp: Path, name: str, parts: int) -> dict:
     return {"s": round(time.perf_counter() - t0, 3), "parts": parts}
 
 
+SLURM_READERS = ("sacct", "squeue", "scontrol")
+
+
 def counting_shims(tmp: Path) -> tuple[dict[str, str], Path]:
-    """PATH with sacct, squeue and scontrol wrapped to count their calls (in the returned file)."""
+    """PATH with Slurm's commands that status, resubmit and cancel call wrapped to count their calls (in the
+    returned file)."""
     calls, shims = tmp / "calls", tmp / "bin"
     shims.mkdir(exist_ok=True)
-    for command in ("sacct", "squeue", "scontrol"):
+    for command in SLURM_READERS + ("scancel",):
         real = shutil.which(command)
         (shims / command).write_text(f'#!/bin/bash\necho {command} >> "{calls}"\nexec {real} "$@"\n')
         (shims / command).chmod(0o755)
@@ -126,9 +131,15 @@ def held_sweep(tmp: Path) -> dict:
             times = timed([*LAUNCH, *command, str(spec), "--workdir", str(work)], extra_env=path)
             names = calls.read_text().split() if calls.exists() else []
             figures[label] = {**times, "runs": runs_of(work, "held"), "target_s": 2.0, "target_calls": 3,
-                              "slurm_calls": {c: names.count(c) / 3 for c in ("sacct", "squeue", "scontrol")}}
+                              "slurm_calls": {c: names.count(c) / 3 for c in SLURM_READERS}}
     finally:
-        subprocess.run([*LAUNCH, "cancel", str(spec), "--workdir", str(work)], capture_output=True, env=env())
+        calls.unlink(missing_ok=True)
+        t0 = time.perf_counter()
+        cancel = subprocess.run([*LAUNCH, "cancel", str(spec), "--workdir", str(work)], capture_output=True,
+                                env=env(**path))
+        names = calls.read_text().split() if calls.exists() else []
+        figures["cancel_10000_held"] = {"s": round(time.perf_counter() - t0, 3), "exit": cancel.returncode,
+                                        "slurm_calls": {c: names.count(c) for c in (*SLURM_READERS, "scancel")}}
     return figures
 
 
