@@ -1,10 +1,12 @@
 """Time to a validation loss on Tiny Shakespeare, ours against nanoGPT's CPU recipe, measured in one run.
 
     python bench/time_to_loss.py                                        # recipe cpu against nanogpt, 1 seed
+    python bench/time_to_loss.py --yardstick course --target 1.65 --recipe ...   # against the course's recipe
     python bench/time_to_loss.py --seeds 3 --recipe cpu-adamw cpu-muon  # three seeds each, alternated
 
 For each seed in turn: our trainer (`python -m tinygpt.train`) on each recipe named, then nanoGPT's CPU
-recipe as a bare PyTorch loop (bench/nanogpt_loop.py). Both are scored by one estimator: the mean loss on
+recipe as a bare PyTorch loop (bench/nanogpt_loop.py; `--yardstick course`: the course project page's recipe,
+bench/course_loop.py, context 128). Both are scored by one estimator: the mean loss on
 `--windows` (2000) fixed, evenly spaced validation windows of 64 characters (tinygpt.data's: the trainer's own
 evaluation, and the loop's, run on the same windows), every `--eval-every` steps (default: a fortieth of
 the run), its time kept out of the training time and in the wall time. A crossing of the target is placed
@@ -68,24 +70,27 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--windows", type=int, default=2000, help="evaluation windows (fixed, evenly spaced)")
     parser.add_argument("--eval-every", type=int, default=None, help="steps between evaluations")
-    parser.add_argument("--no-nanogpt", action="store_true", help="ours alone")
+    parser.add_argument("--yardstick", choices=sorted(LOOPS), default="nanogpt",
+                        help="the bare loop ours are timed against (its context must be our recipes')")
+    parser.add_argument("--no-yardstick", action="store_true", help="ours alone")
     args = parser.parse_args()
     if not SHAKESPEARE.exists():
         raise SystemExit(f"{SHAKESPEARE} is absent; this benchmark needs Tiny Shakespeare")
     recipes = {name: {**RECIPES[name], **dict(item.partition("=")[::2] for item in args.set)} for name in args.recipe}
-    results: dict[str, list[dict]] = {name: [] for name in [*recipes, *([] if args.no_nanogpt else ["nanogpt"])]}
+    yardstick = [] if args.no_yardstick else [args.yardstick]
+    results: dict[str, list[dict]] = {name: [] for name in [*recipes, *yardstick]}
     with tempfile.TemporaryDirectory(prefix="tinygpt-ttl-") as tmp:
         for seed in range(1, args.seeds + 1):
             for name in results:
-                if name == "nanogpt":
-                    figures = nanogpt(seed, args, Path(tmp))
+                if name in LOOPS:
+                    figures = loop(name, seed, args, Path(tmp))
                 else:
                     figures = ours(recipes[name], seed, args, Path(tmp), Path(tmp) / f"{name}-{seed}")
                 figures = {"contender": name, "seed": seed, **figures}
                 figures["targets"] = {str(t): rounded(crossing(figures["points"], t, KEYS)) for t in args.target}
                 results[name].append(figures)
                 print(json.dumps({k: v for k, v in figures.items() if k != "points"}), flush=True)
-    summarise(results, args.target)
+    summarise(results, args.target, None if args.no_yardstick else args.yardstick)
 
 
 def ours(recipe: dict, seed: int, args, tmp: Path, out: Path) -> dict:
@@ -119,15 +124,19 @@ def ours(recipe: dict, seed: int, args, tmp: Path, out: Path) -> dict:
             "full_val_loss": round(full_split_val_loss(model, data), 4), "startup_s": wall - finished["elapsed_s"]}
 
 
-def nanogpt(seed: int, args, tmp: Path) -> dict:
-    every = args.eval_every or 2000 // 40
+LOOPS = {"nanogpt": ("nanogpt_loop.py", 2000), "course": ("course_loop.py", 1500)}  # script, steps
+
+
+def loop(name: str, seed: int, args, tmp: Path) -> dict:
+    script, steps = LOOPS[name]
+    every = args.eval_every or steps // 40
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(HERE / "nanogpt_loop.py"), "--seed", str(seed), "--eval-every",
+    proc = subprocess.run([sys.executable, str(HERE / script), "--seed", str(seed), "--eval-every",
                            str(every), "--windows", str(args.windows), "--data-dir", str(tmp / "data")],
                           capture_output=True, text=True, env=dict(os.environ, TINYGPT_OFFLINE="1"))
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
-        raise SystemExit(f"nanogpt loop failed:\n{proc.stderr}")
+        raise SystemExit(f"the {name} loop failed:\n{proc.stderr}")
     figures = json.loads(proc.stdout)  # (its startup_s is from the loop's first line: the interpreter's own
     figures["full_val_loss"] = round(figures["full_val_loss"], 4)  # start is ours alone)
     return {**figures, "process_wall_s": round(wall, 1)}
@@ -137,7 +146,7 @@ def rounded(found: dict | None) -> dict | None:
     return None if found is None else {k: round(v, 3) for k, v in found.items()}
 
 
-def summarise(results: dict[str, list[dict]], targets: list[float]) -> None:
+def summarise(results: dict[str, list[dict]], targets: list[float], yardstick: str | None) -> None:
     def spread(values: list[float], form: str = ",.1f") -> str:
         if not values:
             return "not reached"
@@ -160,12 +169,12 @@ def summarise(results: dict[str, list[dict]], targets: list[float]) -> None:
             for k, v in figures.items():
                 if len(hits) == len(runs):
                     medians[(name, t, k)] = statistics.median(v)
-    for name in (n for n in results if n != "nanogpt" and results.get("nanogpt")):
+    for name in (n for n in results if yardstick and n != yardstick and results.get(yardstick)):
         for t in map(str, targets):
             both = [k for k in ("train s", "wall s", "tokens")
-                    if (name, t, k) in medians and ("nanogpt", t, k) in medians]
-            ratios = [f"{k} {medians[(name, t, k)] / medians[('nanogpt', t, k)]:.2f}" for k in both]
-            print(f"{name} / nanogpt to {t} (medians): {', '.join(ratios) or 'not reached by every seed of both'}")
+                    if (name, t, k) in medians and (yardstick, t, k) in medians]
+            ratios = [f"{k} {medians[(name, t, k)] / medians[(yardstick, t, k)]:.2f}" for k in both]
+            print(f"{name} / {yardstick} to {t} (medians): {', '.join(ratios) or 'not reached by every seed of both'}")
 
 
 if __name__ == "__main__":
