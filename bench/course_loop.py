@@ -22,10 +22,7 @@ import time
 
 PROCESS_START = time.perf_counter()
 
-import argparse  # noqa: E402 (the clock starts before anything is imported)
-import json  # noqa: E402
-
-from common import SHAKESPEARE, full_split_val_loss, val_loss_on_windows  # noqa: E402
+import bare_loop  # noqa: E402 (the clock starts before anything is imported)
 
 RECIPE = dict(n_layer=4, n_head=4, n_embd=128, block_size=128, batch_size=32, lr=3e-3, weight_decay=0.01,
               max_steps=1500, warmup_share=0.1, grad_clip=1.0, dropout=0.1, bias=True)
@@ -44,53 +41,16 @@ def page_init(model) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--eval-every", type=int, default=50)
-    parser.add_argument("--windows", type=int, default=2000)
-    parser.add_argument("--max-steps", type=int, default=RECIPE["max_steps"],
-                        help="stop here (the schedule still spans the recipe's 1,500 steps)")
-    parser.add_argument("--data-dir", required=True)
-    args = parser.parse_args()
-
     import torch
 
-    from tinygpt.config import ModelConfig
-    from tinygpt.data import Batches, prepare_from_config
-    from tinygpt.model import GPT
-
     r = RECIPE
-    torch.manual_seed(args.seed)
-    prepared = prepare_from_config("shakespeare", str(SHAKESPEARE), args.data_dir)
-    data = Batches(prepared, r["block_size"], r["batch_size"], seed=args.seed, eval_windows=args.windows)
-    model = GPT(ModelConfig(n_layer=r["n_layer"], n_head=r["n_head"], n_embd=r["n_embd"],
-                            block_size=r["block_size"], dropout=r["dropout"], bias=r["bias"]), prepared.vocab_size)
+    args = bare_loop.parse(__doc__, r["max_steps"])
+    data, model = bare_loop.data_and_model(r, args)
     page_init(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=r["lr"], weight_decay=r["weight_decay"])
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=r["lr"], total_steps=r["max_steps"],
                                                    pct_start=r["warmup_share"])
-    points, train_s = [], 0.0
-    clock = time.perf_counter()
-    mark = clock
-    for step in range(args.max_steps):
-        x, y = data.next_train()
-        _, loss = model(x, y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), r["grad_clip"])
-        optimizer.step()
-        schedule.step()
-        done = step + 1
-        if done % args.eval_every == 0 or done == args.max_steps:
-            now = time.perf_counter()
-            train_s += now - mark
-            val = val_loss_on_windows(model, data)
-            mark = time.perf_counter()
-            points.append({"step": done, "val_loss": val, "train_s": train_s, "elapsed_s": mark - clock})
-    print(json.dumps({
-        "recipe": r, "seed": args.seed, "points": points, "tokens_per_step": r["batch_size"] * r["block_size"],
-        "full_val_loss": full_split_val_loss(model, data), "startup_s": clock - PROCESS_START,
-    }))
+    bare_loop.train_and_print(r, args, data, model, optimizer, PROCESS_START, after_step=lambda step: schedule.step())
 
 
 if __name__ == "__main__":
