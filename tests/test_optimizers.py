@@ -42,7 +42,7 @@ def test_one_schedule_scales_both_peak_rates():
     o = config.OptimConfig(optimizer="muon", lr=0.004, min_lr=0.0004, muon_lr=0.05, warmup_steps=10, max_steps=100)
     opt = Optimizers(model(), o, fused=False)
     for step, fraction in ((0, 1 / 11), (10, 1.0), (100, 0.1)):
-        opt.set_lr(trainer.lr_at(step, o))
+        opt.set_lr(trainer.lr_at(step, o), o.beta1)
         assert opt.parts["adamw"].param_groups[0]["lr"] == pytest.approx(0.004 * fraction)
         assert opt.parts["muon"].param_groups[0]["lr"] == pytest.approx(0.05 * fraction)
 

@@ -27,14 +27,57 @@ def test_lr_schedule_warms_up_then_decays_to_min_lr():
     assert lrs[110] == lrs[119] == 0.1
 
 
-def test_weight_decay_applies_to_matrices_only():
+@pytest.mark.parametrize("warmup_steps, max_steps", [(150, 1500), (0, 40), (7, 40)])
+def test_onecycle_is_pytorchs_one_cycle_lr_with_momentum_cycling(warmup_steps, max_steps):
+    """schedule: onecycle and beta1_min give, step by step, the rate and beta1 that the course page's
+    OneCycleLR(max_lr, total_steps, pct_start) gives AdamW (bench/course_loop.py runs it)."""
+    lr = 3e-3
+    o = config.OptimConfig(schedule="onecycle", lr=lr, min_lr=lr / 25 / 1e4, warmup_steps=warmup_steps,
+                           max_steps=max_steps, beta1=0.95, beta1_min=0.85, beta2=0.999)
+    adamw = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+    one_cycle = torch.optim.lr_scheduler.OneCycleLR(adamw, max_lr=lr, total_steps=max_steps,
+                                                    pct_start=warmup_steps / max_steps)
+    for step in range(max_steps):
+        group = adamw.param_groups[0]
+        assert trainer.lr_at(step, o) == pytest.approx(group["lr"], rel=1e-9, abs=1e-15), step
+        assert trainer.beta1_at(step, o) == pytest.approx(group["betas"][0], rel=1e-12), step
+        adamw.step()
+        one_cycle.step()
+    assert trainer.lr_at(max_steps + 5, o) == pytest.approx(o.min_lr)  # (past its end: the last rate)
+
+
+def test_beta1_cycles_only_with_onecycle_and_only_below_beta1():
+    assert trainer.beta1_at(10, config.OptimConfig(beta1=0.9)) == 0.9
+    for keys, message in (({"beta1_min": 0.85}, "set schedule: onecycle"),
+                          ({"schedule": "onecycle", "beta1": 0.8, "beta1_min": 0.85}, "set beta1_min <= beta1")):
+        with pytest.raises(ValueError, match=message):
+            config.OptimConfig(**keys)
+
+
+def test_a_onecycle_run_with_cycled_beta1_stopped_and_resumed_is_bit_identical(tmp_path, tiny_corpus, data_dir):
+    """The course page's schedule resumes exactly: the rate and beta1 are the step's, and AdamW's saved state
+    (its param groups' betas included) is overwritten by them at the next step."""
+    common = ["--schedule", "onecycle", "--warmup-steps", "8", "--beta1", "0.95", "--beta1-min", "0.85",
+              "--weight-decay-on", "all", "--min-lr", "1e-6", "--max-steps", "30", "--log-interval", "1"]
+    whole, _ = run(tmp_path, tiny_corpus, *common, name="whole")
+    part, first = run(tmp_path, tiny_corpus, *common, "--stop-after", "5", name="part")
+    assert not first.finished
+    run(tmp_path, tiny_corpus, *common, name="part")
+    assert loss_series(whole) == loss_series(part)  # exact floats
+    rates = [m["lr"] for m in read_metrics(whole) if "lr" in m]
+    assert len(rates) == 30 and rates[0] < max(rates) > rates[-1], rates
+
+
+@pytest.mark.parametrize("on", ["matrices", "all"])
+def test_weight_decay_applies_to_matrices_or_to_every_parameter(on):
     from tinygpt.model import GPT
 
     model = GPT(config.ModelConfig(block_size=8, n_layer=1, n_head=1, n_embd=8, bias=True), vocab_size=10)
-    opt = Optimizers(model, config.OptimConfig(weight_decay=0.1), fused=False)
+    opt = Optimizers(model, config.OptimConfig(weight_decay=0.1, weight_decay_on=on), fused=False)
     decayed, plain = opt.param_groups
     assert decayed["weight_decay"] == 0.1 and all(p.dim() == 2 for p in decayed["params"])
-    assert plain["weight_decay"] == 0.0 and all(p.dim() == 1 for p in plain["params"])
+    assert plain["weight_decay"] == (0.1 if on == "all" else 0.0) and all(p.dim() == 1 for p in plain["params"])
+    assert len(decayed["params"]) + len(plain["params"]) == len(list(model.parameters()))
 
 
 def test_a_run_writes_metrics_config_checkpoints_and_sample(tmp_path, tiny_corpus, data_dir):

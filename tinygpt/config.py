@@ -105,10 +105,18 @@ class OptimConfig(schema.Schema):
     muon_lr: Float = _f(0.02, "Muon's peak learning rate (optimizer: muon)", gt=0, le=1)
     muon_momentum: Float = _f(0.95, "Muon's momentum (optimizer: muon)", ge=0, lt=1)
     muon_weight_decay: Float = _f(0.0, "Muon's decoupled weight decay (optimizer: muon)", ge=0, le=10)
-    warmup_steps: Int = _f(50, "linear warm-up steps", ge=0)
-    lr_decay_steps: OptInt = _f(None, "steps of the cosine decay (default: max_steps)", ge=1)
-    weight_decay: Float = _f(0.1, "AdamW weight decay, applied to matrices only", ge=0, le=10)
+    schedule: Literal["cosine", "onecycle"] = _f(
+        "cosine", "cosine (a linear warm-up, then a cosine down to min_lr) or onecycle (PyTorch's OneCycleLR: a "
+                  "half cosine from lr/25 up to lr over warmup_steps, then one down to min_lr)")
+    warmup_steps: Int = _f(50, "warm-up steps", ge=0)
+    lr_decay_steps: OptInt = _f(None, "the step the decay ends at (default: max_steps)", ge=1)
+    weight_decay: Float = _f(0.1, "AdamW weight decay, on the parameters weight_decay_on names", ge=0, le=10)
+    weight_decay_on: Literal["matrices", "all"] = _f(
+        "matrices", "matrices (not biases and LayerNorm gains) or all (as AdamW(model.parameters()))")
     beta1: Float = _f(0.9, "AdamW beta1", ge=0, lt=1)
+    beta1_min: OptFloat = _f(None, "with schedule onecycle: beta1 falls to this as the rate rises, and back as it "
+                                   "falls (OneCycleLR's momentum cycling)",
+                             ge=0, lt=1)
     beta2: Float = _f(0.99, "AdamW beta2", ge=0, lt=1)
     grad_clip: Float = _f(1.0, "clip the global gradient norm to this (0: off)", ge=0)
     grad_accum: Int = _f(1, "micro-batches per optimizer step", ge=1)
@@ -120,6 +128,19 @@ class OptimConfig(schema.Schema):
         if lr is not None and min_lr > lr:
             raise ValueError(f"{min_lr} is above lr {lr}; set min_lr <= lr")
         return min_lr
+
+    @field_validator("beta1_min")
+    @classmethod
+    def _beta1_min_cycles_below_beta1(cls, beta1_min: float | None, info: ValidationInfo) -> float | None:
+        if beta1_min is None:
+            return None
+        if info.data.get("schedule", "cosine") != "onecycle":
+            raise ValueError("cycles beta1 with schedule: onecycle only; set schedule: onecycle, or leave beta1_min "
+                             "unset")
+        beta1 = info.data.get("beta1")
+        if beta1 is not None and beta1_min > beta1:
+            raise ValueError(f"{beta1_min} is above beta1 {beta1}; set beta1_min <= beta1")
+        return beta1_min
 
 
 # The sampling of the course's project page (and of `python -m tinygpt.sample`): defined here, once.
@@ -214,7 +235,7 @@ class TrackConfig(schema.Schema):
 # The rules between keys: key -> the other keys its check reads (the validators above that read `info.data`).
 # A sweep checks each rule once per distinct combination of these keys' values (launch/sweep_runs.py); a test
 # holds this table to the validators.
-RULES = {"n_embd": ("n_head",), "min_lr": ("lr",)}
+RULES = {"n_embd": ("n_head",), "min_lr": ("lr",), "beta1_min": ("schedule", "beta1")}
 
 
 class TrainConfig(schema.Schema):

@@ -1,6 +1,6 @@
 """The optimizers a run trains with: AdamW, or Muon for the blocks' matrices with AdamW for the rest.
 
-`optimizer: adamw` (the default): AdamW for every parameter, weight decay on matrices only.
+`optimizer: adamw` (the default): AdamW for every parameter, weight decay on matrices (`weight_decay_on`).
 `optimizer: muon`: PyTorch's own `torch.optim.Muon` (torch 2.9 and later) for the 2-D weight matrices inside
 the blocks (attention's qkv and output projections, the MLP's two layers), and AdamW for the rest: the token
 and position embeddings (the output head is tied to the token embedding), LayerNorm gains and biases. This is
@@ -38,9 +38,10 @@ class Optimizers:
         self.cfg = cfg
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         to_muon = muon_parameters(model) if cfg.optimizer == "muon" else set()
-        decay = [p for n, p in named if p.dim() >= 2 and n not in to_muon]
-        no_decay = [p for n, p in named if p.dim() < 2]
-        groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        matrices = [p for n, p in named if p.dim() >= 2 and n not in to_muon]
+        vectors = [p for n, p in named if p.dim() < 2]  # biases, LayerNorm gains: decayed only with "all"
+        groups = [{"params": matrices, "weight_decay": cfg.weight_decay},
+                  {"params": vectors, "weight_decay": cfg.weight_decay if cfg.weight_decay_on == "all" else 0.0}]
         self.parts: dict[str, torch.optim.Optimizer] = {
             "adamw": torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused or None)}
         if to_muon:
@@ -54,12 +55,14 @@ class Optimizers:
     def kind(self) -> str:
         return self.cfg.optimizer
 
-    def set_lr(self, lr: float) -> None:
-        """This step's AdamW rate `lr` (the schedule's); Muon's is its own peak scaled the same way."""
+    def set_lr(self, lr: float, beta1: float) -> None:
+        """This step's AdamW rate `lr` and beta1 (the schedule's); Muon's rate is its own peak scaled the same way."""
         rates = {"adamw": lr, "muon": self.cfg.muon_lr * lr / self.cfg.lr}
         for name, optimizer in self.parts.items():
             for group in optimizer.param_groups:
                 group["lr"] = rates[name]
+                if name == "adamw":
+                    group["betas"] = (beta1, self.cfg.beta2)
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:

@@ -50,8 +50,29 @@ class TrainResult:
     pruned: bool = False  # stopped by eval_hook (a search's pruner)
 
 
+ONECYCLE_DIV = 25.0  # schedule: onecycle starts at lr / 25, OneCycleLR's div_factor
+
+
+def _half_cosine(start: float, end: float, pct: float) -> float:
+    return end + (start - end) / 2.0 * (math.cos(math.pi * pct) + 1.0)
+
+
+def _onecycle_phase(step: int, cfg: config_mod.OptimConfig) -> tuple[bool, float]:
+    """Whether `step` is in the rise, and how far along its phase (0 to 1), where OneCycleLR places them: the
+    rise ends at step warmup_steps - 1, the fall at the decay's last step."""
+    top = cfg.warmup_steps - 1
+    if step <= top:
+        return True, step / top if top > 0 else 1.0
+    last = (cfg.lr_decay_steps or cfg.max_steps) - 1
+    return False, min(1.0, (step - top) / (last - top)) if last > top else 1.0
+
+
 def lr_at(step: int, cfg: config_mod.OptimConfig) -> float:
-    """Linear warm-up, then cosine decay from lr to min_lr over lr_decay_steps (step is 0-based)."""
+    """The learning rate of (0-based) `step`: schedule cosine, a linear warm-up then a cosine decay from lr to
+    min_lr over lr_decay_steps; schedule onecycle, OneCycleLR's two half cosines (lr / 25 up to lr, then min_lr)."""
+    if cfg.schedule == "onecycle":
+        rising, pct = _onecycle_phase(step, cfg)
+        return _half_cosine(cfg.lr / ONECYCLE_DIV, cfg.lr, pct) if rising else _half_cosine(cfg.lr, cfg.min_lr, pct)
     decay_steps = cfg.lr_decay_steps or cfg.max_steps
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / (cfg.warmup_steps + 1)
@@ -59,6 +80,14 @@ def lr_at(step: int, cfg: config_mod.OptimConfig) -> float:
         return cfg.min_lr
     ratio = (step - cfg.warmup_steps) / max(1, decay_steps - cfg.warmup_steps)
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.lr - cfg.min_lr)
+
+
+def beta1_at(step: int, cfg: config_mod.OptimConfig) -> float:
+    """AdamW's beta1 at `step`: beta1, or with beta1_min, cycled against the rate as OneCycleLR cycles momentum."""
+    if cfg.beta1_min is None:
+        return cfg.beta1
+    rising, pct = _onecycle_phase(step, cfg)
+    return _half_cosine(cfg.beta1, cfg.beta1_min, pct) if rising else _half_cosine(cfg.beta1_min, cfg.beta1, pct)
 
 
 def window_loss_sums(model: GPT, batches: Batches, split: str, device: str, autocast, rank: int = 0,
@@ -229,7 +258,7 @@ class Trainer:
         and its learning rate."""
         o = self.cfg.optim
         lr = lr_at(self.state.step, o)
-        self.optimizer.set_lr(lr)
+        self.optimizer.set_lr(lr, beta1_at(self.state.step, o))
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(o.grad_accum):
             x, y = self.batches.next_train()
