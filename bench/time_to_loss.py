@@ -103,7 +103,8 @@ def main() -> None:
                 figures = {"contender": name, "seed": seed, **figures}
                 figures["targets"] = {str(t): rounded(crossing(figures["points"], t, KEYS)) for t in args.target}
                 results[name].append(figures)
-                print(json.dumps({k: v for k, v in figures.items() if k != "points"}), flush=True)
+                line = {k: v for k, v in figures.items() if k != "points"}  # (the curve is long; its end is kept)
+                print(json.dumps({**line, "last": figures["points"][-1]}), flush=True)
     summarise(results, args.target, None if args.no_yardstick else args.yardstick)
 
 
