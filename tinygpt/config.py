@@ -132,9 +132,10 @@ class OptimConfig(schema.Schema):
     @field_validator("beta1_min")
     @classmethod
     def _beta1_min_cycles_below_beta1(cls, beta1_min: float | None, info: ValidationInfo) -> float | None:
-        if beta1_min is None:
-            return None
-        if info.data.get("schedule", "cosine") != "onecycle":
+        schedule = info.data.get("schedule")  # (None: the schedule was refused, and its own message says why)
+        if beta1_min is None or schedule is None:
+            return beta1_min
+        if schedule != "onecycle":
             raise ValueError("cycles beta1 with schedule: onecycle only; set schedule: onecycle, or leave beta1_min "
                              "unset")
         beta1 = info.data.get("beta1")
