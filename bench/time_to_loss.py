@@ -166,6 +166,7 @@ def summarise(results: dict[str, list[dict]], targets: list[float], yardstick: s
 
     medians: dict[tuple[str, str, str], float] = {}
     ends: dict[tuple[str, str], tuple[float, float]] = {}  # (name, target) -> training seconds, fastest and slowest
+    bounded: dict[tuple[str, str], bool] = {}  # (name, target) -> some run never reached it (a lower bound)
     for name, runs in results.items():
         if not runs:
             continue
@@ -180,13 +181,17 @@ def summarise(results: dict[str, list[dict]], targets: list[float], yardstick: s
                   + bound)
             medians.update({(name, t, k): statistics.median(v) for k, v in figures.items()})
             ends[(name, t)] = (min(figures["train s"]), max(figures["train s"]))
+            bounded[(name, t)] = short > 0
     for name in (n for n in results if yardstick and n != yardstick and results.get(yardstick)):
         for t in map(str, targets):
             ratios = [f"{k} {medians[(name, t, k)] / medians[(yardstick, t, k)]:.2f}" for k in ("train s", "wall s",
                                                                                                "tokens")]
             worst = ends[(name, t)][1] / ends[(yardstick, t)][0]
-            print(f"{name} / {yardstick} to {t} (medians): {', '.join(ratios)}; train s of {name}'s slowest seed / "
-                  f"{yardstick}'s fastest: {worst:.2f}")
+            # A lower bound over the yardstick makes the ratio an upper one, and one over ours a lower one.
+            bound = {(False, False): "", (False, True): "at most ", (True, False): "at least ",
+                     (True, True): "unknown (both are lower bounds): "}[(bounded[(name, t)], bounded[(yardstick, t)])]
+            print(f"{name} / {yardstick} to {t} (medians): {bound}{', '.join(ratios)}; train s of {name}'s slowest "
+                  f"seed / {yardstick}'s fastest: {bound}{worst:.2f}")
 
 
 def to_target(runs: list[dict], target: str) -> tuple[dict[str, list[float]], int]:
