@@ -63,6 +63,10 @@ def as_flags(keys: dict) -> list[str]:
 TINY_FLAGS = as_flags(tiny_train(max_steps=20, eval_interval=10, log_interval=5, ckpt_interval=10, warmup_steps=2,
                                  eval_windows=16, progress="plain"))
 
+# The course page's optimisation (jobs/sherlock.yaml): OneCycleLR with beta1 cycled, every parameter decayed
+COURSE_SCHEDULE = ["--schedule", "onecycle", "--warmup-steps", "4", "--beta1", "0.95", "--beta1-min", "0.85",
+                   "--weight-decay-on", "all"]
+
 
 @pytest.fixture
 def tiny_corpus(tmp_path: Path) -> Path:

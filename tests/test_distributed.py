@@ -5,9 +5,10 @@ import sys
 
 import pytest
 
-from conftest import TINY_FLAGS, free_port, loss_series, python_env, ranks, read_metrics, run_world
+from conftest import COURSE_SCHEDULE, TINY_FLAGS, free_port, loss_series, python_env, ranks, read_metrics, run_world
 from tinygpt import distributed as d
 from tinygpt import forked
+from tinygpt.trainer import ONECYCLE_DIV
 
 
 @pytest.mark.parametrize(
@@ -106,14 +107,18 @@ def test_two_ranks_of_ddp_around_the_compiled_model_stay_in_sync_and_rank0_alone
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+@pytest.mark.parametrize("optimizer", [["--optimizer", "adamw", *COURSE_SCHEDULE], ["--optimizer", "muon"]],
+                         ids=["adamw-onecycle", "muon"])
 def test_two_rank_run_stopped_and_resumed_is_identical(tmp_path, tiny_corpus, optimizer):
     whole, part = tmp_path / "whole", tmp_path / "part"
-    common = ["--dropout", "0.1", "--log-interval", "1", "--grad-accum", "2", "--optimizer", optimizer]
+    common = ["--dropout", "0.1", "--log-interval", "1", "--grad-accum", "2", *optimizer]
     two_ranks(tmp_path, tiny_corpus, whole, *common)
     two_ranks(tmp_path, tiny_corpus, part, *common, "--stop-after", "10")
     two_ranks(tmp_path, tiny_corpus, part, *common)
     assert loss_series(whole) == loss_series(part)
+    if "onecycle" in optimizer:  # (the schedule reached the ranks: OneCycleLR starts at its peak rate / 25)
+        rates = [r["lr"] for r in read_metrics(whole) if "lr" in r]
+        assert rates[0] == pytest.approx(max(rates) / ONECYCLE_DIV)
     assert read_metrics(whole)[-1]["weights_digest"] == read_metrics(part)[-1]["weights_digest"]
 
 

@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, loss_series, python_env, read_metrics, tiny_config, train_tiny
+from conftest import COURSE_SCHEDULE, ROOT, loss_series, python_env, read_metrics, tiny_config, train_tiny
 from tinygpt import checkpoint as ckpt
 from tinygpt import trainer
 
@@ -62,7 +62,8 @@ def test_inductor_training_has_no_graph_break_and_no_recompile_after_the_first_e
 
 @pytest.mark.parametrize("first, second", [([], AOT), (AOT, [])], ids=["eager-then-compiled", "compiled-then-eager"])
 def test_a_checkpoint_resumes_across_eager_and_compiled(tmp_path, tiny_corpus, data_dir, first, second):
-    common = ["--max-steps", "20", "--log-interval", "1", "--dropout", "0.1"]
+    # (with the course page's schedule: the rate and beta1 set before each step reach the compiled step too)
+    common = ["--max-steps", "20", "--log-interval", "1", "--dropout", "0.1", *COURSE_SCHEDULE]
     straight, _ = train_tiny(tmp_path, tiny_corpus, *common, name="straight")
     part, _ = train_tiny(tmp_path, tiny_corpus, *common, *first, "--stop-after", "10", name="part")
     _, result = train_tiny(tmp_path, tiny_corpus, *common, *second, name="part")
@@ -70,6 +71,8 @@ def test_a_checkpoint_resumes_across_eager_and_compiled(tmp_path, tiny_corpus, d
     starts = [r for r in read_metrics(part) if r.get("event") == "start"]
     assert [s["compile"] for s in starts] == [bool(first), bool(second)] and starts[1]["resumed_from"]
     assert max_gap(straight, part) <= LOSS_TOLERANCE
+    rates = [r["lr"] for r in read_metrics(part) if "lr" in r]  # (OneCycleLR's: from its peak / 25)
+    assert rates[0] == pytest.approx(max(rates) / trainer.ONECYCLE_DIV)
 
 
 def test_activation_checkpointing_under_compile(tmp_path, tiny_corpus, data_dir):
