@@ -247,6 +247,9 @@ def run_world(module: str, args: list[str], env: dict[str, str], size: int = 2,
 # TINYGPT_REQUIRE_SLURM=1 (CI), so that a cluster that did not come up can never pass silently.
 
 
+LOCAL_CLUSTER_HOME = Path(os.environ.get("TINYGPT_SLURM_HOME", "/var/lib/tinygpt-slurm"))  # (up.sh's folder)
+
+
 def slurm_problem() -> str | None:
     if shutil.which("sinfo") is None:
         return "sinfo is not on PATH (bring a cluster up with: sudo hpc_lab/local_cluster/up.sh)"
@@ -284,6 +287,9 @@ def cluster_lacks(need: str) -> str | None:
                         if line.startswith("AccountingStorageEnforce")), "")
         if "associations" not in enforce or "tinygpt" not in _output("sacctmgr", "-n", "-P", "show", "account"):
             return "it has no accounts and limits enforced (up.sh --accounts)"
+    elif need == "login":
+        if not (LOCAL_CLUSTER_HOME / "login" / "known_hosts").exists():
+            return "it has no login node (up.sh --login)"
     else:
         raise ValueError(f"unknown need {need!r}")
     return None

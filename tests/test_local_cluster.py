@@ -51,6 +51,7 @@ def test_up_refuses_a_host_name_that_resolves_off_this_machine_and_starts_nothin
     (["--gpus", "2:"], "--gpus: '2:' is not N[:TYPE]"),
     (["--accounts", "--no-accounting"], "--accounts needs accounting; drop --no-accounting"),
     (["--slurm", "23.02"], "--slurm: '23.02' is not a release this script brings up; give 22.05 or 24.11"),
+    (["--login"], "--login needs --nodes 2 or more (the login node is a network namespace, as the nodes are)"),
 ])
 def test_up_refuses_cluster_options_that_do_not_fit_together_before_touching_anything(tmp_path, args, message):
     home = tmp_path / "home"

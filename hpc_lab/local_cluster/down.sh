@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Stop the daemons that hpc_lab/local_cluster/up.sh started, by their pid files, and nothing else:
-# slurmd (every node), slurmctld, slurmdbd, and munged / MariaDB only if up.sh was the one to start them.
+# slurmd (every node), slurmctld, slurmdbd, the login node's sshd, and munged / MariaDB only if up.sh was the
+# one to start them.
 # Configuration, state, logs and the nodes' network namespaces stay, so up.sh brings it all back.
 #
 #   sudo hpc_lab/local_cluster/down.sh               # everything up.sh started
 #   sudo hpc_lab/local_cluster/down.sh --slurm-only  # slurmctld and slurmd only
 #   sudo hpc_lab/local_cluster/down.sh --purge       # stop it all and remove everything up.sh made but
-#       the packages: bridge, veths, namespaces, our /etc/hosts lines, $TINYGPT_SLURM_HOME, the
+#       the packages: bridge, veths, namespaces, our /etc/hosts lines, $TINYGPT_SLURM_HOME (the cluster's
+#       file system and the login node's keys with it), the login node's user and /cluster, the
 #       /etc/slurm links, the Slurm commands of up.sh --slurm in /usr/local/bin, the accounting database
 #       and its user, and MariaDB's data folder and the munge key where up.sh (or the packages it
 #       installed) made them. The next up.sh starts from nothing. The root filesystems of up.sh --slurm
@@ -16,14 +18,11 @@ set -uo pipefail
 HOME_DIR=${TINYGPT_SLURM_HOME:-/var/lib/tinygpt-slurm}
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"  # stop_daemon, SLURM_COMMANDS, WRAPPER_MARK
-SUBNET=10.77.0
-BRIDGE=tgslurm0
-HOSTS_MARK='# tinygpt-slurm'
 MODE=stop
 case "${1:-}" in
   --slurm-only) MODE=slurm-only ;;
   --purge) MODE=purge ;;
-  -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   "") ;;
   *) echo "down.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
 esac
@@ -35,6 +34,7 @@ made() { grep -qxF "$1" "$HOME_DIR/made-by-up" 2>/dev/null; }
 for pidfile in "$RUN"/slurmd.pid "$RUN"/node*/slurmd.pid; do stop_daemon "$pidfile" slurmd; done
 stop_daemon "$RUN/slurmctld.pid" slurmctld
 [ "$MODE" = slurm-only ] && exit 0
+stop_daemon "$RUN/login/sshd.pid" sshd  # (the login node's, up.sh --login)
 stop_daemon "$RUN/slurmdbd.pid" slurmdbd
 
 if [ "$MODE" = purge ]; then
@@ -60,10 +60,17 @@ fi
 rm -f "$RUN/started-by-up"
 
 if [ "$MODE" = purge ]; then
-  for ns in /run/netns/tgnode*; do
+  if [ -e "/run/netns/$LOGIN_NS" ]; then  # what is left on the login node: its users' sessions and processes
+    want="net:[$(stat -L -c %i "/run/netns/$LOGIN_NS")]"
+    for p in /proc/[0-9]*; do
+      [ "$(readlink "$p/ns/net" 2>/dev/null)" = "$want" ] && kill -9 "${p#/proc/}" 2>/dev/null
+    done
+  fi
+  for ns in /run/netns/tgnode* "/run/netns/$LOGIN_NS"; do
     [ -e "$ns" ] && ip netns del "$(basename "$ns")"
   done
-  for link in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' | grep -E '^tgn[0-9]+[hp]$'); do
+  for link in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' \
+                | grep -E '^(tgn[0-9]+|tglogin)[hp]$'); do
     ip link del "$link" 2>/dev/null
   done
   ip link show "$BRIDGE" >/dev/null 2>&1 && ip link del "$BRIDGE"
@@ -72,6 +79,8 @@ if [ "$MODE" = purge ]; then
   rm -rf /run/tinygpt-slurmd
   made mariadb-data && rm -rf /var/lib/mysql && echo "down.sh: removed MariaDB's data folder"
   made munge-key && rm -f /etc/munge/munge.key && echo "down.sh: removed the munge key"
+  made login-user && userdel "$LOGIN_USER" 2>/dev/null && echo "down.sh: removed the login node's user $LOGIN_USER"
+  made cluster-mount && rmdir "$CLUSTER_MOUNT" 2>/dev/null
   for cmd in $SLURM_COMMANDS; do  # up.sh --slurm's commands of another release (its root stays cached)
     grep -qF "$WRAPPER_MARK" "/usr/local/bin/$cmd" 2>/dev/null && rm -f "/usr/local/bin/$cmd"
   done

@@ -1,8 +1,19 @@
-# Sourced by up.sh, down.sh, daemon.sh and node.sh: how the local cluster's daemons are found, stopped and
-# started, and in which Slurm release they run. Needs HOME_DIR (the cluster's folder); sets RUN, LOG and
-# RELEASE_ROOT.
+# Sourced by up.sh, down.sh, daemon.sh, node.sh and login.sh: where the local cluster lives, how its daemons are
+# found, stopped and started, and in which Slurm release they run. Needs HOME_DIR (the cluster's folder).
+ETC=$HOME_DIR/etc
 RUN=$HOME_DIR/run
 LOG=$HOME_DIR/log
+SUBNET=10.77.0  # the bridge's (.1), the login node's (.2) and the compute nodes' (.11, .12, ...)
+BRIDGE=tgslurm0
+HOSTS_MARK='# tinygpt-slurm'  # marks our /etc/hosts lines, for down.sh --purge
+# The login node (up.sh --login, login.sh): its network namespace, name, address and user.
+LOGIN_NS=tglogin
+LOGIN_NAME=login
+LOGIN_ADDR=$SUBNET.2
+LOGIN_USER=tgstudent
+# The cluster's shared file system: this folder, mounted at CLUSTER_MOUNT on the login and compute nodes only.
+CLUSTER_FS=$HOME_DIR/cluster
+CLUSTER_MOUNT=/cluster
 # The root filesystem whose /usr holds the cluster's Slurm, where it is not this machine's own (up.sh --slurm):
 # written by up.sh, empty or absent for the machine's own Slurm.
 RELEASE_ROOT=$(cat "$HOME_DIR/etc/release-root" 2>/dev/null || true)
@@ -25,6 +36,10 @@ in_release() {  # in_release COMMAND...: run COMMAND with the cluster's Slurm re
   # project and its Python stay this machine's.
   if [ -z "$RELEASE_ROOT" ]; then "$@"; return; fi
   unshare --mount --propagation private -- sh -c "$(overlay_usr)"' && exec "$@"' sh "$@"
+}
+
+mark_made() {  # mark_made WHAT: up.sh (or a script it runs) made WHAT, which down.sh --purge removes
+  grep -qxF "$1" "$HOME_DIR/made-by-up" 2>/dev/null || echo "$1" >>"$HOME_DIR/made-by-up"
 }
 
 alive() {  # alive PIDFILE NAME: the pid file names a live process called NAME

@@ -49,8 +49,11 @@ case "$action" in
     # SlurmdPidFile is: every node's slurmd believes it is alone on its host. In the same mount namespace, the
     # cluster's Slurm release as /usr where it is not this machine's own (lib.sh's overlay_usr).
     release=${RELEASE_ROOT:+"$(overlay_usr) && "}
+    # With a login node (up.sh --login), the cluster's file system at /cluster, as on the login node.
+    cluster=""
+    [ -d "$CLUSTER_FS" ] && cluster="mount --bind '$CLUSTER_FS' '$CLUSTER_MOUNT' && "
     nsenter --net="$ns" unshare --uts --mount --propagation private sh -c \
-      "hostname $node && mount --bind '$RUN/$node' /run/tinygpt-slurmd && $release exec /usr/sbin/slurmd" \
+      "hostname $node && mount --bind '$RUN/$node' /run/tinygpt-slurmd && $cluster$release exec /usr/sbin/slurmd" \
       >>"$LOG/slurmd.$node.out" 2>&1 || {
         echo "node.sh: slurmd ($node) did not start; last lines of $LOG/slurmd.$node.log:" >&2
         tail -n 25 "$LOG/slurmd.$node.log" >&2 2>/dev/null; exit 1; } ;;

@@ -19,7 +19,9 @@
 # (accounts and limits enforced as on a university cluster: account `tinygpt`, the user's default, with QOS
 # `normal` and `capped` (a job of at most 10 minutes, refused at submission above it), and account `elsewhere`,
 # which the user is not in; AccountingStorageEnforce=associations,limits,qos). Always there besides `debug`:
-# `short`, the same nodes with a time limit of 30 minutes.
+# `short`, the same nodes with a time limit of 30 minutes. --login (with --nodes 2 or more): a login node, the
+# host `login` that the user tgstudent reaches over SSH with a key made here, and the cluster's file system
+# /cluster, there and on the compute nodes and not on this machine itself (login.sh says how).
 #
 # --slurm RELEASE: 22.05 (Debian 12's) or 24.11 (Debian 13's); default: the release of this machine's Debian
 # packages. A release that is not this machine's own runs from a root filesystem of the Debian that ships it,
@@ -50,7 +52,8 @@ PREEMPTION=0
 GPUS=""
 ACCOUNTS=0
 RELEASE=""
-usage() { sed -n '2,43p' "$0" | sed 's/^# \{0,1\}//'; }
+LOGIN=0
+usage() { sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --nodes) NODES=${2:?--nodes needs a number}; shift 2 ;;
@@ -63,6 +66,7 @@ while [ $# -gt 0 ]; do
     --gpus) GPUS=${2:?--gpus needs N[:TYPE]}; shift 2 ;;
     --gpus=*) GPUS=${1#*=}; shift ;;
     --accounts) ACCOUNTS=1; shift ;;
+    --login) LOGIN=1; shift ;;
     --slurm) RELEASE=${2:?--slurm needs a release (22.05 or 24.11)}; shift 2 ;;
     --slurm=*) RELEASE=${1#*=}; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -86,16 +90,15 @@ suite_of() {  # suite_of RELEASE: the Debian release whose packages are that Slu
   || { echo "up.sh: --slurm: '$RELEASE' is not a release this script brings up; give 22.05 or 24.11" >&2; exit 2; }
 [ "$ACCOUNTS" = 1 ] && [ "$ACCOUNTING" = 0 ] \
   && { echo "up.sh: --accounts needs accounting; drop --no-accounting" >&2; exit 2; }
+[ "$LOGIN" = 1 ] && [ "$NODES" -lt 2 ] \
+  && { echo "up.sh: --login needs --nodes 2 or more (the login node is a network namespace, as the nodes are)" >&2
+       exit 2; }
 [ "$(id -u)" = 0 ] || { echo "up.sh: run as root (sudo $0 $*)" >&2; exit 2; }
 
 HOME_DIR=${TINYGPT_SLURM_HOME:-/var/lib/tinygpt-slurm}
 CLUSTER=${TINYGPT_SLURM_CLUSTER:-local}
 DB_PASS=tinygpt-local-only
-SUBNET=10.77.0
-BRIDGE=tgslurm0
-HOSTS_MARK='# tinygpt-slurm'  # marks our /etc/hosts lines, for down.sh --purge
 HOST=$(hostname -s)
-ETC=$HOME_DIR/etc
 CACHE=/var/cache/tinygpt-slurm  # root filesystems of other Slurm releases (--slurm); down.sh --purge leaves it
 T0=$(date +%s.%N)
 
@@ -109,7 +112,6 @@ die() {  # die DAEMON LOGFILE MESSAGE
 source "$(dirname "$0")/lib.sh"  # alive, wait_for, start_* (daemon.sh starts them the same way)
 # What up.sh started (down.sh stops only these) and what it made (down.sh --purge removes only these).
 mark_started() { grep -qxF "$1" "$RUN/started-by-up" 2>/dev/null || echo "$1" >>"$RUN/started-by-up"; }
-mark_made() { grep -qxF "$1" "$HOME_DIR/made-by-up" 2>/dev/null || echo "$1" >>"$HOME_DIR/made-by-up"; }
 has_line() {  # has_line TEXT LINE...: TEXT holds a line matching the extended regex LINE
   # A here-string, not a pipe: under pipefail `cmd | grep -q` fails when grep stops at its match and cmd
   # dies of SIGPIPE, so a check on something that exists would say it does not, now and then.
@@ -191,8 +193,8 @@ if [ "$NODES" -gt 1 ]; then
   has_addr "$BRIDGE" "$SUBNET.1" || ip addr add "$SUBNET.1/24" dev "$BRIDGE" \
     || die network "" "cannot give $SUBNET.1/24 to bridge $BRIDGE"
   ip link set "$BRIDGE" up
-  for n in $(seq 1 "$NODES"); do
-    ns=tgnode$n host_end=tgn${n}h node_end=tgn${n}p addr=$(node_addr "$n")
+  namespace() {  # namespace NS HOST_END NS_END ADDRESS NAME: a namespace on the bridge, ADDRESS/24 and NAME in it
+    local ns=$1 host_end=$2 node_end=$3 addr=$4 name=$5 line
     [ -e "/run/netns/$ns" ] || ip netns add "$ns" || die network "" "cannot create network namespace $ns"
     if ! nsenter --net="/run/netns/$ns" ip link show "$node_end" >/dev/null 2>&1; then
       # Half-made pairs from an interrupted run: remove either end left in this namespace.
@@ -208,12 +210,16 @@ if [ "$NODES" -gt 1 ]; then
     nsenter --net="/run/netns/$ns" ip link set "$node_end" up
     nsenter --net="/run/netns/$ns" ip link set lo up
     # Every name must resolve to its bridge address in every namespace (/etc/hosts is shared).
-    line="$addr node$n $HOSTS_MARK"
+    line="$addr $name $HOSTS_MARK"
     if ! grep -qxF "$line" /etc/hosts; then
-      sed -i "/[[:space:]]node$n\([[:space:]].*\)\{0,1\}\$/d" /etc/hosts
+      sed -i "/[[:space:]]$name\([[:space:]].*\)\{0,1\}\$/d" /etc/hosts
       echo "$line" >>/etc/hosts
     fi
+  }
+  for n in $(seq 1 "$NODES"); do
+    namespace "tgnode$n" "tgn${n}h" "tgn${n}p" "$(node_addr "$n")" "node$n"
   done
+  if [ "$LOGIN" = 1 ]; then namespace "$LOGIN_NS" tgloginh tgloginp "$LOGIN_ADDR" "$LOGIN_NAME"; fi
 fi
 
 # --- 3. configuration ---------------------------------------------------------------------------------
@@ -222,6 +228,7 @@ options="--nodes $NODES --cpus $CPUS"
 [ "$PREEMPTION" = 1 ] && options+=" --preemption"
 [ -n "$GPUS" ] && options+=" --gpus $GPUS"
 [ "$ACCOUNTS" = 1 ] && options+=" --accounts"
+[ "$LOGIN" = 1 ] && options+=" --login"
 node_gpus() {  # node_gpus N: node N's --gpus spec (COUNT or COUNT:TYPE), empty for none
   [ "${#GPU_SPECS[@]}" = 0 ] || echo "${GPU_SPECS[$(( ${#GPU_SPECS[@]} == 1 ? 0 : $1 - 1 ))]}"
 }
@@ -470,9 +477,28 @@ EOF
   fi
 fi
 
+# --- 6a. the login node's user and the cluster's file system (--login) ----------------------------------------
+# Before the accounts (slurmctld resolves an association's user once, when it loads it) and the nodes (node.sh
+# mounts the file system on each, login.sh on the login node).
+if [ "$LOGIN" = 1 ]; then
+  if ! id -u "$LOGIN_USER" >/dev/null 2>&1; then
+    useradd --no-create-home --home-dir "$CLUSTER_MOUNT/home/$LOGIN_USER" --shell /bin/bash --user-group "$LOGIN_USER" \
+      || die login "" "could not add the user $LOGIN_USER"
+    mark_made login-user
+    usermod -p '*' "$LOGIN_USER"  # no password to log in with, and not locked (sshd refuses a locked account's key)
+  fi
+  mkdir -p "$CLUSTER_FS/home/$LOGIN_USER"
+  chown "$LOGIN_USER:$LOGIN_USER" "$CLUSTER_FS/home/$LOGIN_USER"
+  if [ ! -d "$CLUSTER_MOUNT" ]; then
+    mkdir "$CLUSTER_MOUNT"  # (the mount point; on this machine it stays empty)
+    mark_made cluster-mount
+  fi
+fi
+
 # --- 6b. accounts (--accounts): what the user may charge and how much, enforced ----------------------------
 ACCOUNT_USERS=root
 [ -n "${SUDO_USER:-}" ] && [ "$SUDO_USER" != root ] && ACCOUNT_USERS+=" $SUDO_USER"
+[ "$LOGIN" = 1 ] && ACCOUNT_USERS+=" $LOGIN_USER"
 has_assoc() {  # has_assoc USER ACCOUNT: accounting holds the association
   [ -n "$(sacctmgr -n -P show assoc cluster="$CLUSTER" user="$1" account="$2" format=account 2>/dev/null)" ]
 }
@@ -518,6 +544,12 @@ else
   done
 fi
 
+# --- 8b. the login node (--login): sshd in its namespace, the user tgstudent, the cluster's file system -------
+# (after the nodes, which mount that file system when login.sh has made it: node.sh)
+if [ "$LOGIN" = 1 ]; then
+  "$(dirname "$0")/login.sh" boot || exit 1
+fi
+
 # --- 9. wait until every node is idle and accounting answers ------------------------------------------------
 names=$(node_names | paste -sd, -)
 nodes_ready() {
@@ -555,6 +587,7 @@ fi
 partitions=$(sinfo -h -o '%P' 2>/dev/null | paste -sd, -)
 extras=${GPUS:+, GPUs $GPUS}
 [ "$ACCOUNTS" = 1 ] && extras+=", accounts tinygpt (yours, QOS normal and capped) and elsewhere"
+[ "$LOGIN" = 1 ] && extras+=", login node $LOGIN_NAME ($LOGIN_ADDR: ssh -i $HOME_DIR/login/id_ed25519 $LOGIN_USER@$LOGIN_NAME)"
 # A shell that ran a Slurm command before remembers where it found it (bash's hash), not PATH's order.
 [ -n "$RELEASE_ROOT" ] && say "Slurm $RELEASE's commands are in /usr/local/bin; in a shell that ran one of"\
   "this machine's before, run 'hash -r' first"

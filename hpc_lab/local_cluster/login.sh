@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# The login node of the local cluster (up.sh --login), as a university's is: a host of its own that users reach
+# over SSH to run Slurm's commands, on the cluster's shared file system, which their laptop does not have.
+#
+#   sudo hpc_lab/local_cluster/login.sh boot   # make what is missing and start its sshd (up.sh --login does)
+#   sudo hpc_lab/local_cluster/login.sh stop   # stop its sshd (down.sh does)
+#
+# The host `login` (10.77.0.2) is a network namespace with its own hostname, running OpenSSH's sshd from Debian's
+# openssh-server, which is installed and never started on this machine itself (nothing listens here). Its one
+# user is tgstudent, an ordinary one (the account `tinygpt` with up.sh --accounts), who logs in with the key
+# made here and nothing else (no password; root may not log in):
+#
+#   ssh -i /var/lib/tinygpt-slurm/login/id_ed25519 -o UserKnownHostsFile=/var/lib/tinygpt-slurm/login/known_hosts \
+#       tgstudent@login
+#
+# The cluster's file system, /cluster (tgstudent's home is /cluster/home/tgstudent), is a folder of
+# $TINYGPT_SLURM_HOME mounted at /cluster on the login node and on every compute node (node.sh), each in its
+# own mount namespace: on this machine, the laptop, /cluster is an empty folder, so that a path of the laptop's
+# is never a file of the cluster's by accident.
+set -euo pipefail
+
+HOME_DIR=${TINYGPT_SLURM_HOME:-/var/lib/tinygpt-slurm}
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"  # RUN, LOG, ETC, RELEASE_ROOT, LOGIN_*, CLUSTER_FS, alive, wait_for, ...
+usage() { sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; }
+[ $# = 1 ] || { usage >&2; exit 2; }
+[ "$(id -u)" = 0 ] || { echo "login.sh: run as root" >&2; exit 2; }
+KEYS=$HOME_DIR/login
+PIDFILE=$RUN/login/sshd.pid
+
+case "$1" in
+  stop) stop_daemon "$PIDFILE" sshd; exit 0 ;;
+  boot) ;;
+  *) usage >&2; exit 2 ;;
+esac
+[ -e "/run/netns/$LOGIN_NS" ] || { echo "login.sh: no network namespace /run/netns/$LOGIN_NS: bring the cluster" \
+  "up with up.sh --nodes 2 --login" >&2; exit 2; }
+export PATH=$PATH:/usr/sbin:/sbin
+
+# --- the package: installed, never started here ---------------------------------------------------------------
+if [ ! -x /usr/sbin/sshd ]; then
+  echo "login.sh: installing openssh-server (Debian's package; its service is not started)"
+  # Debian's maintainer scripts start a service unless policy-rc.d says no (101): ours, only for this install.
+  own_policy=0
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\n# login.sh: no service starts while openssh-server installs\nexit 101\n' >/usr/sbin/policy-rc.d
+    chmod 755 /usr/sbin/policy-rc.d
+    own_policy=1
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends openssh-server \
+    >>/tmp/tinygpt-slurm-apt.log 2>&1 || status=$?
+  [ "$own_policy" = 1 ] && rm -f /usr/sbin/policy-rc.d
+  [ "${status:-0}" = 0 ] || { echo "login.sh: apt-get install openssh-server failed; see" \
+    "/tmp/tinygpt-slurm-apt.log" >&2; exit 1; }
+fi
+
+# --- keys; the user's key in its home on the cluster's file system (up.sh made both) ----------------------
+home=$CLUSTER_FS/home/$LOGIN_USER
+id -u "$LOGIN_USER" >/dev/null 2>&1 && [ -d "$home" ] && [ -d "$CLUSTER_MOUNT" ] || { echo "login.sh: no user" \
+  "$LOGIN_USER, $home or $CLUSTER_MOUNT: bring the cluster up with up.sh --nodes 2 --login" >&2; exit 2; }
+mkdir -p "$KEYS" "$RUN/login" /run/sshd
+chmod 700 "$KEYS"
+[ -f "$KEYS/id_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -C "$LOGIN_USER@local-cluster" -f "$KEYS/id_ed25519"
+[ -f "$KEYS/ssh_host_ed25519_key" ] || ssh-keygen -q -t ed25519 -N '' -C login -f "$KEYS/ssh_host_ed25519_key"
+# The login node's host key as a known_hosts line, for clients that check it (they all should).
+echo "$LOGIN_NAME,$LOGIN_ADDR $(cut -d' ' -f1-2 "$KEYS/ssh_host_ed25519_key.pub")" >"$KEYS/known_hosts"
+mkdir -p "$home/.ssh"
+cp "$KEYS/id_ed25519.pub" "$home/.ssh/authorized_keys"
+chown -R "$LOGIN_USER:$LOGIN_USER" "$home/.ssh"
+chmod 700 "$home/.ssh" && chmod 600 "$home/.ssh/authorized_keys"
+
+# --- sshd -----------------------------------------------------------------------------------------------------
+cat >"$ETC/sshd_config.new" <<EOF
+# Written by hpc_lab/local_cluster/login.sh: the login node's sshd, listening on its own address only
+ListenAddress $LOGIN_ADDR
+Port 22
+HostKey $KEYS/ssh_host_ed25519_key
+PidFile $PIDFILE
+AllowUsers $LOGIN_USER
+PermitRootLogin no
+PubkeyAuthentication yes
+AuthorizedKeysFile .ssh/authorized_keys
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+# (tests open many connections at once: more unauthenticated ones than OpenSSH's default of 10)
+MaxStartups 100:30:200
+LogLevel VERBOSE
+Subsystem sftp internal-sftp
+EOF
+/usr/sbin/sshd -t -f "$ETC/sshd_config.new" || { echo "login.sh: sshd refuses its configuration" >&2; exit 1; }
+changed=0
+cmp -s "$ETC/sshd_config.new" "$ETC/sshd_config" || changed=1
+mv "$ETC/sshd_config.new" "$ETC/sshd_config"
+[ "$changed" = 1 ] && stop_daemon "$PIDFILE" sshd
+if ! alive "$PIDFILE" sshd; then
+  echo "login.sh: starting sshd (login, $LOGIN_ADDR)"
+  # Its own hostname, and /cluster; in the cluster's Slurm release where that is not this machine's (lib.sh).
+  release=${RELEASE_ROOT:+"$(overlay_usr) && "}
+  nsenter --net="/run/netns/$LOGIN_NS" unshare --uts --mount --propagation private sh -c \
+    "hostname $LOGIN_NAME && mount --bind '$CLUSTER_FS' '$CLUSTER_MOUNT' && $release exec /usr/sbin/sshd \
+     -f '$ETC/sshd_config' -E '$LOG/sshd.log'" \
+    || { echo "login.sh: sshd did not start; see $LOG/sshd.log" >&2; exit 1; }
+fi
+# Answers: the user logs in with the key, the host key is the one written above.
+logs_in() {
+  ssh -i "$KEYS/id_ed25519" -o BatchMode=yes -o StrictHostKeyChecking=yes -o UserKnownHostsFile="$KEYS/known_hosts" \
+    -o ConnectTimeout=5 "$LOGIN_USER@$LOGIN_ADDR" true
+}
+wait_for 20 logs_in || { echo "login.sh: $LOGIN_USER cannot log in to $LOGIN_NAME; last lines of $LOG/sshd.log:" >&2
+  tail -n 20 "$LOG/sshd.log" >&2; exit 1; }
