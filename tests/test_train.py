@@ -249,6 +249,13 @@ def test_cli_help_errors_and_sample(tmp_path, tiny_corpus):
     assert empty.returncode == 1 and "no valid checkpoint" in empty.stderr
 
 
+def test_a_forked_child_that_fails_before_its_module_runs_says_why_in_its_own_output(tmp_path):
+    """Its streams are captured from its first line: a folder to run in that is gone is named in its stderr, and
+    its exit status is the failure's (it was a FileNotFoundError for the stdout file that no child had opened)."""
+    gone = forked.run("tinygpt.sample", ["--help"], python_env(), cwd=tmp_path / "gone")
+    assert gone.returncode == 1 and str(tmp_path / "gone") in gone.stderr and gone.stdout == "", gone.stderr
+
+
 def test_the_notebooks_train_tinygpt_py_is_the_trainer_from_its_folder_and_from_the_root(tmp_path, tiny_corpus):
     """hpc_lab/04_tinygpt/train_tinygpt.py, as the course notebook names it: the same help, exit codes and
     training as `python -m tinygpt.train`, run from its own folder (paths relative to it) or from the root."""

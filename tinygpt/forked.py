@@ -41,14 +41,14 @@ def _server() -> multiprocessing.context.BaseContext:
 
 
 def _child(module: str, args: list[str], env: dict[str, str], cwd: str, streams: str | None) -> None:
+    if streams is not None:  # (first: what fails from here on, a missing folder say, is said in them)
+        for fd, name in ((1, "stdout"), (2, "stderr")):
+            file = os.open(os.path.join(streams, name), os.O_WRONLY | os.O_TRUNC)
+            os.dup2(file, fd)
+            os.close(file)
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
-    if streams is not None:
-        for fd, name in ((1, "stdout"), (2, "stderr")):
-            file = os.open(os.path.join(streams, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            os.dup2(file, fd)
-            os.close(file)
     added = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
     sys.path[:0] = added
     # The project as this child's PYTHONPATH has it (this module came from the parent's): imported afresh.
@@ -70,6 +70,8 @@ class Forked:
                  capture: bool = True):
         self.args = [module, *args]
         self._streams = tempfile.mkdtemp(prefix="tinygpt-forked-") if capture else None
+        for name in ("stdout", "stderr") if capture else ():  # (there to read even if the child never starts)
+            Path(self._streams, name).touch(0o600)
         self._process = _server().Process(target=_child, daemon=False,
                                           args=(module, [str(a) for a in args], dict(env),
                                                 str(cwd or os.getcwd()), self._streams))
