@@ -24,10 +24,11 @@ SLURM_COMMANDS="sacct sacctmgr salloc sattach sbatch sbcast scancel scontrol scr
  squeue sreport srun sshare sstat strigger sview"
 WRAPPER_MARK='# tinygpt-slurm: a Slurm command of the local cluster'
 
+OVERLAY_SOURCE=tinygpt-slurm  # the name of that mount (the Slurm commands' wrappers look for it)
 overlay_usr() {  # the mount that gives a mount namespace the release's /usr (RELEASE_ROOT has no spaces)
   # An overlay, the root's /usr over this machine's: Slurm and the libraries it was built against come from the
   # root, and what the root lacks (the libraries the project's own Python links to, say) from this machine.
-  echo "mount -t overlay tinygpt-slurm -o lowerdir=$RELEASE_ROOT/usr:/usr /usr"
+  echo "mount -t overlay $OVERLAY_SOURCE -o lowerdir=$RELEASE_ROOT/usr:/usr /usr"
 }
 
 in_release() {  # in_release COMMAND...: run COMMAND with the cluster's Slurm release as /usr

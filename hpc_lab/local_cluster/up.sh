@@ -158,20 +158,22 @@ RELEASE_ROOT=""
 if [ "$RELEASE" != "$own" ]; then
   suite=$(suite_of "$RELEASE")
   RELEASE_ROOT=$CACHE/$suite
-  has_release() {  # the root's Slurm is RELEASE (its own dpkg database says so)
+  has_release() {  # the root's Slurm is RELEASE (its own dpkg database says so), and it has sshd (--login's)
     local version
     version=$(dpkg-query --admindir="$RELEASE_ROOT/var/lib/dpkg" -W -f '${Version}' slurmctld 2>/dev/null)
-    [[ "$version" == "$RELEASE".* ]]
+    [[ "$version" == "$RELEASE".* ]] && [ -x "$RELEASE_ROOT/usr/sbin/sshd" ]
   }
   if ! has_release; then
     say "making a Debian $suite root filesystem for Slurm $RELEASE in $RELEASE_ROOT (once: it stays cached)"
     command -v mmdebstrap >/dev/null 2>&1 || apt-get install -y -q mmdebstrap >>"/tmp/tinygpt-slurm-apt.log" 2>&1 \
       || die apt /tmp/tinygpt-slurm-apt.log "apt-get install mmdebstrap failed"
     rm -rf "$RELEASE_ROOT.new" && mkdir -p "$CACHE"
-    mmdebstrap --variant=apt --include=slurmctld,slurmd,slurmdbd,slurm-client "$suite" "$RELEASE_ROOT.new" \
-      >"$LOG/mmdebstrap.log" 2>&1 || die mmdebstrap "$LOG/mmdebstrap.log" "could not make the $suite root"
+    # (with OpenSSH's server: the login node's sshd runs with the release's /usr, its libraries with it)
+    mmdebstrap --variant=apt --include=slurmctld,slurmd,slurmdbd,slurm-client,openssh-server "$suite" \
+      "$RELEASE_ROOT.new" >"$LOG/mmdebstrap.log" 2>&1 \
+      || die mmdebstrap "$LOG/mmdebstrap.log" "could not make the $suite root"
     rm -rf "$RELEASE_ROOT" && mv "$RELEASE_ROOT.new" "$RELEASE_ROOT"
-    has_release || die mmdebstrap "" "the $suite root's Slurm is not $RELEASE"
+    has_release || die mmdebstrap "" "the $suite root's Slurm is not $RELEASE, or it has no sshd"
   fi
 fi
 echo "$RELEASE" >"$ETC/release"
@@ -424,9 +426,14 @@ for cmd in $SLURM_COMMANDS; do
   [ -f "$wrapper" ] && grep -qF "$WRAPPER_MARK" "$wrapper" && ours=1
   if [ -n "$RELEASE_ROOT" ] && [ -x "$RELEASE_ROOT/usr/bin/$cmd" ]; then
     [ -e "$wrapper" ] && [ "$ours" = 0 ] && die release "" "$wrapper is not up.sh's; move it away to use Slurm $RELEASE"
-    printf '#!/bin/sh\n%s\nexec unshare --mount --propagation private -- sh -c %s sh /usr/bin/%s "$@"\n' \
-      "$WRAPPER_MARK (up.sh --slurm $RELEASE): Slurm $RELEASE's $cmd, as lib.sh's in_release runs it" \
-      "'$(overlay_usr) && exec \"\$@\"'" "$cmd" >"$wrapper"
+    {
+      echo '#!/bin/sh'
+      echo "$WRAPPER_MARK (up.sh --slurm $RELEASE): Slurm $RELEASE's $cmd, as lib.sh's in_release runs it"
+      echo "# (where /usr is the release's already, as on the login node, whose users may not unshare: itself)"
+      echo "grep -q '^$OVERLAY_SOURCE /usr overlay ' /proc/self/mounts && exec /usr/bin/$cmd \"\$@\""
+      printf 'exec unshare --mount --propagation private -- sh -c %s sh /usr/bin/%s "$@"\n' \
+        "'$(overlay_usr) && exec \"\$@\"'" "$cmd"
+    } >"$wrapper"
     chmod 755 "$wrapper"
   elif [ "$ours" = 1 ]; then
     rm -f "$wrapper"
