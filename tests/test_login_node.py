@@ -13,7 +13,7 @@ from slurm_helpers import cancel, unique_name, wait
 pytestmark = [pytest.mark.slurm(needs=["login"]), pytest.mark.slurm_release]
 
 KEYS = LOCAL_CLUSTER_HOME / "login"
-USER, HOST, ADDRESS = "tgstudent", "login", "10.77.0.2"
+USER, HOST = "tgstudent", "login"  # (lib.sh's LOGIN_USER and LOGIN_NAME)
 
 
 def on_login(command: str, key: Path = KEYS / "id_ed25519", user: str = USER) -> subprocess.CompletedProcess:
@@ -28,7 +28,7 @@ def listening_on_ssh_here() -> list[str]:
     found = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         for line in Path(table).read_text().splitlines()[1:]:
-            local, state = line.split()[1], line.split()[3]
+            _, local, _, state = line.split()[:4]
             if local.endswith(":0016") and state == "0A":  # (port 22, LISTEN)
                 found.append(f"{table}: {local}")
     return found
