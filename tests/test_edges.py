@@ -80,7 +80,7 @@ def launched(tmp_path_factory):
     valid = {"launch": [str(spec), "--dry-run", "--no-snapshot"], "check": [str(spec)], "status": [str(spec)],
              "cancel": [str(spec)], "resubmit": [str(spec), "--dry-run"], "report": [str(spec)],
              "logs": [str(spec), "base"], "sync": [str(spec), "--dry-run"], "schema": ["spec"],
-             "profile": ["new", "--dir", str(work / "p")]}
+             "profile": ["new", "--dir", str(work / "p")], "pull": [str(spec)]}
     return work, spec, valid
 
 
@@ -134,10 +134,12 @@ YAML_EDGES = {"zero": 0, "minus one": -1, "tiny": 1e-45, "nan": float("nan"), "i
 SPEC_KEYS = ([(key,) for key in spec_mod.SpecFile.model_fields if key not in ("search", "runs", "grid", "train")]
              + [("train", key) for key in config.field_info() if key not in spec_mod.LAUNCHER_KEYS]
              + [("resources", key) for key in spec_mod.ResourcesRequest.model_fields])
-PROFILE_KEYS = ([(key,) for key in profiles.Profile.model_fields if key not in ("partitions", "node", "container")]
+PROFILE_KEYS = ([(key,) for key in profiles.Profile.model_fields
+                 if key not in ("partitions", "node", "container", "login")]
                 + [("partitions", "debug", key) for key in profiles.Partition.model_fields]
                 + [("node", key) for key in profiles.Node.model_fields]
-                + [("container", key) for key in profiles.Container.model_fields])
+                + [("container", key) for key in profiles.Container.model_fields]
+                + [("login", key) for key in profiles.Login.model_fields])
 
 
 def outcome(load, path: Path) -> tuple[int, str]:

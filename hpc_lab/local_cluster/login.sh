@@ -4,6 +4,7 @@
 #
 #   sudo hpc_lab/local_cluster/login.sh boot   # make what is missing and start its sshd (up.sh --login does)
 #   sudo hpc_lab/local_cluster/login.sh stop   # stop its sshd (down.sh does)
+#   sudo hpc_lab/local_cluster/login.sh python VENV   # the jobs' Python on the cluster: VENV at /cluster/sw/python
 #
 # The host `login` (10.77.0.2) is a network namespace with its own hostname, running OpenSSH's sshd from Debian's
 # openssh-server, which is installed and never started on this machine itself (nothing listens here). Its one
@@ -22,14 +23,35 @@ set -euo pipefail
 HOME_DIR=${TINYGPT_SLURM_HOME:-/var/lib/tinygpt-slurm}
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"  # RUN, LOG, ETC, RELEASE_ROOT, LOGIN_*, CLUSTER_FS, alive, wait_for, ...
-usage() { sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; }
-[ $# = 1 ] || { usage >&2; exit 2; }
+usage() { sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; }
+[ $# = 1 ] || { [ "${1:-}" = python ] && [ $# = 2 ]; } || { usage >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "login.sh: run as root" >&2; exit 2; }
 KEYS=$HOME_DIR/login
 PIDFILE=$RUN/login/sshd.pid
 
 case "$1" in
   stop) stop_daemon "$PIDFILE" sshd; exit 0 ;;
+  python)
+    # As a site's Python module is: installed once where every node and the login node see it, readable by
+    # all. Debian's python3 (the project's venv may be made from a Python in root's home, which the cluster's
+    # users cannot read), with VENV's packages as hard links (no second gigabyte), without its editable install
+    # of the checkout: the jobs import the code the launcher sent them (hpc_lab/clusters/local-login.yaml).
+    [ -x "$2/bin/python" ] || { echo "login.sh: $2 is not a venv (no bin/python)" >&2; exit 2; }
+    [ -d "$CLUSTER_FS" ] || { echo "login.sh: no $CLUSTER_FS: bring the cluster up with up.sh --login" >&2; exit 2; }
+    minor='import sys; print("%d.%d" % sys.version_info[:2])'
+    version=$("$2/bin/python" -c "$minor") && [ "$(/usr/bin/python3 -c "$minor")" = "$version" ] || { echo \
+      "login.sh: $2 is Python $version, /usr/bin/python3 is not: make the venv with a Python $version" >&2; exit 2; }
+    dest=$CLUSTER_FS/sw/python
+    rm -rf "$dest.new" && mkdir -p "$CLUSTER_FS/sw"
+    /usr/bin/python3 -m venv --without-pip "$dest.new"
+    packages=lib/python$version/site-packages
+    rm -rf "${dest:?}.new/$packages"
+    cp -al "$2/$packages" "$dest.new/$packages" 2>/dev/null || cp -a "$2/$packages" "$dest.new/$packages"
+    rm -f "$dest.new/$packages"/__editable__*tinygpt*
+    chmod -R a+rX "$dest.new"
+    rm -rf "$dest" && mv "$dest.new" "$dest"
+    echo "login.sh: the jobs' Python is $CLUSTER_MOUNT/sw/python/bin/python (Python $version with $2's packages)"
+    exit 0 ;;
   boot) ;;
   *) usage >&2; exit 2 ;;
 esac

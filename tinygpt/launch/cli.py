@@ -12,6 +12,7 @@
     python launch.py report SPEC.yaml           loss curves, final losses, samples, attention maps
     python launch.py logs SPEC.yaml [RUN]       a run's Slurm log, its latest life [--tail N] [--follow] [--all]
     python launch.py sync SPEC.yaml             upload the sweep's offline W&B runs (wandb sync), from a login node
+    python launch.py pull SPEC.yaml             a sweep launched over SSH: its report and metrics here [--checkpoints]
     python launch.py schema [spec|profile]      the JSON Schema of a spec or a cluster profile [--write: schemas/]
     python launch.py profile new                a cluster profile from what Slurm says [--name N] [--force]
 
@@ -24,6 +25,7 @@ or its accounting does not answer (a restart, a failover), a command that needs 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -65,6 +67,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tail", type=int, metavar="N", help="only the last N lines of each log")
     p.add_argument("--follow", action="store_true", help="keep printing the run's log as it grows")
     p.add_argument("--all", action="store_true", help="every job of the run, every life, not only the latest")
+    p = command("pull", "bring back a sweep launched on a cluster over SSH: its report, every run's metrics")
+    p.add_argument("--checkpoints", action="store_true", help="every run's checkpoints too")
     p = command("sync", "upload the sweep's offline W&B runs (wandb sync), from a login node")
     p.add_argument("--dry-run", action="store_true", help="show what W&B would upload, upload nothing")
     p = commands.add_parser("profile", help="a cluster profile written from what the reachable Slurm says",
@@ -132,6 +136,15 @@ def _resubmit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="say what would be resubmitted, submit nothing")
 
 
+SPEC_AS = "TINYGPT_SPEC_AS"  # how the user named the spec on the laptop that sent this command (remote.py)
+
+
+def shown(spec: str) -> str:
+    """The spec as its user names it, in what a command tells them to run next."""
+    return os.environ.get(SPEC_AS) or spec
+
+
+FORWARDED = ("launch", "check", "status", "cancel", "resubmit", "report", "logs", "sync", "pull")  # (remote.py)
 WATCH_S = (1.0, 3600.0)  # status --watch's interval: no faster than a second (a shared controller), at most an hour
 
 
@@ -207,6 +220,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if problems := _blank(top, args):
             raise LaunchError(problems)
+        if args.command in FORWARDED:  # (a profile with `login:`, or a sweep launched with one: over SSH)
+            from . import remote
+
+            if (there := remote.target(args)) is not None:
+                return remote.forward(there, top, args)
         return HANDLERS[args.command](args)
     except LaunchError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -275,8 +293,13 @@ def _resubmit(args) -> int:
         ids = backends.of(manifest.backend).resubmit(manifest, [int(i) for i in previous], changes.options,
                                                      previous, args.dry_run) if previous else []
     if ids:
-        print(f"submitted as job array {', '.join(ids)}; follow with `python launch.py status {args.spec}`")
+        print(f"submitted as job array {', '.join(ids)}; follow with `python launch.py status {shown(args.spec)}`")
     return 0
+
+
+def _pull(args) -> int:
+    raise LaunchError(f"pull: {args.spec} was not launched on a cluster from here; pull brings back what a sweep "
+                      f"launched with `--cluster NAME` (a profile with `login:`) made there")
 
 
 def _cancel(args) -> int:
@@ -291,7 +314,7 @@ def _cancel(args) -> int:
 # Each command's handler: hand the parsed arguments to the module that does it, print.
 # (`check` is the launch command as a dry run that is checked: its defaults say so, in _launch_options)
 HANDLERS = {"launch": _launch, "check": _launch, "status": _status, "cancel": _cancel, "report": _report, "sync": _sync,
-            "resubmit": _resubmit, "logs": _logs, "schema": _schema, "profile": _profile}
+            "resubmit": _resubmit, "logs": _logs, "schema": _schema, "profile": _profile, "pull": _pull}
 
 
 if __name__ == "__main__":  # (python -m tinygpt.launch.cli: as launch.py, e.g. in the report step of a chain)

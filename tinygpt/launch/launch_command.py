@@ -19,6 +19,7 @@ from . import backends, chain, corpora, live_check, slurm_cli, snapshot, states
 from . import manifest as manifest_mod
 from . import plan as plan_mod
 from . import spec as spec_mod
+from .cli import shown
 from .console import console as output_console
 from .errors import LaunchError
 from .layout import REPO_ROOT
@@ -114,14 +115,14 @@ def _launch_locked(sweep: Sweep, args: argparse.Namespace, cluster: LiveCluster 
     if steps:
         ids = chain.submit(plan, steps, lambda dependency: backend.submit(plan, False, dependency), args.hold)
         print(f"submitted the chain: data job {ids[0]}, training array {', '.join(ids[1:-1])}, report job {ids[-1]}; "
-              f"follow with `python launch.py status {args.spec}`")
+              f"follow with `python launch.py status {shown(args.spec)}`")
         return 0
     ids = backend.submit(plan, args.hold, None)
     if args.local:
-        print(f"see `python launch.py status {args.spec}`")
+        print(f"see `python launch.py status {shown(args.spec)}`")
     else:
         print(f"submitted {len(sweep.runs)} run(s) as job array {', '.join(ids)}; follow with "
-              f"`python launch.py status {args.spec}`")
+              f"`python launch.py status {shown(args.spec)}`")
     return 0
 
 
@@ -147,7 +148,7 @@ def _chain_here(plan: Plan, backend: backends.Backend, spec: str) -> int:
         from . import sweep_report
 
         reported = sweep_report.make(manifest_mod.load(plan.manifest_path), None)
-    print(f"see `python launch.py status {spec}`")
+    print(f"see `python launch.py status {shown(spec)}`")
     return reported
 
 

@@ -20,6 +20,8 @@ and refuses, before submission, what the cluster could never give. Keys (all but
     peak_flops                  peak FLOP/s of one GPU (or CPU node), for MFU
     loggers, wandb_mode         trainer defaults for tracking on this site, e.g. [wandb] and offline where
     wandb_project, wandb_entity   compute nodes have no internet (a spec or --set overrides them)
+    login                       {host, user, port, identity_file, remote_dir, python, options}: how a laptop
+                                reaches the login node over SSH, to run every command there (remote.py)
 """
 
 from __future__ import annotations
@@ -81,6 +83,48 @@ class Container(schema.Schema):
         return args
 
 
+SSH_OPTION = r"^[A-Za-z][A-Za-z0-9]*$"  # an ssh_config keyword (ProxyJump, UserKnownHostsFile, ...)
+
+
+class Login(schema.Schema):
+    """How a laptop reaches the cluster's login node (remote.py): OpenSSH's client with these, and with the
+    user's own ~/.ssh/config (ProxyJump, a connection opened once by hand for two-factor logins)."""
+
+    host: Text = Field(description="the login node's host name (or a Host of ~/.ssh/config)",
+                       pattern=r"^[A-Za-z0-9_.:\[\]%-]+$")
+    user: OptText = Field(None, description="the user there (default: ~/.ssh/config's, else this one's)",
+                          pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+    port: OptInt = Field(None, ge=1, le=65535, description="its SSH port (default: ~/.ssh/config's, else 22)")
+    identity_file: OptText = Field(None, description="the private key, on this laptop (default: ssh's own)")
+    remote_dir: Text = Field("tinygpt-hpc", description=(
+        "the folder on the cluster that holds the code sent, the launcher's Python, and every sweep's jobs/, "
+        "logs/ and runs/ (relative: to the home there)"))
+    python: Text = Field("python3", description="a Python 3 on the login node, which sets up the launcher's own")
+    options: dict[Annotated[str, Field(pattern=SSH_OPTION)], Text] = Field(
+        default_factory=dict, description="more ssh -o options, e.g. {ProxyJump: gateway.example.edu}")
+
+    @field_validator("host")
+    @classmethod
+    def _not_an_option(cls, host: str) -> str:
+        if host.startswith("-"):
+            raise ValueError(f"{host!r} starts with '-', which ssh would read as an option; give a host name")
+        return host
+
+    @field_validator("remote_dir", "python", "identity_file")
+    @classmethod
+    def _one_line(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip() or any(c in value for c in "\n\r\0")):
+            raise ValueError("must be a path on one line")
+        return value
+
+    @field_validator("options")
+    @classmethod
+    def _one_line_each(cls, options: dict[str, str]) -> dict[str, str]:
+        if bad := [k for k, v in options.items() if not v.strip() or any(c in v for c in "\n\r\0")]:
+            raise ValueError(f"{', '.join(bad)}: each value is one line of text")
+        return options
+
+
 def _signal(value: Any) -> Any:
     return value.removeprefix("SIG") if isinstance(value, str) else value
 
@@ -114,6 +158,8 @@ class Profile(schema.Schema):
         "extra #SBATCH options for every job ({reservation: x, exclusive: true}); see launch/passthrough.py"))
     srun_args: passthrough.srun_args_field("srun_args") = Field(
         [], description="extra srun options for every job, e.g. [--cpu-bind=cores]")
+    login: Login | None = Field(None, description="how a laptop reaches the login node over SSH (default: this "
+                                                  "is the login node)")
     # The trainer's own keys, set for every run on this cluster (TRAINER_KEYS): typed by the trainer's schema.
     precision: Any = None
     compile: Any = None

@@ -110,28 +110,67 @@ def _inside_link(path: Path, rel: str, real_root: Path, target: Path) -> bytes:
     return os.path.relpath(target, (real_root / rel).parent).encode("utf-8", "surrogateescape")
 
 
-def take(root: Path, dest_dir: Path, max_file_bytes: int | None = None) -> Snapshot:
-    """Snapshot the code under `root` into `dest_dir/<digest>/` (or reuse the one there); a tracked file over
+@dataclass(frozen=True)
+class Code:
+    """The code under a checkout as a snapshot would hold it, read but not yet written anywhere."""
+
+    contents: list[tuple[str, bytes, str]]  # (path, bytes, kind): see _contents
+    digest: str
+    commit: str | None
+    dirty: bool | None
+    untracked: tuple[str, ...]
+
+    @property
+    def bytes(self) -> int:
+        return sum(len(data) for _, data, _ in self.contents)
+
+    def record(self, source: str) -> dict:
+        """What SNAPSHOT.json says of it."""
+        return {"digest": self.digest, "commit": self.commit, "dirty": self.dirty, "source": source,
+                "files": len(self.contents), "bytes": self.bytes, "taken_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def read(root: Path, max_file_bytes: int | None = None) -> Code:
+    """The code under `root`, named by a hash of its paths, kinds and contents; a tracked file over
     `max_file_bytes` (default MAX_FILE_BYTES) is refused."""
     files, commit, dirty = source_files(root)
     contents = _contents(root, files, MAX_FILE_BYTES if max_file_bytes is None else max_file_bytes)
     digest = hashlib.sha256()
     for rel, data, kind in contents:
         digest.update(f"{rel}\0{len(data)}\0{kind}\0".encode("utf-8", "surrogateescape") + data)
-    name = digest.hexdigest()[:16]
-    target = dest_dir / name
-    size = sum(len(data) for _, data, _ in contents)
     untracked = tuple(f for f in (_git(root, "ls-files", "-z", "--others", "--exclude-standard", "--", "*.py")
                                   or "").split("\0") if f)
-    snap = Snapshot(target, name, commit, dirty, len(contents), size, (target / RECORD).is_file(), untracked)
+    return Code(contents, digest.hexdigest()[:16], commit, dirty, untracked)
+
+
+def received(root: Path) -> Snapshot | None:
+    """`root` itself when it is a snapshot already, the code a laptop sent to a login node (remote.py): its
+    record names it, and it is never changed, so the jobs run it where it is."""
+    try:
+        record = json.loads((root / RECORD).read_text())
+        if record["digest"] != root.name:
+            return None
+        return Snapshot(root, record["digest"], record["commit"], record["dirty"], record["files"], record["bytes"],
+                        True)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def take(root: Path, dest_dir: Path, max_file_bytes: int | None = None) -> Snapshot:
+    """Snapshot the code under `root` into `dest_dir/<digest>/` (or reuse the one there); a tracked file over
+    `max_file_bytes` (default MAX_FILE_BYTES) is refused. Code that a laptop sent is its own snapshot."""
+    if (already := received(root)) is not None:
+        return already
+    code = read(root, max_file_bytes)
+    target = dest_dir / code.digest
+    snap = Snapshot(target, code.digest, code.commit, code.dirty, len(code.contents), code.bytes,
+                    (target / RECORD).is_file(), code.untracked)
     if snap.reused:
         return snap
     dest_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=dest_dir, prefix=durable.temp_prefix(target), suffix=durable.TEMP_SUFFIX))
-    record = {"digest": name, "commit": commit, "dirty": dirty, "source": str(root), "files": len(contents),
-              "bytes": size, "taken_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    durable.write(tmp / RECORD, json.dumps(record, indent=1) + "\n")
-    for rel, data, kind in contents:
+    durable.write(tmp / RECORD, json.dumps(code.record(str(root)), indent=1) + "\n")
+    for rel, data, kind in code.contents:
         path = tmp / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         if kind == "link":
