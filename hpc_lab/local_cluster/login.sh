@@ -33,20 +33,30 @@ case "$1" in
   stop) stop_daemon "$PIDFILE" sshd; exit 0 ;;
   python)
     # As a site's Python module is: installed once where every node and the login node see it, readable by
-    # all. Debian's python3 (the project's venv may be made from a Python in root's home, which the cluster's
-    # users cannot read), with VENV's packages as hard links (no second gigabyte), without its editable install
-    # of the checkout: the jobs import the code the launcher sent them (hpc_lab/clusters/local-login.yaml).
+    # all: VENV's packages as hard links (no second gigabyte), without its editable install of the checkout (the
+    # jobs import the code the launcher sent them), on an interpreter the cluster's users can run: Debian's
+    # python3 when it is VENV's version, else VENV's own (often in root's home, which they cannot read), copied
+    # too, its libpython found through LD_LIBRARY_PATH (bin/python sets it).
     [ -x "$2/bin/python" ] || { echo "login.sh: $2 is not a venv (no bin/python)" >&2; exit 2; }
     [ -d "$CLUSTER_FS" ] || { echo "login.sh: no $CLUSTER_FS: bring the cluster up with up.sh --login" >&2; exit 2; }
     minor='import sys; print("%d.%d" % sys.version_info[:2])'
-    version=$("$2/bin/python" -c "$minor") && [ "$(/usr/bin/python3 -c "$minor")" = "$version" ] || { echo \
-      "login.sh: $2 is Python $version, /usr/bin/python3 is not: make the venv with a Python $version" >&2; exit 2; }
-    dest=$CLUSTER_FS/sw/python
-    rm -rf "$dest.new" && mkdir -p "$CLUSTER_FS/sw"
-    /usr/bin/python3 -m venv --without-pip "$dest.new"
+    version=$("$2/bin/python" -c "$minor")
+    sw=$CLUSTER_FS/sw && dest=$sw/python && mkdir -p "$sw" && rm -rf "$dest.new" "$sw/base.new"
+    link() { cp -al "$1" "$2" 2>/dev/null || cp -a "$1" "$2"; }
+    if [ "$(/usr/bin/python3 -c "$minor" 2>/dev/null)" = "$version" ]; then
+      /usr/bin/python3 -m venv --without-pip "$dest.new"
+    else
+      link "$("$2/bin/python" -c 'import sys; print(sys.base_prefix)')" "$sw/base.new"
+      rm -rf "$sw/base" && mv "$sw/base.new" "$sw/base" && chmod -R a+rX "$sw/base"
+      LD_LIBRARY_PATH=$sw/base/lib "$sw/base/bin/python$version" -m venv --without-pip "$dest.new"
+      rm "$dest.new/bin/python"
+      printf '#!/bin/sh\nLD_LIBRARY_PATH=%s/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} exec "$(dirname "$0")/python%s" "$@"\n' \
+        "$sw/base" "$version" >"$dest.new/bin/python"
+      chmod 755 "$dest.new/bin/python"
+    fi
     packages=lib/python$version/site-packages
     rm -rf "${dest:?}.new/$packages"
-    cp -al "$2/$packages" "$dest.new/$packages" 2>/dev/null || cp -a "$2/$packages" "$dest.new/$packages"
+    link "$2/$packages" "$dest.new/$packages"
     rm -f "$dest.new/$packages"/__editable__*tinygpt*
     chmod -R a+rX "$dest.new"
     rm -rf "$dest" && mv "$dest.new" "$dest"
