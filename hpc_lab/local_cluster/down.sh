@@ -60,14 +60,10 @@ fi
 rm -f "$RUN/started-by-up"
 
 if [ "$MODE" = purge ]; then
-  if [ -e "/run/netns/$LOGIN_NS" ]; then  # what is left on the login node: its users' sessions and processes
-    want="net:[$(stat -L -c %i "/run/netns/$LOGIN_NS")]"
-    for p in /proc/[0-9]*; do
-      [ "$(readlink "$p/ns/net" 2>/dev/null)" = "$want" ] && kill -9 "${p#/proc/}" 2>/dev/null
-    done
-  fi
-  for ns in /run/netns/tgnode* "/run/netns/$LOGIN_NS"; do
-    [ -e "$ns" ] && ip netns del "$(basename "$ns")"
+  for ns in /run/netns/tgnode* "/run/netns/$LOGIN_NS"; do  # with what is left in them (a login's sessions)
+    [ -e "$ns" ] || continue
+    kill_namespace "$(basename "$ns")" || true
+    ip netns del "$(basename "$ns")"
   done
   for link in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' \
                 | grep -E '^(tgn[0-9]+|tglogin)[hp]$'); do

@@ -78,3 +78,21 @@ start_mariadb() {
 }
 start_slurmdbd() { in_release /usr/sbin/slurmdbd >>"$LOG/slurmdbd.out" 2>&1; }
 start_slurmctld() { in_release /usr/sbin/slurmctld >>"$LOG/slurmctld.out" 2>&1; }
+
+# Kill every process in the network namespace /run/netns/$1, round after round until none is left (a slurmstepd
+# or a login shell may fork between a listing and its kill); fails, naming them, if some outlive 20 rounds.
+kill_namespace() {
+  local want p pids
+  want="net:[$(stat -L -c %i "/run/netns/$1")]"
+  for _ in $(seq 1 20); do
+    pids=()
+    for p in /proc/[0-9]*; do
+      [ "$(readlink "$p/ns/net" 2>/dev/null)" = "$want" ] && pids+=("${p#/proc/}")
+    done
+    [ "${#pids[@]}" = 0 ] && return 0
+    kill -9 "${pids[@]}" 2>/dev/null || true
+    sleep 0.2
+  done
+  echo "processes of $1 still alive after 20 rounds of SIGKILL: ${pids[*]}" >&2
+  return 1
+}

@@ -28,19 +28,9 @@ slurmd_alive() {
 
 case "$action" in
   crash)
-    want="net:[$(stat -L -c %i "$ns")]"
-    # Round after round until none is left: a slurmstepd may fork between a listing and its kill.
-    for _ in $(seq 1 20); do
-      pids=()
-      for p in /proc/[0-9]*; do
-        [ "$(readlink "$p/ns/net" 2>/dev/null)" = "$want" ] && pids+=("${p#/proc/}")
-      done
-      if [ "${#pids[@]}" = 0 ]; then echo "node.sh: $node crashed (every process in its namespace killed)"; exit 0; fi
-      kill -9 "${pids[@]}" 2>/dev/null || true
-      sleep 0.2
-    done
-    echo "node.sh: processes of $node still alive after 20 rounds of SIGKILL: ${pids[*]}" >&2
-    exit 1 ;;
+    kill_namespace "$(basename "$ns")" || { echo "node.sh: $node did not crash whole" >&2; exit 1; }
+    echo "node.sh: $node crashed (every process in its namespace killed)"
+    exit 0 ;;
   boot)
     slurmd_alive && exit 0
     export PATH=$PATH:/usr/sbin:/sbin

@@ -594,7 +594,7 @@ fi
 partitions=$(sinfo -h -o '%P' 2>/dev/null | paste -sd, -)
 extras=${GPUS:+, GPUs $GPUS}
 [ "$ACCOUNTS" = 1 ] && extras+=", accounts tinygpt (yours, QOS normal and capped) and elsewhere"
-[ "$LOGIN" = 1 ] && extras+=", login node $LOGIN_NAME ($LOGIN_ADDR: ssh -i $HOME_DIR/login/id_ed25519 $LOGIN_USER@$LOGIN_NAME)"
+[ "$LOGIN" = 1 ] && extras+=", login node $LOGIN_NAME ($LOGIN_ADDR: ssh -i $HOME_DIR/login/id_ed25519 -o UserKnownHostsFile=$HOME_DIR/login/known_hosts $LOGIN_USER@$LOGIN_NAME)"
 # A shell that ran a Slurm command before remembers where it found it (bash's hash), not PATH's order.
 [ -n "$RELEASE_ROOT" ] && say "Slurm $RELEASE's commands are in /usr/local/bin; in a shell that ran one of"\
   "this machine's before, run 'hash -r' first"
