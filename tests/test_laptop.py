@@ -98,7 +98,14 @@ def test_ctrl_c_on_the_laptop_stops_the_watch_there_and_a_held_sweep_is_cancelle
     spec = write_spec(tmp_path, name)
     args = ["--workdir", str(tmp_path)]
     out = on_laptop(laptop, str(spec), "--cluster", str(laptop["profile"]), "--hold", *args, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
+    try:
+        assert out.returncode == 0, out.stderr
+        _watch_interrupted_then_cancelled(laptop, spec, args, tmp_path)
+    finally:  # (held jobs never end by themselves)
+        subprocess.run(["scancel", "--name", name], timeout=60)
+
+
+def _watch_interrupted_then_cancelled(laptop: dict, spec: Path, args: list[str], tmp_path: Path) -> None:
     commands = HOME_THERE / REMOTE_DIR / "commands"
     before = set(commands.iterdir())
     watch = subprocess.Popen([sys.executable, str(ROOT / "launch.py"), "status", str(spec), "--watch", *args],
@@ -208,3 +215,23 @@ def test_hostile_values_reach_the_login_node_as_text_and_run_nothing(laptop, tmp
         assert "Traceback" not in out.stderr and out.returncode in (0, 1), out.stderr
     assert out.returncode == 0 and "dry run: nothing submitted" in out.stdout, out.stderr
     assert not (HOME_THERE / "pwned").exists() and not (HOME_THERE / REMOTE_DIR / "pwned").exists()
+
+
+def test_a_profile_written_from_the_laptop_reaches_the_login_node_it_asked(laptop, tmp_path):
+    """`profile new --login`: the login node's Slurm describes its cluster; the profile gets the login: section
+    that reached it, and a dry run through it goes there."""
+    keys = ["--ssh-option", f"IdentityFile={KEYS / 'id_ed25519'}",
+            "--ssh-option", f"UserKnownHostsFile={KEYS / 'known_hosts'}"]
+    out = on_laptop(laptop, "profile", "new", "--login", "tgstudent@login", *keys, "--dir", str(tmp_path), "--name",
+                    "fromlaptop", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    profile = profiles.from_file(tmp_path / "fromlaptop.yaml")
+    assert (profile.cluster_name, profile.login.host, profile.login.user) == ("local", "login", "tgstudent")
+    assert sorted(profile.partitions) == ["debug", "high", "low", "low-cancel", "short"]
+    again = on_laptop(laptop, "profile", "new", "--login", "tgstudent@login", *keys, "--dir", str(tmp_path),
+                      "--name", "fromlaptop", cwd=tmp_path)
+    assert again.returncode == 1 and "exists; nothing was written" in again.stderr
+    spec = write_spec(tmp_path, unique_name("laptop-profile"))
+    dry = on_laptop(laptop, str(spec), "--cluster", str(tmp_path / "fromlaptop.yaml"), "--dry-run", "--workdir",
+                    str(tmp_path), cwd=tmp_path)
+    assert dry.returncode == 0 and "dry run: nothing submitted" in dry.stdout, dry.stderr

@@ -15,6 +15,7 @@
     python launch.py pull SPEC.yaml             a sweep launched over SSH: its report and metrics here [--checkpoints]
     python launch.py schema [spec|profile]      the JSON Schema of a spec or a cluster profile [--write: schemas/]
     python launch.py profile new                a cluster profile from what Slurm says [--name N] [--force]
+                                                [--login USER@HOST: that login node's, from a laptop]
 
 `launch.py COMMAND --help` lists a command's options (`launch.py launch --help`: those of `launch.py SPEC`).
 Errors in the spec are all reported at once, and nothing is submitted; the exit status is 1. When Slurm's controller
@@ -78,6 +79,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="the profile's name (default: Slurm's ClusterName)")
     p.add_argument("--force", action="store_true", help="write over a profile of that name")
     p.add_argument("--dir", help="the folder to write it in (default: hpc_lab/clusters, where --cluster looks)")
+    p.add_argument("--login", metavar="USER@HOST", help="from a laptop: ask the Slurm of this login node, over SSH, "
+                                                        "and give the profile the login: section that reaches it")
+    p.add_argument("--ssh-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="with --login: an ssh -o option for its login: section, e.g. ProxyJump=gateway (repeatable)")
     p = commands.add_parser("schema", help="the JSON Schema of a spec or a cluster profile",
                             description="The JSON Schema that specs (jobs/*.yaml) or cluster profiles "
                                         "(hpc_lab/clusters/*.yaml) are checked with, for editors.")
@@ -183,7 +188,15 @@ def _profile(args: argparse.Namespace) -> int:
     from . import profile_new
     from .profiles import PROFILE_DIR
 
-    path = profile_new.write(Path(args.dir) if args.dir else PROFILE_DIR, args.name, args.force)
+    directory = Path(args.dir) if args.dir else PROFILE_DIR
+    if args.ssh_option and args.login is None:
+        raise LaunchError("--ssh-option: only with --login USER@HOST (the options of the SSH connection to it)")
+    if args.login is not None:
+        from . import remote
+
+        path = remote.profile_new(args, directory)
+    else:
+        path = profile_new.write(directory, args.name, args.force)
     print(f"wrote {path}: read it through; the values marked as guesses, and what Slurm could not say, are "
           f"commented at their lines. Launch with `--cluster {path.stem}` (or `--cluster auto`)")
     return 0

@@ -38,13 +38,13 @@ def write(directory: Path, name: str | None, force: bool) -> Path:
     from .profiles import from_data
 
     if name is not None:  # (its own flags first: a mistake in them is said without asking Slurm)
-        _refuse_name(directory, name, force)
+        refuse_name(directory, name, force)
     cluster = LiveCluster.ask()
     if cluster is None:
         raise LaunchError(f"profile new: {slurm_cli.no_answer()}; run it on a login node of the cluster; nothing "
                           f"was written")
     name = name or cluster.name or "cluster"
-    _refuse_name(directory, name, force)
+    refuse_name(directory, name, force)
     path = directory / f"{name}.yaml"
     text = render(name, cluster)
     text = text.replace(SCHEMA_LINE, SCHEMA_LINE.replace("../../schemas/profile.schema.json",
@@ -54,7 +54,7 @@ def write(directory: Path, name: str | None, force: bool) -> Path:
     return path
 
 
-def _refuse_name(directory: Path, name: str, force: bool) -> None:
+def refuse_name(directory: Path, name: str, force: bool) -> None:
     from .profiles import PROFILE_NAME
 
     if not PROFILE_NAME.fullmatch(name):

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
 from tinygpt import durable
 from tinygpt.config import PATH_KEYS
 
@@ -339,46 +341,101 @@ def _wheels(hello: dict[str, Any], requirements: list[str]) -> list[tuple[str, b
 # The commands
 
 
-def forward(target_: Target, command: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    """Run the command on the login node; `launch` and `check` send the code and the spec first."""
-    conn = Connection(target_.login)
+def connect(login: Login) -> tuple[Connection, dict[str, Any]]:
+    """A connection to the login node, and what it said of itself (its Python, platform, remote_dir's path)."""
+    conn = Connection(login)
     hello = json.loads(conn.call("hello"))
     conn.root = hello["root"]
+    return conn, hello
+
+
+def send_code(conn: Connection) -> tuple[str, int]:
+    """The laptop's code as a snapshot takes it, on the login node: (its digest, the bytes that travelled)."""
+    code = snapshot.read(REPO_ROOT)
+    sent = send_tree(conn, code.digest, code.contents, code.record(f"{socket.gethostname()}:{REPO_ROOT}"))
+    print(f"code {code.digest}: {len(code.contents)} files, {sent:,} bytes sent to {conn.login.host}",
+          file=sys.stderr)
+    return code.digest, sent
+
+
+def launcher_python(conn: Connection, hello: dict[str, Any]) -> str:
+    """The launcher's Python on the login node: a venv of this project's dependencies, made there once."""
+    wheels = _wheels(hello, launcher_requirements())
+    name = f"wheels-{_digest(wheels)}"
+    send_tree(conn, name, wheels)
+    return conn.call("venv", name, *launcher_requirements()).decode().strip() + "/bin/python"
+
+
+def run_there(conn: Connection, python: str, code: str, arguments: list[str], spec_as: str | None = None) -> int:
+    """`launch.py ARGUMENTS` on the login node, in remote_dir, with the code sent as `code`: its exit status."""
+    env = [f"{SPEC_AS}={spec_as}"] if spec_as else []
+    words = [python, f"{conn.root}/trees/{code}/launch.py", *arguments]
+    return conn.stream(conn.side("run", conn.root, *env, *_terminal(), "--", *words))[0]
+
+
+def forward(target_: Target, top: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Run the command on the login node; `launch` and `check` send the code and the spec first."""
+    conn, hello = connect(target_.login)
     record = target_.record
     if record is None:
         _check_paths(args.spec, target_)
-        code = snapshot.read(REPO_ROOT)
-        sent = send_tree(conn, code.digest, [(p, d, k) for p, d, k in code.contents],
-                         code.record(f"{socket.gethostname()}:{REPO_ROOT}"))
+        code, _ = send_code(conn)
         inputs = [(Path(args.spec).name, Path(args.spec).read_bytes(), "file"),
                   (Path(target_.profile.path).name, Path(target_.profile.path).read_bytes(), "file")]
         name = f"inputs-{_digest(inputs)}"
-        sent += send_tree(conn, name, inputs)
-        print(f"code {code.digest}: {len(code.contents)} files, {sent:,} bytes sent to {target_.login.host}",
-              file=sys.stderr)
-        record = {"profile": str(Path(target_.profile.path).resolve()), "root": conn.root, "code": code.digest,
+        send_tree(conn, name, inputs)
+        record = {"profile": str(Path(target_.profile.path).resolve()), "root": conn.root, "code": code,
                   "spec": f"{conn.root}/trees/{name}/{inputs[0][0]}",
                   "cluster": f"{conn.root}/trees/{name}/{inputs[1][0]}"}
     if args.command == "pull":
-        return _pull(conn, record, args)
-    wheels = _wheels(hello, launcher_requirements())
-    wheels_name = f"wheels-{_digest(wheels)}"
-    send_tree(conn, wheels_name, wheels)
-    python = conn.call("venv", wheels_name, *launcher_requirements()).decode().strip() + "/bin/python"
+        return _pull(conn, args.spec, args.workdir, args.checkpoints)
+    python = launcher_python(conn, hello)
     if args.command == "report" and target_.profile.python:
         python = target_.profile.python  # (attention maps load the checkpoints: the jobs' Python has torch)
-    words = [python, f"{conn.root}/trees/{record['code']}/launch.py",
-             *_arguments(command, args, spec=record["spec"], cluster=record.get("cluster"), workdir=conn.root)]
-    env = [f"{SPEC_AS}={args.spec}", *_terminal()]
     if target_.record is None and args.command == "launch":
         target_.record_path.parent.mkdir(parents=True, exist_ok=True)
         durable.write(target_.record_path, json.dumps(record, indent=1) + "\n")  # (before: a drop leaves it known)
-    status, _ = conn.stream(conn.side("run", conn.root, *env, "--", *words))
+    arguments = _arguments(top, args, spec=record["spec"], cluster=record["cluster"], workdir=conn.root)
+    status = run_there(conn, python, record["code"], arguments, args.spec)
     if target_.record is None and args.command == "launch" and status in (1, 2):
         target_.record_path.unlink(missing_ok=True)  # (refused there: nothing was launched)
     if status == 0 and args.command == "report":
-        _pull(conn, record, argparse.Namespace(spec=args.spec, workdir=args.workdir, checkpoints=False))
+        _pull(conn, args.spec, args.workdir, checkpoints=False)
     return status
+
+
+def profile_new(args: argparse.Namespace, directory: Path) -> Path:
+    """`profile new --login USER@HOST`: the profile that the login node's Slurm describes, with the login:
+    section that reaches it, written here (its own flags checked first, nothing written when Slurm does not
+    answer there)."""
+    from tinygpt import schema
+
+    from . import profile_new as profile_new_mod
+    from .profiles import Login, from_data
+
+    if args.name is not None:
+        profile_new_mod.refuse_name(directory, args.name, args.force)
+    user, at, host = args.login.rpartition("@")
+    if bad := [o for o in args.ssh_option if "=" not in o]:
+        raise LaunchError(f"--ssh-option: {bad[0]!r} is not KEY=VALUE; give e.g. ProxyJump=gateway.example.edu")
+    options = dict(o.split("=", 1) for o in args.ssh_option)
+    login = schema.validate(Login, {"host": host, **({"user": user} if at else {}), "options": options}, "--login",
+                            LaunchError)
+    conn, hello = connect(login)
+    code, _ = send_code(conn)
+    folder = f"profiles-new/{hashlib.sha256(os.urandom(16)).hexdigest()[:12]}"
+    name = ["--name", args.name] if args.name else []
+    conn.call("run", conn.root, "--", launcher_python(conn, hello), f"{conn.root}/trees/{code}/launch.py", "profile",
+              "new", "--force", "--dir", f"{conn.root}/{folder}", *name)  # (its one line is for there: not shown)
+    (written,) = _fetch(conn, [f"{folder}/*.yaml"]).items()
+    path = directory / Path(written[0]).name
+    profile_new_mod.refuse_name(directory, path.stem, args.force)
+    text = written[1].decode() + "\n# How a laptop reaches the login node (launch.py ... --cluster " + path.stem + \
+        " from there)\n" + yaml.safe_dump({"login": login.model_dump(exclude_defaults=True)}, sort_keys=False)
+    from_data(yaml.safe_load(text), path)  # (as it will be read: a mistake is said before the file is written)
+    directory.mkdir(parents=True, exist_ok=True)
+    durable.write(path, text)
+    return path
 
 
 def _terminal() -> list[str]:
@@ -442,25 +499,34 @@ def _check_paths(spec_path: str, target_: Target) -> None:
                            f"first, e.g. with scp)" for f in found], spec_path)
 
 
-def _pull(conn: Connection, record: dict[str, Any], args: argparse.Namespace) -> int:
-    """Bring back the sweep's report and every run's metrics (and checkpoints), under the laptop's workdir."""
-    from .spec import load_name
-
-    name = load_name(args.spec)
-    patterns = [p.format(name=name) for p in PULLED + (CHECKPOINTS if getattr(args, "checkpoints", False) else ())]
-    workdir = Path(args.workdir).resolve()
+def _fetch(conn: Connection, patterns: list[str]) -> dict[str, bytes]:
+    """The files under remote_dir that match the glob `patterns`: {path: contents}."""
     with tempfile.TemporaryFile() as archive:
         try:
             done = subprocess.run(conn.argv(conn.side("pack", *patterns)), stdout=archive, stderr=subprocess.PIPE,
                                   timeout=CALL_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            raise LaunchError(f"pull: {conn.login.host} did not send the files in {CALL_TIMEOUT_S} s") from None
+            raise LaunchError(f"cluster: {conn.login.host} did not send the files in {CALL_TIMEOUT_S} s") from None
         if done.returncode != 0:
             raise conn.failure(done.returncode, done.stderr.decode(errors="replace"))
         archive.seek(0)
         with tarfile.open(fileobj=archive, mode="r:gz") as tar:
-            members = [m for m in tar.getmembers() if m.isfile() or m.isdir()]
-            tar.extractall(workdir, members=members, filter="data")
-    files = sum(m.isfile() for m in members)
-    print(f"pulled {files} file(s) of sweep {name} from {conn.login.host} into {workdir / 'runs' / name}")
+            return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+def _pull(conn: Connection, spec_path: str, workdir: str, checkpoints: bool) -> int:
+    """Bring back the sweep's report and every run's metrics (and checkpoints), under the laptop's workdir."""
+    from .spec import load_name
+
+    name = load_name(spec_path)
+    patterns = [p.format(name=name) for p in PULLED + (CHECKPOINTS if checkpoints else ())]
+    here = Path(workdir).resolve()
+    files = _fetch(conn, patterns)
+    for rel, data in files.items():
+        path = here / rel
+        if ".." in Path(rel).parts or Path(rel).is_absolute() or not rel.startswith(f"runs/{name}/"):
+            raise LaunchError(f"pull: the login node sent {rel!r}, outside runs/{name}/; nothing more was written")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        durable.write(path, data)
+    print(f"pulled {len(files)} file(s) of sweep {name} from {conn.login.host} into {here / 'runs' / name}")
     return 0
