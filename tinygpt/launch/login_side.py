@@ -7,6 +7,7 @@ nothing but a Python 3 to start with.
     receive ROOT                contents from stdin (`HASH SIZE` lines, each followed by its bytes), checked, stored
     tree ROOT NAME              ROOT/trees/NAME from stdin's JSON {files: [[path, kind, hash or link]], record}
     venv ROOT WHEELS REQ...     ROOT/venvs/WHEELS: a venv with REQ installed from the wheels in ROOT/trees/WHEELS
+                                (says nothing when neither is there yet)
     run ROOT CWD [K=V...] -- ARGV...   ARGV run apart from this connection; its output and status streamed back
     signal ROOT ID              SIGINT to command ID's process group (Ctrl-C on the laptop)
     pack ROOT PATTERN...        a tar.gz of the files under ROOT that match the glob PATTERNs, on stdout
@@ -143,9 +144,11 @@ def venv(args):
     if os.path.isfile(os.path.join(final, "bin", "python")):
         print(final)
         return
+    wheels = _within(os.path.join(ROOT, "trees"), wheels)
+    if not os.path.isdir(wheels):
+        return  # (nothing said: the laptop sends the wheels, then asks again)
     os.makedirs(venvs, exist_ok=True)
     tmp = tempfile.mkdtemp(dir=venvs, prefix=".in-")
-    wheels = _within(os.path.join(ROOT, "trees"), wheels)
     pip = glob.glob(os.path.join(wheels, "pip-*.whl"))  # (pip runs from its wheel: no ensurepip needed here)
     for step in ([sys.executable, "-m", "venv", "--without-pip", tmp],
                  [os.path.join(tmp, "bin", "python"), os.path.join(pip[0] if pip else "pip.whl", "pip"), "install",

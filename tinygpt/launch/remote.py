@@ -307,7 +307,7 @@ def launcher_requirements() -> list[str]:
     return sorted(r for r in required if "extra ==" not in r)
 
 
-def _wheels(hello: dict[str, Any], requirements: list[str]) -> list[tuple[str, bytes, str]]:
+def _wheels(hello: dict[str, Any], requirements: list[str]) -> list[Path]:
     """The wheels of `requirements` for the login node's Python and platform, downloaded here once (cached)."""
     system, _, machine = hello["platform"].partition("-")
     if system != "linux" or hello["implementation"] != "cpython" or not hello["glibc"]:
@@ -334,7 +334,7 @@ def _wheels(hello: dict[str, Any], requirements: list[str]) -> list[tuple[str, b
             raise LaunchError(f"cluster: could not download the launcher's packages for the login node ({said}); "
                               f"this laptop needs a package index (or pip's --find-links) for them")
         durable.write(cache / "complete", "\n".join(wanted) + "\n")
-    return [(p.name, p.read_bytes(), "file") for p in sorted(cache.glob("*.whl"))]
+    return sorted(cache.glob("*.whl"))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -359,11 +359,15 @@ def send_code(conn: Connection) -> tuple[str, int]:
 
 
 def launcher_python(conn: Connection, hello: dict[str, Any]) -> str:
-    """The launcher's Python on the login node: a venv of this project's dependencies, made there once."""
+    """The launcher's Python on the login node: a venv of this project's dependencies, made there once, named by
+    its wheels' file names (a wheel's name says its version and build: PyPI never changes one's contents)."""
     wheels = _wheels(hello, launcher_requirements())
-    name = f"wheels-{_digest(wheels)}"
-    send_tree(conn, name, wheels)
-    return conn.call("venv", name, *launcher_requirements()).decode().strip() + "/bin/python"
+    name = "wheels-" + hashlib.sha256("\0".join(p.name for p in wheels).encode()).hexdigest()[:16]
+    made = conn.call("venv", name, *launcher_requirements()).decode().strip()
+    if not made:  # (no such venv there, nor its wheels: they are sent, once)
+        send_tree(conn, name, [(p.name, p.read_bytes(), "file") for p in wheels])
+        made = conn.call("venv", name, *launcher_requirements()).decode().strip()
+    return made + "/bin/python"
 
 
 def run_there(conn: Connection, python: str, code: str, arguments: list[str], spec_as: str | None = None) -> int:
