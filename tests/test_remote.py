@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import run_cli
 from tinygpt.launch import cli, profiles, remote
 from tinygpt.launch.errors import LaunchError
 
@@ -187,3 +188,19 @@ def test_the_source_sent_runs_on_the_standard_library_alone(tmp_path):
                          capture_output=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["root"] == str(tmp_path / "root")
+
+
+def test_a_relative_path_that_names_a_laptop_file_is_refused_before_the_login_node_is_asked(tmp_path, monkeypatch):
+    """Paths in a spec are the cluster's; `data_file: corpus.txt` beside the spec on the laptop is most likely
+    meant as this file, which the jobs would never see: refused, with the fix, and no SSH is started (the host
+    does not exist: an attempt would be another message)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus.txt").write_text("some text\n")
+    profile = yaml_profile(tmp_path, {"host": "login.example.invalid", "user": "ann"})
+    spec = tmp_path / "s.yaml"
+    spec.write_text(json.dumps({"name": "s", "train": {"data_file": "corpus.txt"},
+                                "grid": {"data_dir": ["data", "/cluster/data"]}}))
+    code, err = run_cli([str(spec), "--cluster", str(profile)])
+    assert code == 1 and "train.data_file: corpus.txt is a relative path, and names a file on this laptop" in err
+    assert "grid.data_dir" not in err  # (`data` is no file here, and /cluster/data is absolute: the cluster's)
+    assert "give the cluster's absolute path" in err and not (tmp_path / "jobs").exists()

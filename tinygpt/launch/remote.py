@@ -379,10 +379,11 @@ def run_there(conn: Connection, python: str, code: str, arguments: list[str], sp
 
 def forward(target_: Target, top: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Run the command on the login node; `launch` and `check` send the code and the spec first."""
+    if target_.record is None:
+        _check_paths(args.spec, target_)  # (a local problem: said before the login node is asked anything)
     conn, hello = connect(target_.login)
     record = target_.record
     if record is None:
-        _check_paths(args.spec, target_)
         code, _ = send_code(conn)
         inputs = [(Path(args.spec).name, Path(args.spec).read_bytes(), "file"),
                   (Path(target_.profile.path).name, Path(target_.profile.path).read_bytes(), "file")]
