@@ -26,7 +26,6 @@ or its accounting does not answer (a restart, a failover), a command that needs 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -139,14 +138,6 @@ def _resubmit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--exclude-failed-nodes", action="store_true",
                    help="also exclude the nodes on which a run of this sweep ended in NODE_FAIL or HUNG")
     p.add_argument("--dry-run", action="store_true", help="say what would be resubmitted, submit nothing")
-
-
-SPEC_AS = "TINYGPT_SPEC_AS"  # how the user named the spec on the laptop that sent this command (remote.py)
-
-
-def shown(spec: str) -> str:
-    """The spec as its user names it, in what a command tells them to run next."""
-    return os.environ.get(SPEC_AS) or spec
 
 
 FORWARDED = ("launch", "check", "status", "cancel", "resubmit", "report", "logs", "sync", "pull")  # (remote.py)
@@ -306,6 +297,8 @@ def _resubmit(args) -> int:
         ids = backends.of(manifest.backend).resubmit(manifest, [int(i) for i in previous], changes.options,
                                                      previous, args.dry_run) if previous else []
     if ids:
+        from .console import shown
+
         print(f"submitted as job array {', '.join(ids)}; follow with `python launch.py status {shown(args.spec)}`")
     return 0
 

@@ -19,8 +19,8 @@ from . import backends, chain, corpora, live_check, slurm_cli, snapshot, states
 from . import manifest as manifest_mod
 from . import plan as plan_mod
 from . import spec as spec_mod
-from .cli import shown
 from .console import console as output_console
+from .console import shown
 from .errors import LaunchError
 from .layout import REPO_ROOT
 from .slurm_options import unwritable

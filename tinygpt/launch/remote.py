@@ -39,7 +39,7 @@ from tinygpt import durable
 from tinygpt.config import PATH_KEYS
 
 from . import login_side, snapshot
-from .cli import SPEC_AS
+from .console import SPEC_AS
 from .errors import LaunchError
 from .layout import REPO_ROOT, SweepDirs
 
