@@ -146,9 +146,9 @@ def remote_text(words: list[str]) -> str:
 class Connection:
     """OpenSSH's client to one login node: one shared connection, batch mode, the user's ~/.ssh/config."""
 
-    def __init__(self, login: Login, root: str | None = None):
+    def __init__(self, login: Login):
         self.login = login
-        self.root = root or login.remote_dir  # (absolute once `hello` said where it is)
+        self.root = login.remote_dir  # (absolute once `hello` said where it is)
         # (/tmp, not $TMPDIR: a socket's path has at most ~100 characters, and ssh adds 17 to it while it opens)
         sockets = Path("/tmp") / f"tinygpt-ssh-{os.getuid()}"
         sockets.mkdir(mode=0o700, exist_ok=True)
@@ -231,9 +231,9 @@ class Connection:
         problem = last.removeprefix("error: ")
         return LaunchError(f"cluster: on the login node {host}: {problem}")
 
-    def stream(self, words: list[str]) -> tuple[int, str]:
+    def stream(self, words: list[str]) -> int:
         """Run `words` on the login node apart from this connection, its output shown as it comes; Ctrl-C here
-        interrupts it there. Returns its exit status and its id there (None: it never started)."""
+        interrupts it there. Returns its exit status."""
         proc = subprocess.Popen(self.argv(words), stdout=subprocess.PIPE, start_new_session=True)
         # (a session of its own: the terminal's Ctrl-C reaches this process, not ssh, which must keep streaming)
         ident, interrupted = None, False
@@ -261,7 +261,7 @@ class Connection:
             command = f" (its output: {self.root}/commands/{ident})" if ident else ""
             raise SshRefused(f"cluster: the connection to {self.login.host} was lost; what it was doing goes on "
                               f"there{command}, and `launch.py status` tells how the sweep stands")
-        return (130 if interrupted and status == 0 else status), ident
+        return 130 if interrupted and status == 0 else status
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -279,19 +279,17 @@ def send(conn: Connection, contents: dict[str, bytes]) -> int:
 
 def send_tree(conn: Connection, name: str, files: list[tuple[str, bytes, str]], record: dict | None = None) -> int:
     """`<remote_dir>/trees/NAME` on the login node holding `files` (path, bytes, kind); the bytes sent."""
-    contents = {hashlib.sha256(data).hexdigest(): data for _, data, kind in files if kind != "link"}
+    listing, contents = [], {}  # (a link is listed with where it points; a file by its content's hash, sent once)
+    for path, data, kind in files:
+        if kind == "link":
+            listing.append([path, kind, data.decode("utf-8", "surrogateescape")])
+        else:
+            digest = hashlib.sha256(data).hexdigest()
+            contents[digest] = data
+            listing.append([path, kind, digest])
     sent = send(conn, contents)
-    listing = [[path, kind, data.decode("utf-8", "surrogateescape") if kind == "link"
-                else hashlib.sha256(data).hexdigest()] for path, data, kind in files]
     conn.call("tree", name, stdin=json.dumps({"files": listing, "record": record}).encode())
     return sent
-
-
-def _digest(files: list[tuple[str, bytes, str]]) -> str:
-    h = hashlib.sha256()
-    for path, data, kind in files:
-        h.update(f"{path}\0{kind}\0{len(data)}\0".encode("utf-8", "surrogateescape") + data)
-    return h.hexdigest()[:16]
 
 
 def launcher_requirements() -> list[str]:
@@ -374,7 +372,7 @@ def run_there(conn: Connection, python: str, code: str, arguments: list[str], sp
     """`launch.py ARGUMENTS` on the login node, in remote_dir, with the code sent as `code`: its exit status."""
     env = [f"{SPEC_AS}={spec_as}"] if spec_as else []
     words = [python, f"{conn.root}/trees/{code}/launch.py", *arguments]
-    return conn.stream(conn.side("run", conn.root, *env, *_terminal(), "--", *words))[0]
+    return conn.stream(conn.side("run", conn.root, *env, *_terminal(), "--", *words))
 
 
 def forward(target_: Target, top: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -387,7 +385,7 @@ def forward(target_: Target, top: argparse.ArgumentParser, args: argparse.Namesp
         code, _ = send_code(conn)
         inputs = [(Path(args.spec).name, Path(args.spec).read_bytes(), "file"),
                   (Path(target_.profile.path).name, Path(target_.profile.path).read_bytes(), "file")]
-        name = f"inputs-{_digest(inputs)}"
+        name = f"inputs-{snapshot.digest(inputs)}"
         send_tree(conn, name, inputs)
         record = {"profile": str(Path(target_.profile.path).resolve()), "root": conn.root, "code": code,
                   "spec": f"{conn.root}/trees/{name}/{inputs[0][0]}",

@@ -135,12 +135,17 @@ def read(root: Path, max_file_bytes: int | None = None) -> Code:
     `max_file_bytes` (default MAX_FILE_BYTES) is refused."""
     files, commit, dirty = source_files(root)
     contents = _contents(root, files, MAX_FILE_BYTES if max_file_bytes is None else max_file_bytes)
-    digest = hashlib.sha256()
-    for rel, data, kind in contents:
-        digest.update(f"{rel}\0{len(data)}\0{kind}\0".encode("utf-8", "surrogateescape") + data)
     untracked = tuple(f for f in (_git(root, "ls-files", "-z", "--others", "--exclude-standard", "--", "*.py")
                                   or "").split("\0") if f)
-    return Code(contents, digest.hexdigest()[:16], commit, dirty, untracked)
+    return Code(contents, digest(contents), commit, dirty, untracked)
+
+
+def digest(contents: list[tuple[str, bytes, str]]) -> str:
+    """The name of a set of files (path, bytes, kind): a hash of their paths, sizes, kinds and contents."""
+    h = hashlib.sha256()
+    for rel, data, kind in contents:
+        h.update(f"{rel}\0{len(data)}\0{kind}\0".encode("utf-8", "surrogateescape") + data)
+    return h.hexdigest()[:16]
 
 
 def received(root: Path) -> Snapshot | None:
