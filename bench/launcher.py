@@ -2,12 +2,16 @@
 
     python bench/launcher.py              # everything; the Slurm figures when a cluster answers (up.sh)
     python bench/launcher.py --no-slurm   # only what needs no cluster
+    python bench/launcher.py --no-slurm --beside ../old   # and the dry runs of another checkout, in turns
 
 Prints one JSON object:
 - `help`: `launch.py --help` (target 0.3 s); `dry_run_256`: a 256-run dry run;
-- `dry_run_10000` and `dry_run_100000`: a grid's dry run (10 x 10 x 10 x 10; 1,000 seeds x 100 learning
-  rates), each try in a fresh work directory: wall time, peak memory of the process, bytes written (targets
-  0.7 s; 3 s, 300 MB and 20 MB);
+- `dry_run_1`, `dry_run_10000` and `dry_run_100000`: a one-run spec's dry run (the fixed cost: the interpreter,
+  the imports, the code snapshot) and a grid's (10 x 10 x 10 x 10; 1,000 seeds x 100 learning rates), each
+  try in a fresh work directory: wall time, peak memory of the process, bytes written (targets 0.7 s; 3 s,
+  300 MB and 20 MB), and what each run adds to the fixed cost (`marginal_us_per_run`);
+- `beside` (with `--beside DIR`): the same three dry runs of the launcher checked out in DIR (e.g. an older
+  commit's `git worktree`), measured in turns with this checkout's, so that both see the same machine;
 - `record_100_parts_of_100000`: what a real launch of the 100,000-run sweep adds to its dry run to record its
   100 array parts' job ids (the dry run's manifest; each part recorded as the sbatch backend records it);
 - `snapshot`: the code snapshot a launch takes (files, size, a new one, an unchanged one found again);
@@ -74,11 +78,36 @@ def written_mb(folder: Path) -> float:
     return round(sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 1e6, 1)
 
 
-def dry_run(tmp: Path, name: str, grid: dict[str, list], **targets) -> dict:
+def dry_run(tmp: Path, name: str, grid: dict[str, list], launch: list[str] = LAUNCH, **targets) -> dict:
     spec, work = grid_spec(tmp / f"{name}.yaml", name, grid), tmp / name
-    figures = timed([*LAUNCH, str(spec), "--dry-run", "--workdir", str(work)],
+    figures = timed([*launch, str(spec), "--dry-run", "--workdir", str(work)],
                     fresh=lambda: shutil.rmtree(work, ignore_errors=True))
     return {**figures, "runs": runs_of(work, name), "written_mb": written_mb(work), **targets}
+
+
+def dry_runs(tmp: Path, launch: list[str] = LAUNCH) -> dict:
+    """The one-run, 10,000-run and 100,000-run dry runs, each large one with what a run adds to the fixed cost."""
+    figures = {"dry_run_1": dry_run(tmp, "one", {"seed": [1]}, launch),
+               "dry_run_10000": dry_run(tmp, "ten", TEN_THOUSAND, launch, target_s=0.7),
+               "dry_run_100000": dry_run(tmp, "hundred", HUNDRED_THOUSAND, launch, target_s=3.0, target_mb=300,
+                                         target_written_mb=20)}
+    fixed = figures["dry_run_1"]["best_s"]
+    for row in (figures["dry_run_10000"], figures["dry_run_100000"]):
+        row["marginal_us_per_run"] = round((row["best_s"] - fixed) / (row["runs"] - 1) * 1e6, 1)
+    return figures
+
+
+def in_turns(tmp: Path, beside: Path, rounds: int = 2) -> tuple[dict, dict]:
+    """dry_runs() of this checkout and of `beside`, in turns; each figure the best of its rounds."""
+    ours, theirs = [], []
+    for _ in range(rounds):  # (theirs first: the work directories left are this checkout's, which later rows read)
+        theirs.append(dry_runs(tmp, [sys.executable, str(beside / "launch.py")]))
+        ours.append(dry_runs(tmp))
+    return best_of(ours), best_of(theirs)
+
+
+def best_of(tries: list[dict]) -> dict:
+    return {label: min((t[label] for t in tries), key=lambda row: row["best_s"]) for label in tries[0]}
 
 
 TEN_THOUSAND = {"n_layer": [i + 1 for i in range(10)], "lr": [round(1e-4 * (i + 1), 6) for i in range(10)],
@@ -162,15 +191,18 @@ def slurm_answers() -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--no-slurm", action="store_true", help="leave out the figures that need a cluster")
+    parser.add_argument("--beside", type=Path, metavar="DIR", help="also the dry runs of the checkout in DIR")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         figures = {"help": {**timed([*LAUNCH, "--help"], repeat=5), "target_s": 0.3},
                    "dry_run_256": dry_run(tmp, "small", {"n_layer": [1, 2, 3, 4], "n_head": [1, 2, 4, 8],
-                                                         "lr": [1e-4, 3e-4, 1e-3, 3e-3], "seed": [1, 2, 3, 4]}),
-                   "dry_run_10000": dry_run(tmp, "ten", TEN_THOUSAND, target_s=0.7),
-                   "dry_run_100000": dry_run(tmp, "hundred", HUNDRED_THOUSAND, target_s=3.0, target_mb=300,
-                                             target_written_mb=20)}
+                                                         "lr": [1e-4, 3e-4, 1e-3, 3e-3], "seed": [1, 2, 3, 4]})}
+        if args.beside:
+            ours, figures["beside"] = in_turns(tmp, args.beside.resolve())
+            figures.update(ours)
+        else:
+            figures.update(dry_runs(tmp))
         figures["record_100_parts_of_100000"] = record_parts(tmp, "hundred", 100)
         try:
             figures["snapshot"] = snapshot_figures()
