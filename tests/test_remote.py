@@ -79,6 +79,26 @@ def test_a_profiles_login_section_is_checked_field_by_field(tmp_path):
     assert "starts with '-'" in said
 
 
+@pytest.mark.parametrize("said, answer", [
+    ("ssh: connect to host login port 22: Connection refused", remote.LoginAway),
+    ("ssh: connect to host login port 22: Connection timed out", remote.LoginAway),
+    ("kex_exchange_identification: Connection closed by remote host\nConnection closed by UNKNOWN port 65535",
+     remote.LoginAway),
+    # (the same dead proxy under load: ssh's greeting is written before it sees the other end gone)
+    ("banner exchange: Connection to UNKNOWN port 65535: Broken pipe", remote.LoginAway),
+    ("ann@login: Permission denied (publickey).", remote.SshRefused),
+    ("ssh: Could not resolve hostname login: Name or service not known", remote.SshRefused),
+    ("No ED25519 host key is known for login and you have requested strict checking.\nHost key verification "
+     "failed.", remote.SshRefused),
+], ids=["refused", "timed-out", "closed", "banner-exchange", "denied", "unknown-name", "unknown-key"])
+def test_what_ssh_says_of_a_failed_connection_is_a_host_away_or_a_refusal(said, answer):
+    """ssh's own failures (exit 255), as ssh words them: a host that does not answer now is exit 75, try again
+    later; a login or a host it will not accept is 255, with the fix."""
+    failed = remote.Connection(profiles.Login(host="login", user="ann")).failure(255, said)
+    assert type(failed) is answer and failed.exit_status == (75 if answer is remote.LoginAway else 255)
+    assert "login" in str(failed) and "nothing was sent" in str(failed)
+
+
 def yaml_profile(folder: Path, login: dict) -> Path:
     path = folder / f"p{len(list(folder.iterdir()))}.yaml"
     path.write_text(json.dumps({"name": "p", "login": login}))

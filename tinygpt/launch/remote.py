@@ -218,10 +218,12 @@ class Connection:
                     f"sent. Check login.user and login.identity_file in the profile (or ssh-add the key), and that "
                     f"`ssh {self.where}` works by hand")
             if "Could not resolve hostname" in said:
-                return SshRefused(f"cluster: login.host {host!r} is not a known host name ({last}); check it, or a "
-                                   f"Host of that name in ~/.ssh/config")
+                return SshRefused(f"cluster: login.host {host!r} is not a known host name ({last}); nothing was "
+                                   f"sent. Check it, or a Host of that name in ~/.ssh/config")
             if any(s in said for s in ("Connection refused", "timed out", "No route to host", "unreachable",
-                                       "Connection closed", "Connection reset")):
+                                       "Connection closed", "Connection reset", "banner exchange")):
+                # ("banner exchange": the connection broke before ssh's greeting was answered, as when sshd is
+                # throttling new connections (MaxStartups) or a ProxyCommand ends at once)
                 return LoginAway(f"cluster: cannot reach the login node {host} ({last}); nothing was sent. Is it "
                                    f"up, and the host and port right (a VPN or ProxyJump needed)? Try again later")
             return SshRefused(f"cluster: ssh {self.where} failed ({last}); nothing was sent")
