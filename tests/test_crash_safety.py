@@ -228,6 +228,35 @@ def test_an_early_preemption_signal_is_kept_until_training_can_stop(tmp_path, ti
     assert event["event"] == "preempted" and event["step"] == 1
 
 
+# Test-only, put first on a trainer's PYTHONPATH: when pydantic (the configuration's schema, the first heavy import)
+# starts to load, it writes whether SIGUSR2 is caught by then.
+SCHEMA_LOAD_WATCH = """import os, signal, sys
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "pydantic":
+            sys.meta_path.remove(self)
+            with open(os.environ["SIGNAL_AT_SCHEMA"], "w") as out:
+                out.write(str(signal.getsignal(signal.SIGUSR2) not in (signal.SIG_DFL, None)))
+sys.meta_path.insert(0, Watch())
+"""
+
+
+@pytest.mark.parametrize("start", ["python -m", "console script"])
+def test_slurms_signals_are_recorded_before_the_configuration_loads(tmp_path, start):
+    """The window in which Slurm's warning still kills a trainer with the default action is the interpreter's start
+    and tinygpt's few light modules, not its configuration schema too (on a busy CI machine, a one-minute job's
+    warning came while its trainer was loading pydantic, and the job ended killed instead of requeued)."""
+    (tmp_path / "sitecustomize.py").write_text(SCHEMA_LOAD_WATCH)
+    command = {"python -m": [sys.executable, "-m", "tinygpt.train"],
+               "console script": [str(Path(sys.executable).parent / "tinygpt-train")]}[start]
+    said = tmp_path / "said"
+    env = python_env(SIGNAL_AT_SCHEMA=str(said))
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
+    out = subprocess.run([*command, "--help"], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0 and "--n-layer" in out.stdout, out.stderr
+    assert said.read_text() == "True"
+
+
 def test_a_late_preemption_signal_does_not_kill_a_finished_run(tmp_path, tiny_corpus):
     """The time limit's warning can arrive while the run writes its sample: it must still end well. The sample's
     write is held open (tests/slow_saves) until the signal has been sent."""

@@ -13,14 +13,20 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
 
-from . import config as config_mod
+# (only what starts at once at the top: cli() records Slurm's signals before the configuration's schema loads)
 from . import precision, preemption
 from .errors import FULL, filesystem_message
+
+if TYPE_CHECKING:
+    from .config import TrainConfig
 
 
 def main(argv: list[str] | None = None) -> int:
     """Train from command-line arguments; 0 on success, 2 for a bad configuration, 1 for other errors."""
+    from . import config as config_mod
+
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):
         print(config_mod.help_text())
@@ -52,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _key_of(err: OSError, cfg: config_mod.TrainConfig) -> str:
+def _key_of(err: OSError, cfg: TrainConfig) -> str:
     """`out_dir: ` where the filesystem refused the run directory or a folder on the way to it."""
     refused, out_dir = str(err.filename or ""), str(cfg.run.out_dir)
     return "out_dir: " if refused and (out_dir.startswith(refused) or refused.startswith(out_dir)) else ""
@@ -62,7 +68,8 @@ def cli() -> None:
     """A trainer process's whole life, the same for `python -m tinygpt.train` and `tinygpt-train`.
 
     Slurm's warning can arrive before torch has even been imported (a requeued job with little time left,
-    a loaded node): from the first instant, it is recorded instead of killing the process with the default
+    a loaded node: on a busy CI machine, a one-minute job's warning came while its trainer was still loading
+    pydantic): from the first instant, it is recorded instead of killing the process with the default
     action; the trainer's handler picks up what was recorded.
     """
     preemption.install_early_recorder()
