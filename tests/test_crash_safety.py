@@ -244,8 +244,8 @@ sys.meta_path.insert(0, Watch())
 @pytest.mark.parametrize("start", ["python -m", "console script"])
 def test_slurms_signals_are_recorded_before_the_configuration_loads(tmp_path, start):
     """The window in which Slurm's warning still kills a trainer with the default action is the interpreter's start
-    and tinygpt's few light modules, not its configuration schema too (on a busy CI machine, a one-minute job's
-    warning came while its trainer was loading pydantic, and the job ended killed instead of requeued)."""
+    and tinygpt's few light modules, not its configuration's schema too (on a loaded node, loading pydantic can
+    outlast a short job's warning)."""
     (tmp_path / "sitecustomize.py").write_text(SCHEMA_LOAD_WATCH)
     command = {"python -m": [sys.executable, "-m", "tinygpt.train"],
                "console script": [str(Path(sys.executable).parent / "tinygpt-train")]}[start]

@@ -15,7 +15,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-# (only what starts at once at the top: cli() records Slurm's signals before the configuration's schema loads)
+# (light modules only: cli() records Slurm's signals before the configuration's schema, pydantic, loads)
 from . import precision, preemption
 from .errors import FULL, filesystem_message
 
@@ -68,9 +68,8 @@ def cli() -> None:
     """A trainer process's whole life, the same for `python -m tinygpt.train` and `tinygpt-train`.
 
     Slurm's warning can arrive before torch has even been imported (a requeued job with little time left,
-    a loaded node: on a busy CI machine, a one-minute job's warning came while its trainer was still loading
-    pydantic): from the first instant, it is recorded instead of killing the process with the default
-    action; the trainer's handler picks up what was recorded.
+    a loaded node), even before the configuration has loaded: from the first instant, it is recorded instead of
+    killing the process with the default action; the trainer's handler picks up what was recorded.
     """
     preemption.install_early_recorder()
     precision.take_pack_share()
