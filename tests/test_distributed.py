@@ -241,3 +241,34 @@ def test_a_stopped_rank_ends_the_run_with_the_live_ranks_stacks_and_a_hung_recor
     resumed, uninterrupted = read_metrics(hung)[-1], read_metrics(whole)[-1]
     assert resumed["weights_digest"] == uninterrupted["weights_digest"]
     assert resumed["best_val_loss"] == uninterrupted["best_val_loss"]
+
+
+def test_a_silent_peer_is_killed_only_after_the_message_the_stacks_and_the_hung_record(tmp_path, monkeypatch,
+                                                                                          capfd):
+    """Killing a stopped rank closes its sockets, and this rank's main thread, waiting in a collective with it,
+    raises at once: were the peer killed before the watchdog has said why, that error could end the process first,
+    with a traceback and no hung record. The order is a race between two threads, so it is checked here by
+    looking at what is written at the moment of the kill."""
+    import socket
+
+    from tinygpt import watchdog
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 40, "lr": 0.001}\n')
+    at_the_kill = []
+    monkeypatch.setattr(watchdog, "_end_peer", lambda pid: at_the_kill.append((pid, metrics.read_text(),
+                                                                               capfd.readouterr().err)))
+
+    def exit_(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(watchdog.os, "_exit", exit_)
+    dog = watchdog.Watchdog(0, rank=0, world_size=2, metrics_path=metrics, store=None)
+    monkeypatch.setattr(dog, "_bounded_roll_call", lambda: ({1: socket.gethostname()}, True, [4321]))
+    dog.beat(40)
+    with pytest.raises(SystemExit) as ended:
+        dog._end()
+    assert ended.value.code == watchdog.EXIT_HUNG
+    [(pid, written, said)] = at_the_kill
+    assert pid == 4321 and '"event": "hung"' in written and '"silent_ranks": [1]' in written, written
+    assert "no answer from rank(s) 1" in said and "(most recent call first)" in said, said  # (its stacks)

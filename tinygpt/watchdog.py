@@ -58,7 +58,7 @@ class Watchdog:
                 self._end()
 
     def _end(self) -> None:
-        silent, writer = self._bounded_roll_call()
+        silent, writer, peers = self._bounded_roll_call()
         step, node = self._step, socket.gethostname()
         waiting = (f"; no answer from rank(s) {', '.join(str(r) for r in sorted(silent))} "
                    f"({', '.join(sorted(set(silent.values())))})" if silent else "")
@@ -77,9 +77,13 @@ class Watchdog:
                 print(f"warning: could not write the hung record to {self.metrics_path}: {err}", file=sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()
+        # Only now: a killed peer's sockets close, and this rank's main thread, waiting in a collective with it,
+        # raises at once; had it been killed earlier, that error could end the process before the message above.
+        for pid in peers:
+            _end_peer(pid)
         os._exit(EXIT_HUNG)
 
-    def _bounded_roll_call(self) -> tuple[dict[int, str], bool]:
+    def _bounded_roll_call(self) -> tuple[dict[int, str], bool, list[int]]:
         """The roll call, given up after a while: a store client connecting to a stopped rank 0 waits for ever,
         whatever its own time-out."""
         answer: list = []
@@ -88,15 +92,16 @@ class Watchdog:
         helper.join(min(ROLL_CALL_S, self.timeout_s) + 5)  # (+ a store operation's time, on a live store)
         return answer[0] if answer else self._master_silent()
 
-    def _master_silent(self) -> tuple[dict[int, str], bool]:
+    def _master_silent(self) -> tuple[dict[int, str], bool, list[int]]:
         """What a rank can say when the store does not answer: rank 0, which hosts it, is the silent one, and
         rank 1 writes the record."""
-        return {0: self.master or "the master"}, self.rank == 1
+        return {0: self.master or "the master"}, self.rank == 1, []
 
-    def _roll_call(self) -> tuple[dict[int, str], bool]:
-        """({rank: node} of the ranks that did not say they are stuck, whether this rank writes the record)."""
+    def _roll_call(self) -> tuple[dict[int, str], bool, list[int]]:
+        """({rank: node} of the ranks that did not say they are stuck, whether this rank writes the record, the
+        pids of the silent ranks on this node)."""
         if self._store is None:
-            return {}, True
+            return {}, True, []
         try:
             store = self._store()
             store.set(f"tinygpt/stuck/{self.rank}", socket.gethostname())
@@ -105,12 +110,12 @@ class Watchdog:
             while not store.check(list(keys.values())) and time.monotonic() < deadline:
                 time.sleep(0.5)
             answered = [r for r, key in keys.items() if store.check([key])]
-            silent = {}
+            silent, peers = {}, []
             for r in (r for r in keys if r not in answered):
                 silent[r], pid = dist_mod.arrival(store, r)
                 if silent[r] == socket.gethostname() and pid is not None:
-                    _end_peer(pid)
-            return silent, self.rank == min(answered)
+                    peers.append(pid)
+            return silent, self.rank == min(answered), peers
         except Exception:  # noqa: BLE001 (the store lives in rank 0: stopped, or its node is gone)
             return self._master_silent()
 
