@@ -264,7 +264,7 @@ def test_a_silent_peer_is_killed_only_after_the_message_the_stacks_and_the_hung_
 
     monkeypatch.setattr(watchdog.os, "_exit", exit_)
     dog = watchdog.Watchdog(0, rank=0, world_size=2, metrics_path=metrics, store=None)
-    monkeypatch.setattr(dog, "_bounded_roll_call", lambda: ({1: socket.gethostname()}, True, [4321]))
+    monkeypatch.setattr(dog, "_bounded_roll_call", lambda: watchdog.RollCall({1: socket.gethostname()}, True, [4321]))
     dog.beat(40)
     with pytest.raises(SystemExit) as ended:
         dog._end()

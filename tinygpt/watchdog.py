@@ -23,11 +23,18 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from . import distributed as dist_mod
 
 EXIT_HUNG = 76  # (75 is EXIT_REQUEUE, preemption.py)
 ROLL_CALL_S = 10.0  # how long a stuck rank waits for the others to say they are stuck too (at most hang_timeout)
+
+
+class RollCall(NamedTuple):
+    silent: dict[int, str]  # {rank: node} of the ranks that did not say they are stuck
+    writer: bool  # whether this rank writes the hung record
+    peers: list[int]  # the pids of the silent ranks on this node, to kill once all is said
 
 
 class Watchdog:
@@ -83,7 +90,7 @@ class Watchdog:
             _end_peer(pid)
         os._exit(EXIT_HUNG)
 
-    def _bounded_roll_call(self) -> tuple[dict[int, str], bool, list[int]]:
+    def _bounded_roll_call(self) -> RollCall:
         """The roll call, given up after a while: a store client connecting to a stopped rank 0 waits for ever,
         whatever its own time-out."""
         answer: list = []
@@ -92,16 +99,15 @@ class Watchdog:
         helper.join(min(ROLL_CALL_S, self.timeout_s) + 5)  # (+ a store operation's time, on a live store)
         return answer[0] if answer else self._master_silent()
 
-    def _master_silent(self) -> tuple[dict[int, str], bool, list[int]]:
+    def _master_silent(self) -> RollCall:
         """What a rank can say when the store does not answer: rank 0, which hosts it, is the silent one, and
         rank 1 writes the record."""
-        return {0: self.master or "the master"}, self.rank == 1, []
+        return RollCall({0: self.master or "the master"}, self.rank == 1, [])
 
-    def _roll_call(self) -> tuple[dict[int, str], bool, list[int]]:
-        """({rank: node} of the ranks that did not say they are stuck, whether this rank writes the record, the
-        pids of the silent ranks on this node)."""
+    def _roll_call(self) -> RollCall:
+        """Who did not say they are stuck, in the rendezvous store."""
         if self._store is None:
-            return {}, True, []
+            return RollCall({}, True, [])
         try:
             store = self._store()
             store.set(f"tinygpt/stuck/{self.rank}", socket.gethostname())
@@ -115,7 +121,7 @@ class Watchdog:
                 silent[r], pid = dist_mod.arrival(store, r)
                 if silent[r] == socket.gethostname() and pid is not None:
                     peers.append(pid)
-            return silent, self.rank == min(answered), peers
+            return RollCall(silent, self.rank == min(answered), peers)
         except Exception:  # noqa: BLE001 (the store lives in rank 0: stopped, or its node is gone)
             return self._master_silent()
 
