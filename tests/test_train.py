@@ -1,10 +1,12 @@
 """The trainer end to end, in-process on CPU, with the tests' own tiny corpus."""
 
+import gc
 import json
 import math
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -254,6 +256,22 @@ def test_a_forked_child_that_fails_before_its_module_runs_says_why_in_its_own_ou
     its exit status is the failure's (it was a FileNotFoundError for the stdout file that no child had opened)."""
     gone = forked.run("tinygpt.sample", ["--help"], python_env(), cwd=tmp_path / "gone")
     assert gone.returncode == 1 and str(tmp_path / "gone") in gone.stderr and gone.stdout == "", gone.stderr
+
+
+def test_a_forked_childs_captured_output_is_removed_whether_or_not_it_was_read(tmp_path, monkeypatch):
+    """The folder that holds a child's captured streams goes once they are read, or with the Forked object when
+    nobody reads them (a process killed and waited for): nothing of it stays behind in the temporary folder."""
+    assert forked.run("tinygpt.sample", ["--help"], python_env(), cwd=ROOT).returncode == 0  # (the server's up)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    read = forked.Forked("tinygpt.sample", ["--help"], python_env(), cwd=ROOT)
+    assert read.communicate(timeout=120)[0].startswith("usage:") and read.returncode == 0
+    killed = forked.Forked("tinygpt.sample", ["--help"], python_env(), cwd=ROOT)
+    assert [p.name[:len("tinygpt-forked-")] for p in tmp_path.iterdir()] == ["tinygpt-forked-"]
+    killed.kill()
+    killed.wait(timeout=120)
+    del killed
+    gc.collect()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_notebooks_train_tinygpt_py_is_the_trainer_from_its_folder_and_from_the_root(tmp_path, tiny_corpus):

@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import weakref
 from pathlib import Path
 
 PRELOAD = ["torch", "torch._dynamo"]
@@ -72,6 +73,8 @@ class Forked:
         self._streams = tempfile.mkdtemp(prefix="tinygpt-forked-") if capture else None
         for name in ("stdout", "stderr") if capture else ():  # (there to read even if the child never starts)
             Path(self._streams, name).touch(0o600)
+        if capture:  # (gone with this object, if communicate never read it: a process killed and waited for)
+            weakref.finalize(self, shutil.rmtree, self._streams, ignore_errors=True)
         self._process = _server().Process(target=_child, daemon=False,
                                           args=(module, [str(a) for a in args], dict(env),
                                                 str(cwd or os.getcwd()), self._streams))
