@@ -417,13 +417,12 @@ def pytest_collection_finish(session):
 
 
 @pytest.fixture(autouse=True)
-def _share_of_the_machine(request):
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run is None:  # one process: every test is alone already
+def _share_of_the_machine(request, tmp_path_factory):
+    if os.environ.get("PYTEST_XDIST_TESTRUNUID") is None:  # one process: every test is alone already
         yield
         return
-    folder = Path(tempfile.gettempdir()) / f"tinygpt-tests-{run}"
-    folder.mkdir(exist_ok=True)
+    # The run's own folder, which holds each worker's temporary folder (popen-gwN) and goes with them.
+    folder = tmp_path_factory.getbasetemp().parent
     alone = request.node.get_closest_marker("alone") is not None
     # A readers-writer lock over the whole run: every test holds `cores` shared, an `alone` test exclusive.
     # `gate` keeps a waiting `alone` test from being overtaken by tests that start after it asked.
