@@ -68,8 +68,8 @@ def torchrun(tmp_path, corpus, out, *extra, **env):
     """A two-rank run under torchrun itself, as users start one."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "tinygpt.train", *trainer_args(tmp_path, corpus, out, *extra)]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                            env=python_env(OMP_NUM_THREADS="1", **env))
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300,  # (torchrun's log folders: in tmp_path)
+                            env=python_env(OMP_NUM_THREADS="1", TMPDIR=str(tmp_path), **env))
     assert result.returncode == 0, result.stdout + result.stderr
     return result
 
