@@ -114,12 +114,13 @@ def python() -> str:
     return sys.executable
 
 
-def train_on_two_nodes(tmp_path: Path, name: str, flags: list[str]) -> str:
-    """`srun python -m tinygpt.train FLAGS` on both nodes (one rank each); asserts the job COMPLETED."""
+def train_on_two_nodes(tmp_path: Path, name: str, flags: list[str], **env: str) -> str:
+    """`srun python -m tinygpt.train FLAGS` on both nodes (one rank each), with these variables added to the
+    job's environment; asserts the job COMPLETED."""
     script = f"#!/bin/bash\nsrun {python()} -m tinygpt.train {' '.join(flags)}\n"
     log = tmp_path / f"{name}.out"
     job = sbatch("-J", unique_name(name), "-N", "2", "--ntasks-per-node", "1", "-o", str(log), script=script,
-                 env=job_env())
+                 env=job_env(**env))
     try:
         assert wait(job) == "COMPLETED", log.read_text()
     finally:

@@ -274,6 +274,21 @@ def test_a_forked_childs_captured_output_is_removed_whether_or_not_it_was_read(t
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_forked_child_takes_its_temporary_folder_from_its_own_tmpdir_and_runs_its_exit_hooks(tmp_path):
+    """As a new interpreter would: the fork server's own idea of the temporary folder is not the child's, and
+    multiprocessing's way of ending a child (os._exit) does not skip what the child's atexit asked for."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "ends.py").write_text(
+        "import atexit, pathlib, sys, tempfile\n"
+        "print(tempfile.gettempdir())\n"
+        "atexit.register(pathlib.Path(sys.argv[1]).write_text, 'the exit hooks ran')\n")
+    (tmp_path / "tmp").mkdir()
+    env = {**python_env(), "PYTHONPATH": str(tmp_path / "lib"), "TMPDIR": str(tmp_path / "tmp")}
+    ended = forked.run("ends", [str(tmp_path / "hooks")], env, cwd=tmp_path)
+    assert ended.returncode == 0 and ended.stdout == f"{tmp_path / 'tmp'}\n", ended.stderr
+    assert (tmp_path / "hooks").read_text() == "the exit hooks ran"
+
+
 def test_the_notebooks_train_tinygpt_py_is_the_trainer_from_its_folder_and_from_the_root(tmp_path, tiny_corpus):
     """hpc_lab/04_tinygpt/train_tinygpt.py, as the course notebook names it: the same help, exit codes and
     training as `python -m tinygpt.train`, run from its own folder (paths relative to it) or from the root."""

@@ -8,7 +8,8 @@ those two once: a child costs its own work.
 
 A child is what `python -m MODULE ARGS` would be, in the environment, folder and (unless captured) standard
 streams it is given: it imports the project afresh from its own PYTHONPATH (a sweep's code snapshot), and the
-`sitecustomize` of the first folder that PYTHONPATH adds, as an interpreter does when it starts. What it shares
+`sitecustomize` of the first folder that PYTHONPATH adds, as an interpreter does when it starts; its temporary
+files go where its TMPDIR says, and its exit hooks (atexit) run as it ends. What it shares
 with the server is torch as imported before the child's environment was set. The server never starts CUDA, so a
 child may. Linux only (`available()`): elsewhere, and where a fork is not wanted, start a real interpreter.
 This module imports no torch; the server does.
@@ -16,6 +17,7 @@ This module imports no torch; the server does.
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing
 import os
 import runpy
@@ -49,6 +51,7 @@ def _child(module: str, args: list[str], env: dict[str, str], cwd: str, streams:
             os.close(file)
     os.environ.clear()
     os.environ.update(env)
+    tempfile.tempdir = None  # (found again from this child's TMPDIR, as a new interpreter would)
     os.chdir(cwd)
     added = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
     sys.path[:0] = added
@@ -59,7 +62,12 @@ def _child(module: str, args: list[str], env: dict[str, str], cwd: str, streams:
     if first is not None:
         runpy.run_path(os.path.join(first, "sitecustomize.py"))
     sys.argv = [module, *args]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    finally:
+        # What an interpreter runs as it ends (W&B's and tempfile's cleanups, say): multiprocessing ends a child
+        # with os._exit, which skips them.
+        atexit._run_exitfuncs()
 
 
 class Forked:

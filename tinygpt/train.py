@@ -11,6 +11,7 @@ answer at once.
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 from typing import TYPE_CHECKING
@@ -82,13 +83,15 @@ def exit_process(code: int) -> None:
     Everything a run writes is flushed and closed by now (checkpoints are fsynced, the metrics file closed,
     the process group destroyed). What finalisation would still do is run C++ destructors of the
     collective library's threads, which can abort the process ("terminate called without an active
-    exception", SIGABRT) after it has finished its work, and fail a finished job.
+    exception", SIGABRT) after it has finished its work, and fail a finished job. Python's exit hooks still
+    run first (W&B's service and temporary folders are taken down by them, not left behind on the node).
     Slurm's signals are ignored from here on: the run has nothing more to save (preemption.py).
     """
     from . import distributed
 
     preemption.ignore_from_now_on()
     if distributed.detect().is_distributed:
+        atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
