@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, TINY_FLAGS, loss_series, read_metrics, sweep_dirs
+from conftest import ROOT, TINY_FLAGS, loss_series, read_metrics, slow_saves, sweep_dirs
 from slurm_helpers import (
     cancel,
     events,
@@ -84,16 +84,17 @@ def test_time_limit_requeues_and_completes_without_losing_or_repeating_a_step(tm
     """Slurm's own warning before the time limit stops the run, which requeues itself and finishes, every
     logged step once across its lives. Whatever the machine's speed: the first life aims at a step count
     that no machine reaches before the warning, and once Slurm has stopped it, the test sets the real end
-    in the run's config file (which every start reads)."""
+    in the run's config file (which every start reads). While it waits for the warning, the run spends most of
+    its time in a checkpoint write held for half a second every 50 steps (tests/slow_saves), not on the CPU."""
     out = tmp_path / "limit"
     keys = spec_train(tiny_corpus, tmp_path / "data")
-    keys.update(out_dir=str(out), max_steps=10**9, log_interval=50, eval_interval=3000, ckpt_interval=3000)
+    keys.update(out_dir=str(out), max_steps=10**9, log_interval=50, eval_interval=3000, ckpt_interval=50)
     run_config = tmp_path / "limit.yaml"
     run_config.write_text(json.dumps(keys))
     script = f"#!/bin/bash\nsrun {python()} -m tinygpt.train --config {run_config}\n"
     # A one-minute limit; Slurm signals about 50 s before it (slurmctld checks limits every few seconds).
     job = sbatch("-J", unique_name("limit"), "--time=1", "--signal=USR2@50", "--requeue", "-o",
-                 str(tmp_path / "limit.out"), "--open-mode=append", script=script, env=job_env())
+                 str(tmp_path / "limit.out"), "--open-mode=append", script=script, env=job_env(**slow_saves(0.5)))
     try:
         preempted = wait_until(lambda: events(out, "preempted") if
                                (out / "metrics.jsonl").exists() else None, timeout=240, what="the time-limit signal")
