@@ -85,7 +85,8 @@ def test_time_limit_requeues_and_completes_without_losing_or_repeating_a_step(tm
     logged step once across its lives. Whatever the machine's speed: the first life aims at a step count
     that no machine reaches before the warning, and once Slurm has stopped it, the test sets the real end
     in the run's config file (which every start reads). While it waits for the warning, the run spends most of
-    its time in a checkpoint write held for half a second every 50 steps (tests/slow_saves), not on the CPU."""
+    its time in a checkpoint write held for half a second every 50 steps (tests/slow_saves), not on the CPU; the
+    last life saves only at its end."""
     out = tmp_path / "limit"
     keys = spec_train(tiny_corpus, tmp_path / "data")
     keys.update(out_dir=str(out), max_steps=10**9, log_interval=50, eval_interval=3000, ckpt_interval=50)
@@ -99,7 +100,7 @@ def test_time_limit_requeues_and_completes_without_losing_or_repeating_a_step(tm
         preempted = wait_until(lambda: events(out, "preempted") if
                                (out / "metrics.jsonl").exists() else None, timeout=240, what="the time-limit signal")
         final = (preempted[0]["step"] // 50 + 10) * 50  # ten more logged steps after the first life
-        run_config.write_text(json.dumps({**keys, "max_steps": final}))
+        run_config.write_text(json.dumps({**keys, "max_steps": final, "ckpt_interval": 3000}))  # (no more waits)
         state, restarts = run_to_completion(job, timeout=420)
     finally:
         cancel(job)
