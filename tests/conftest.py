@@ -379,7 +379,18 @@ def pytest_runtest_protocol(item, nextitem):
         os.environ.update(saved)
 
 
+_DATA_DIR = pytest.StashKey[str]()
+
+
+def pytest_sessionstart(session):
+    # Data that a test prepares without naming a folder for it (the trainer's default, $TINYGPT_DATA_DIR, else
+    # ./data) goes to a folder of this run's: neither into the checkout nor into the user's own data folder.
+    folder = session.config.stash[_DATA_DIR] = tempfile.mkdtemp(prefix="tinygpt-tests-data-")
+    os.environ["TINYGPT_DATA_DIR"] = folder
+
+
 def pytest_sessionfinish(session):
+    shutil.rmtree(session.config.stash[_DATA_DIR], ignore_errors=True)
     for folder, mirror in _WITHOUT_SLURM.items():
         if mirror != folder:
             shutil.rmtree(mirror, ignore_errors=True)

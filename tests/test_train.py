@@ -293,7 +293,8 @@ def test_the_notebooks_train_tinygpt_py_is_the_trainer_from_its_folder_and_from_
     """hpc_lab/04_tinygpt/train_tinygpt.py, as the course notebook names it: the same help, exit codes and
     training as `python -m tinygpt.train`, run from its own folder (paths relative to it) or from the root."""
     script = ROOT / "hpc_lab" / "04_tinygpt" / "train_tinygpt.py"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # (it must find the package itself)
+    # (It must find the package itself; its data goes to ./data, the default a notebook's user has.)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TINYGPT_DATA_DIR")}
 
     def run(*args: str, cwd) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=cwd, env=env,
