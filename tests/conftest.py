@@ -379,18 +379,21 @@ def pytest_runtest_protocol(item, nextitem):
         os.environ.update(saved)
 
 
-_DATA_DIR = pytest.StashKey[str]()
+_SESSION_FOLDER = pytest.StashKey[str]()
 
 
 def pytest_sessionstart(session):
-    # Data that a test prepares without naming a folder for it (the trainer's default, $TINYGPT_DATA_DIR, else
-    # ./data) goes to a folder of this run's: neither into the checkout nor into the user's own data folder.
-    folder = session.config.stash[_DATA_DIR] = tempfile.mkdtemp(prefix="tinygpt-tests-data-")
-    os.environ["TINYGPT_DATA_DIR"] = folder
+    # What the tests' processes would keep in the user's folders goes to a folder of this run's instead: data
+    # prepared without a folder named for it (the trainer's default, $TINYGPT_DATA_DIR, else ./data: the
+    # checkout), and W&B's debug logs and settings (~/.cache/wandb, ~/.config/wandb).
+    folder = session.config.stash[_SESSION_FOLDER] = tempfile.mkdtemp(prefix="tinygpt-tests-")
+    for name, sub in (("TINYGPT_DATA_DIR", "data"), ("WANDB_CACHE_DIR", "wandb-cache"),
+                      ("WANDB_CONFIG_DIR", "wandb-config")):
+        os.environ[name] = os.path.join(folder, sub)
 
 
 def pytest_sessionfinish(session):
-    shutil.rmtree(session.config.stash[_DATA_DIR], ignore_errors=True)
+    shutil.rmtree(session.config.stash[_SESSION_FOLDER], ignore_errors=True)
     for folder, mirror in _WITHOUT_SLURM.items():
         if mirror != folder:
             shutil.rmtree(mirror, ignore_errors=True)
