@@ -9,10 +9,10 @@ those two once: a child costs its own work.
 A child is what `python -m MODULE ARGS` would be, in the environment, folder and (unless captured) standard
 streams it is given: it imports the project afresh from its own PYTHONPATH (a sweep's code snapshot), and the
 `sitecustomize` of the first folder that PYTHONPATH adds, as an interpreter does when it starts; its temporary
-files go where its TMPDIR says, and its exit hooks (atexit) run as it ends. What it shares
-with the server is torch as imported before the child's environment was set. The server never starts CUDA, so a
-child may. Linux only (`available()`): elsewhere, and where a fork is not wanted, start a real interpreter.
-This module imports no torch; the server does.
+files go where its TMPDIR says, and its exit hooks (atexit) run as it ends. What it shares with the server is
+torch as imported before the child's environment was set. The server never starts CUDA, so a child may. Linux
+only (`available()`): elsewhere, and where a fork is not wanted, start a real interpreter. This module imports
+no torch; the server does.
 """
 
 from __future__ import annotations
@@ -78,10 +78,12 @@ class Forked:
     def __init__(self, module: str, args: list[str], env: dict[str, str], cwd: Path | str | None = None,
                  capture: bool = True):
         self.args = [module, *args]
-        self._streams = tempfile.mkdtemp(prefix="tinygpt-forked-") if capture else None
-        for name in ("stdout", "stderr") if capture else ():  # (there to read even if the child never starts)
-            Path(self._streams, name).touch(0o600)
-        if capture:  # (gone with this object, if communicate never read it: a process killed and waited for)
+        self._streams = None
+        if capture:
+            self._streams = tempfile.mkdtemp(prefix="tinygpt-forked-")
+            for name in ("stdout", "stderr"):  # (there to read even if the child never starts)
+                Path(self._streams, name).touch(0o600)
+            # (gone with this object if communicate never read it: a process killed and waited for)
             weakref.finalize(self, shutil.rmtree, self._streams, ignore_errors=True)
         self._process = _server().Process(target=_child, daemon=False,
                                           args=(module, [str(a) for a in args], dict(env),
