@@ -327,6 +327,7 @@ SLURM_COMMANDS = frozenset({"sacct", "sacctmgr", "salloc", "sattach", "sbatch", 
                             "sstat", "strigger", "sview"})
 SLURM_VARIABLES = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "SQUEUE_", "SACCT_", "SINFO_", "SCONTROL_")
 _WITHOUT_SLURM: dict[str, str] = {}  # {PATH folder that holds a Slurm command: the same folder without them}
+_SESSION_FOLDER = ""  # the session's own folder (pytest_sessionstart), removed with all it holds at its end
 
 
 def path_without_slurm(path: str) -> str:
@@ -340,7 +341,7 @@ def path_without_slurm(path: str) -> str:
             except OSError:
                 names = set()
             if names & SLURM_COMMANDS:
-                mirror = Path(tempfile.mkdtemp(prefix="tinygpt-path-without-slurm-"))
+                mirror = Path(tempfile.mkdtemp(prefix="path-without-slurm-", dir=_SESSION_FOLDER or None))
                 for name in names - SLURM_COMMANDS:
                     (mirror / name).symlink_to(Path(folder) / name)
                 _WITHOUT_SLURM[folder] = str(mirror)
@@ -379,24 +380,19 @@ def pytest_runtest_protocol(item, nextitem):
         os.environ.update(saved)
 
 
-_SESSION_FOLDER = pytest.StashKey[str]()
-
-
 def pytest_sessionstart(session):
     # What the tests' processes would keep in the user's folders goes to a folder of this run's instead: data
     # prepared without a folder named for it (the trainer's default, $TINYGPT_DATA_DIR, else ./data: the
-    # checkout), and W&B's debug logs and settings (~/.cache/wandb, ~/.config/wandb).
-    folder = session.config.stash[_SESSION_FOLDER] = tempfile.mkdtemp(prefix="tinygpt-tests-")
+    # checkout), and W&B's debug logs and settings (~/.cache/wandb, ~/.config/wandb); PATH's mirrors too.
+    global _SESSION_FOLDER
+    _SESSION_FOLDER = tempfile.mkdtemp(prefix="tinygpt-tests-")
     for name, sub in (("TINYGPT_DATA_DIR", "data"), ("WANDB_CACHE_DIR", "wandb-cache"),
                       ("WANDB_CONFIG_DIR", "wandb-config")):
-        os.environ[name] = os.path.join(folder, sub)
+        os.environ[name] = os.path.join(_SESSION_FOLDER, sub)
 
 
 def pytest_sessionfinish(session):
-    shutil.rmtree(session.config.stash[_SESSION_FOLDER], ignore_errors=True)
-    for folder, mirror in _WITHOUT_SLURM.items():
-        if mirror != folder:
-            shutil.rmtree(mirror, ignore_errors=True)
+    shutil.rmtree(_SESSION_FOLDER, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -83,8 +83,8 @@ class Forked:
             self._streams = tempfile.mkdtemp(prefix="tinygpt-forked-")
             for name in ("stdout", "stderr"):  # (there to read even if the child never starts)
                 Path(self._streams, name).touch(0o600)
-            # (gone with this object if communicate never read it: a process killed and waited for)
-            weakref.finalize(self, shutil.rmtree, self._streams, ignore_errors=True)
+            # (gone once communicate has read it, or with this object: a process killed and waited for)
+            self._remove_streams = weakref.finalize(self, shutil.rmtree, self._streams, ignore_errors=True)
         self._process = _server().Process(target=_child, daemon=False,
                                           args=(module, [str(a) for a in args], dict(env),
                                                 str(cwd or os.getcwd()), self._streams))
@@ -118,7 +118,7 @@ class Forked:
             return "", ""
         streams = Path(self._streams)
         out, err = ((streams / name).read_text(errors="replace") for name in ("stdout", "stderr"))
-        shutil.rmtree(streams, ignore_errors=True)
+        self._remove_streams()
         return out, err
 
 
