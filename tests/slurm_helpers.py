@@ -220,8 +220,11 @@ def step_cpus(job_id: str, steps: int) -> dict[str, int]:
     def read() -> dict[str, int] | None:
         out = subprocess.run(["sacct", "-n", "-P", "-j", job_id, "-o", "JobID,AllocCPUS"], capture_output=True,
                              text=True, timeout=30).stdout
-        found = {jid.rpartition(".")[2]: int(cpus) for jid, _, cpus in (line.partition("|") for line in
-                 out.splitlines()) if jid.rpartition(".")[2].isdigit()}
+        # (a step's JobID has a dot; the job's own line may read "166" rather than "166_0" while accounting
+        # has not yet heard that it is an array task)
+        rows = (line.split("|") for line in out.splitlines())
+        found = {step: int(cpus) for (_, dot, step), cpus in ((jid.rpartition("."), cpus) for jid, cpus in rows)
+                 if dot and step.isdigit()}
         return found if len(found) >= steps else None
 
     return wait_until(read, timeout=60, poll=0.5, what=f"accounting of job {job_id}'s steps")
