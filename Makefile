@@ -6,7 +6,8 @@ VENV       ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PY         := $(VENV)/bin/python
 PYTEST_ARGS ?=
-# Two workers: the cluster tests in order on one, the rest on the other (tests/conftest.py).
+# Two workers: the cluster tests that need the cluster to themselves in order on one, the rest on both, the cluster
+# tests that share it last (tests/side_by_side.py).
 PYTEST_XDIST ?= -n 2 --dist loadgroup
 
 .PHONY: venv smoke test test-release lint clean
@@ -28,7 +29,7 @@ test: venv
 
 # The tests whose outcome depends on the Slurm release, on the cluster that is up (CI: the second release).
 test-release: venv
-	$(PY) -m pytest -m slurm_release $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_XDIST) -m slurm_release $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shlex
@@ -17,6 +16,7 @@ import pytest
 from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parent.parent
+pytest_plugins = ["side_by_side"]  # which tests run beside which under pytest-xdist
 
 # Property tests draw the same cases on every run and every machine: a run that fails fails again, and one
 # that passes did not pass by luck. `pytest --hypothesis-profile hunt` (with TINYGPT_FUZZ_EXAMPLES=N for a
@@ -393,56 +393,3 @@ def pytest_sessionstart(session):
 
 def pytest_sessionfinish(session):
     shutil.rmtree(_SESSION_FOLDER, ignore_errors=True)
-
-
-# ----------------------------------------------------------------------------------------------------
-# Side by side (pytest-xdist; `make test` runs two workers). The cluster tests run one after another on one
-# worker, as they would alone: they share the cluster's CPUs, and each expects its jobs to start when the
-# cluster is free. The other tests run on the other worker. A test marked `alone` measures how its jobs use
-# their CPUs, so it waits until the test beside it has ended, and nothing starts beside it until it is done.
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups to send each to one worker
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.get_closest_marker("slurm") is not None:
-            item.add_marker(pytest.mark.xdist_group("slurm"))
-        elif item.get_closest_marker("slurm_release") is not None:  # (it would skip nowhere and run unguarded)
-            raise pytest.UsageError(f"{item.nodeid} is marked slurm_release but not slurm; mark it slurm too")
-    # `alone` tests first: then the test beside one is the other worker's first, not a long one half done.
-    items.sort(key=lambda item: item.get_closest_marker("alone") is None)
-
-
-def pytest_collection_finish(session):
-    """On a worker of `--dist loadgroup`: the cluster tests really are one group (a pytest-xdist that stops
-    grouping says nothing, and the cluster tests would run side by side)."""
-    if os.environ.get("PYTEST_XDIST_WORKER") is None or not session.config.getvalue("loadgroup"):
-        return
-    lost = [item.nodeid for item in session.items
-            if item.get_closest_marker("slurm") is not None and not item.nodeid.endswith("@slurm")]
-    if lost:
-        raise pytest.UsageError(f"pytest-xdist did not group the cluster tests (e.g. {lost[0]}); this pytest and "
-                                f"pytest-xdist do not work together (pytest-dev/pytest-xdist#1386): pip install "
-                                f"-e '.[dev]' installs a pair that does")
-
-
-@pytest.fixture(autouse=True)
-def _share_of_the_machine(request, tmp_path_factory):
-    if os.environ.get("PYTEST_XDIST_TESTRUNUID") is None:  # one process: every test is alone already
-        yield
-        return
-    # The run's own folder, which holds each worker's temporary folder (popen-gwN) and goes with them.
-    folder = tmp_path_factory.getbasetemp().parent
-    alone = request.node.get_closest_marker("alone") is not None
-    # A readers-writer lock over the whole run: every test holds `cores` shared, an `alone` test exclusive.
-    # `gate` keeps a waiting `alone` test from being overtaken by tests that start after it asked.
-    with open(folder / "gate", "a") as gate, open(folder / "cores", "a") as cores:
-        fcntl.flock(gate, fcntl.LOCK_EX)
-        fcntl.flock(cores, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        if not alone:
-            fcntl.flock(gate, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(cores, fcntl.LOCK_UN)
-            fcntl.flock(gate, fcntl.LOCK_UN)

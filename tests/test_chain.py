@@ -29,6 +29,7 @@ def test_a_local_chain_prepares_trains_and_reports_in_order(tmp_path, tiny_corpu
 
 
 @pytest.mark.slurm
+@pytest.mark.shares_cluster
 def test_the_chain_runs_in_order_on_the_cluster_and_the_report_is_written(tmp_path, tiny_corpus):
     work = tmp_path / "w"
     spec = chain_spec(tmp_path, tiny_corpus, "chained")
@@ -51,6 +52,7 @@ def test_the_chain_runs_in_order_on_the_cluster_and_the_report_is_written(tmp_pa
 
 
 @pytest.mark.slurm
+@pytest.mark.shares_cluster
 def test_cancel_cancels_the_whole_chain(tmp_path, tiny_corpus):
     work = tmp_path / "w"
     spec = chain_spec(tmp_path, tiny_corpus, "stopped")

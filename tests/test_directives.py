@@ -145,6 +145,7 @@ RAW_COMMENTS = ["a\\ b", '"a b"', "'a b'", "a\\\\b", '"x#y"', "x\\#y", "x # y", 
 
 @pytest.mark.slurm
 @pytest.mark.slurm_release
+@pytest.mark.shares_cluster
 def test_the_model_of_sbatchs_parser_reads_raw_lines_as_this_clusters_sbatch_does(tmp_path):
     """tests/sbatch_rules.py, the oracle of the property tests above, held against the real sbatch: each raw line
     is submitted held, and the comment Slurm stored (squeue's %k) is the model's, for this cluster's release."""

@@ -136,6 +136,7 @@ def test_resume_with_another_world_size_rederives_the_data_streams(tmp_path, tin
 
 @pytest.mark.slurm_release
 @pytest.mark.slurm
+@pytest.mark.shares_cluster
 def test_two_nodes_under_srun_find_the_master_from_the_nodelist_and_stay_in_sync(tmp_path, tiny_corpus):
     from slurm_helpers import train_on_two_nodes
 

@@ -51,6 +51,7 @@ def started(run_dir: Path) -> dict:
 
 
 @pytest.mark.slurm(needs=["gpus"])
+@pytest.mark.shares_cluster
 @pytest.mark.parametrize("example, directive, node", [("a100-example", "#SBATCH --gres=gpu:a100:2", "node1"),
                                                       ("h100-example", "#SBATCH --gpus-per-node=2", None)])
 @pytest.mark.slurm_release
@@ -84,6 +85,7 @@ def cell_texts(line: str) -> list[str]:
 
 
 @pytest.mark.slurm(needs=["gpus"])
+@pytest.mark.shares_cluster
 @pytest.mark.slurm_release
 def test_packed_runs_each_take_their_share_of_the_tasks_gpus_and_cpus(tmp_path, tiny_corpus):
     """Slurm gives every packed run (an overlapping step) both GPUs of the task; each takes one. Each step holds

@@ -57,5 +57,6 @@ def test_slurm_is_hidden_even_when_the_machine_has_it(tmp_path):
 
 
 @pytest.mark.slurm
+@pytest.mark.shares_cluster
 def test_a_slurm_test_sees_the_cluster():
     assert "sinfo" in what_is_seen()[0]

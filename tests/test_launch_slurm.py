@@ -12,7 +12,7 @@ from conftest import ROOT, launch, read_metrics, sweep_dirs, tiny_train, tiny_ya
 from slurm_helpers import cancel, counting_shim, manifest_of, sbatch, step_cpus, wait, wait_until
 from tinygpt.launch import manifest as manifest_mod
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.shares_cluster]
 
 TINY_TRAIN = tiny_yaml(max_steps=20, eval_interval=10)
 

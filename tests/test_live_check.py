@@ -20,8 +20,10 @@ from tinygpt.launch import spec as spec_mod
 LOCAL = yaml.safe_load((ROOT / "hpc_lab" / "clusters" / "local.yaml").read_text())
 
 
-def queue() -> list[str]:
-    return subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=30).stdout.split()
+def queued(name: str) -> list[str]:
+    """The jobs named `name` in the queue: a sweep's jobs carry its name (other tests' jobs may come and go)."""
+    return subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True,
+                          timeout=30).stdout.split()
 
 
 def spec_with(tmp_path: Path, corpus: Path, name: str, profile: dict | None = None, resources: dict | None = None,
@@ -37,14 +39,14 @@ def spec_with(tmp_path: Path, corpus: Path, name: str, profile: dict | None = No
 
 @pytest.mark.slurm_release
 @pytest.mark.slurm
+@pytest.mark.shares_cluster
 def test_check_of_a_good_spec_gives_slurms_estimate_and_submits_nothing(tmp_path, tiny_corpus):
-    before = queue()
     out = launch("check", str(spec_with(tmp_path, tiny_corpus, "good")), "--workdir", str(tmp_path / "w"))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "slurm: good.sbatch: would start at " in out.stdout and "in partition debug" in out.stdout
     release = slurm_release()  # (of the commands on PATH, which are the controller's release here)
     assert f"check: the spec fits cluster local (Slurm {release}); nothing submitted" in out.stdout, out.stdout
-    assert not set(queue()) - set(before)  # (no new job; one of an earlier test may have left the queue)
+    assert queued("good") == []
 
 
 # What the live cluster refuses, and the message that says so: (name, the profile's changes over local.yaml, the
@@ -81,16 +83,16 @@ REFUSED = [
 
 @pytest.mark.slurm_release
 @pytest.mark.slurm(needs=["gpus", "accounts"])
+@pytest.mark.shares_cluster
 @pytest.mark.parametrize("name, profile, resources, grid, message", REFUSED, ids=[case[0] for case in REFUSED])
 def test_a_spec_the_live_cluster_would_refuse_is_named_and_nothing_is_submitted(tmp_path, tiny_corpus, name,
                                                                                  profile, resources, grid, message):
     spec = spec_with(tmp_path, tiny_corpus, name, profile, resources, grid)
-    before = queue()
     for command in (["check", str(spec)], [str(spec)]):  # `check`, and a plain submission: the same verdict
         out = launch(*command, "--workdir", str(tmp_path / "w"))
         assert out.returncode == 1 and message in out.stderr, out.stdout + out.stderr
         assert "Traceback" not in out.stderr
-    assert not set(queue()) - set(before)  # (no new job; one of an earlier test may have left the queue)
+    assert queued(name) == []
 
 
 def test_the_check_reads_time_limits_gpu_types_and_qos_from_what_slurm_says(tmp_path):
@@ -125,6 +127,7 @@ def test_the_check_reads_time_limits_gpu_types_and_qos_from_what_slurm_says(tmp_
 
 
 @pytest.mark.slurm
+@pytest.mark.shares_cluster
 def test_a_submission_fails_closed_when_slurm_cannot_answer_and_no_check_says_it_was_not_checked(tmp_path,
                                                                                                  tiny_corpus):
     bindir = tmp_path / "bin"
@@ -136,10 +139,9 @@ def test_a_submission_fails_closed_when_slurm_cannot_answer_and_no_check_says_it
     (bindir / "scontrol").chmod(0o755)
     env = {"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
     spec, work = spec_with(tmp_path, tiny_corpus, "blind"), tmp_path / "w"
-    before = queue()
     out = launch(str(spec), "--workdir", str(work), env=env)
     assert out.returncode == 1 and live_check.NOT_CHECKED in out.stderr, out.stdout + out.stderr
-    assert not set(queue()) - set(before) and not (work / "jobs").exists()
+    assert queued("blind") == [] and not (work / "jobs").exists()
     held = launch(str(spec), "--workdir", str(work), "--no-check", "--hold", env=env)
     assert held.returncode == 0 and "not checked against the live cluster (--no-check)" in held.stdout, held.stderr
     job = manifest_of(work, "blind").submissions[0].job_id

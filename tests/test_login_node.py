@@ -10,7 +10,7 @@ import pytest
 from conftest import LOCAL_CLUSTER_HOME
 from slurm_helpers import cancel, unique_name, wait
 
-pytestmark = [pytest.mark.slurm(needs=["login"]), pytest.mark.slurm_release]
+pytestmark = [pytest.mark.slurm(needs=["login"]), pytest.mark.slurm_release, pytest.mark.shares_cluster]
 
 KEYS = LOCAL_CLUSTER_HOME / "login"
 USER, HOST = "tgstudent", "login"  # (lib.sh's LOGIN_USER and LOGIN_NAME)

@@ -14,6 +14,7 @@ TINY = tiny_yaml(eval_interval=10, max_steps=20)
 
 
 @pytest.mark.slurm
+@pytest.mark.shares_cluster
 def test_logs_show_the_latest_life_or_all_and_status_says_why_a_run_failed(tmp_path, tiny_corpus):
     work = tmp_path / "w"
     spec = tmp_path / "three.yaml"

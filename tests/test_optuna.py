@@ -132,6 +132,7 @@ def test_a_search_with_a_target_prunes_at_equal_seconds_of_training_and_not_befo
 
 
 @pytest.mark.slurm
+@pytest.mark.shares_cluster
 def test_two_workers_on_the_cluster_and_a_preempted_worker_resumes_its_trial(tmp_path, tiny_corpus):
     """The acceptance run: 2 workers, 12 trials, ASHA; worker 0 gets the time-limit signal mid-trial."""
     import optuna

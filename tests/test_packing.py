@@ -76,6 +76,7 @@ def test_pack_is_checked(tmp_path, tiny_corpus):
 
 @pytest.mark.slurm_release
 @pytest.mark.slurm
+@pytest.mark.shares_cluster
 def test_a_signal_to_a_packed_task_requeues_it_and_both_runs_resume_exactly(tmp_path, tiny_corpus):
     from tinygpt import config, trainer
 

@@ -23,6 +23,7 @@ def live(kind: str) -> list[dict[str, str]]:
 
 @pytest.mark.slurm_release
 @pytest.mark.slurm(needs=["gpus", "accounts"])
+@pytest.mark.shares_cluster
 def test_profile_new_writes_what_slurm_says_and_sweeps_run_with_it_unchanged(tmp_path, tiny_corpus):
     out = launch("profile", "new", "--dir", str(tmp_path))
     assert out.returncode == 0, out.stdout + out.stderr
@@ -66,6 +67,7 @@ def test_profile_new_writes_what_slurm_says_and_sweeps_run_with_it_unchanged(tmp
 
 
 @pytest.mark.slurm
+@pytest.mark.shares_cluster
 def test_profile_new_never_writes_over_a_profile_without_force(tmp_path):
     assert launch("profile", "new", "--dir", str(tmp_path), "--name", "mine").returncode == 0
     path = tmp_path / "mine.yaml"

@@ -58,6 +58,7 @@ def test_states_and_changes_are_parsed():
 
 
 @pytest.mark.slurm
+@pytest.mark.shares_cluster
 def test_resubmit_runs_exactly_the_failed_tasks_again_and_they_resume(tmp_path, tiny_corpus):
     work = tmp_path / "w"
     spec = tmp_path / "four.yaml"
@@ -100,6 +101,7 @@ def test_resubmit_runs_exactly_the_failed_tasks_again_and_they_resume(tmp_path, 
 
 
 @pytest.mark.slurm
+@pytest.mark.shares_cluster
 def test_resubmit_with_the_submitit_backend(tmp_path, tiny_corpus):
     work = tmp_path / "w"
     spec = tmp_path / "pair.yaml"

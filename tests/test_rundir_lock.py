@@ -124,6 +124,7 @@ def test_without_flock_the_holder_keeps_its_record_fresh(tmp_path, no_flock):
 
 
 @pytest.mark.slurm
+@pytest.mark.shares_cluster
 def test_two_trainers_on_two_nodes_sharing_a_run_directory_one_refuses(tmp_path, tiny_corpus):
     from slurm_helpers import cancel, job_env, python, sbatch, unique_name, wait
 

@@ -5,7 +5,8 @@ import pytest
 from conftest import TINY_FLAGS, read_metrics
 from slurm_helpers import cancel, job_env, python, sbatch, unique_name, wait, wait_sacct
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slurm_release]  # (each: the release itself, on every release)
+# (each: the release itself, on every release)
+pytestmark = [pytest.mark.slurm, pytest.mark.slurm_release, pytest.mark.shares_cluster]
 
 
 @pytest.fixture

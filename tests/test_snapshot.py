@@ -83,6 +83,7 @@ def test_the_scripts_and_manifest_point_at_the_snapshot(checkout, tmp_path):
 
 
 @pytest.mark.slurm
+@pytest.mark.shares_cluster
 @pytest.mark.parametrize("backend", ["sbatch", "submitit"])
 def test_a_queued_job_runs_the_code_it_was_submitted_with(checkout, tmp_path, tiny_corpus, backend):
     """Submit held, break the trainer in the checkout, release: the job trains with the submitted code."""

@@ -211,6 +211,7 @@ def test_launch_sync_hands_every_offline_life_of_a_sweep_to_wandb_sync(tmp_path,
 
 
 @pytest.mark.slurm
+@pytest.mark.shares_cluster
 def test_a_two_node_ddp_run_has_one_tensorboard_writer_and_one_wandb_run(tmp_path, tiny_corpus):
     from slurm_helpers import train_on_two_nodes
 
