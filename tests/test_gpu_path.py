@@ -7,6 +7,7 @@ there, not by the kernels. DDP around the compiled model runs on two gloo ranks 
 """
 
 import json
+import signal
 import subprocess
 import sys
 
@@ -140,11 +141,19 @@ def test_fp16_stopped_and_resumed_is_bit_identical_with_the_scaler_in_the_checkp
 def test_gpu_check_quick_passes_on_this_cpu(tmp_path):
     """bench/gpu_check.py --device cpu --quick: every check's CPU counterpart passes, and what the quick mode
     leaves out or this CPU cannot check (bf16 without native bf16) is named in the last line."""
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--device", "cpu", "--quick"],
-                          capture_output=True, text=True, timeout=600, env=python_env(TMPDIR=str(tmp_path)))
-    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    command = [sys.executable, "-X", "faulthandler", str(ROOT / "bench" / "gpu_check.py"), "--device", "cpu", "--quick"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=python_env(TMPDIR=str(tmp_path))) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=300)  # (about 30 s here, beside the other worker)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)  # -X faulthandler: every thread's stack on stderr, then the end
+            stdout, stderr = proc.communicate(timeout=60)
+            pytest.fail(f"gpu_check.py did not end in 300 s; what it said, then where its threads were:\n"
+                        f"{stdout}\n{stderr[-8000:]}")
+    lines = [json.loads(line) for line in stdout.splitlines()]
     checks = {line["check"]: line for line in lines if "check" in line}
-    assert done.returncode == 0 and lines[-1]["failed"] == [], done.stdout + done.stderr[-3000:]
+    assert proc.returncode == 0 and lines[-1]["failed"] == [], stdout + stderr[-3000:]
     assert list(checks) == ["compile", "precision", "resume", "throughput", "preempt", "nccl", "sample", "recipe"]
     assert all(c["ok"] for c in checks.values())
     assert set(checks["recipe"]["runs"]) >= {"nanogpt", "ours"} and all(
@@ -153,4 +162,4 @@ def test_gpu_check_quick_passes_on_this_cpu(tmp_path):
 
     assert ("bf16_val_loss" in checks["precision"]) == cpu_has_bf16()
     assert any("bf16" in n for n in lines[-1]["not_checked"]) != cpu_has_bf16()
-    print("\n".join(done.stdout.splitlines()))
+    print(stdout)
