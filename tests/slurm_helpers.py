@@ -64,6 +64,15 @@ def sbatch(*args: str, script: str | None = None, cwd: Path | None = None, env: 
     return out.stdout.strip().split(";")[0]
 
 
+def queued(name: str) -> list[str]:
+    """The ids of the jobs named `name` in the queue (a sweep's jobs carry its name; other tests' jobs may come and
+    go, so the whole queue is no measure). A squeue that fails raises: an empty answer is never taken for none."""
+    out = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True, timeout=30)
+    if out.returncode != 0:
+        raise RuntimeError(f"squeue failed ({out.returncode}): {out.stderr.strip()}")
+    return out.stdout.split()
+
+
 def scontrol_state(job_id: str) -> str | None:
     out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, timeout=30)
     if out.returncode != 0:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, launch, read_metrics, sweep_dirs, tiny_train, tiny_yaml
-from slurm_helpers import cancel, counting_shim, manifest_of, sbatch, step_cpus, wait, wait_until
+from slurm_helpers import cancel, counting_shim, manifest_of, queued, sbatch, step_cpus, wait, wait_until
 from tinygpt.launch import manifest as manifest_mod
 
 pytestmark = [pytest.mark.slurm, pytest.mark.shares_cluster]
@@ -105,10 +105,7 @@ def test_dry_run_leaves_the_queue_untouched(tmp_path, workdir, tiny_corpus, sbat
     assert out.returncode == 0 and "nothing submitted" in out.stdout
     assert not count.exists()  # sbatch never called
     assert manifest_of(workdir, "dry").submissions == []
-    # Nothing of this sweep in the queue (a job the sweep would submit carries its name). Jobs of other tests
-    # may start or end meanwhile, so the whole queue is no measure.
-    queued = subprocess.run(["squeue", "-h", "-n", "dry", "-o", "%i"], capture_output=True, text=True, timeout=30)
-    assert queued.returncode == 0 and queued.stdout == "", queued
+    assert queued("dry") == []  # nothing of this sweep in the queue
 
 
 @pytest.mark.slurm_release

@@ -13,17 +13,11 @@ import yaml
 
 from conftest import ROOT, launch, tiny_yaml
 from gpu_cluster import GPU_CLUSTER
-from slurm_helpers import manifest_of, sbatch, slurm_release, wait_until
+from slurm_helpers import manifest_of, queued, sbatch, slurm_release, wait_until
 from tinygpt.launch import live_check
 from tinygpt.launch import spec as spec_mod
 
 LOCAL = yaml.safe_load((ROOT / "hpc_lab" / "clusters" / "local.yaml").read_text())
-
-
-def queued(name: str) -> list[str]:
-    """The jobs named `name` in the queue: a sweep's jobs carry its name (other tests' jobs may come and go)."""
-    return subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True,
-                          timeout=30).stdout.split()
 
 
 def spec_with(tmp_path: Path, corpus: Path, name: str, profile: dict | None = None, resources: dict | None = None,
