@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY         := $(VENV)/bin/python
 PYTEST_ARGS ?=
 # Two workers: the cluster tests that need the cluster to themselves in order on one, the rest on both, the cluster
-# tests that share it last (tests/side_by_side.py).
+# tests that share it last (tests/support/side_by_side.py).
 PYTEST_XDIST ?= -n 2 --dist loadgroup
 
 .PHONY: venv smoke test test-release lint clean

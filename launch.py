@@ -6,7 +6,7 @@ A thin entry point: parsing and everything else live in `tinygpt.launch`, which 
 
 import sys
 
-from tinygpt.launch.cli import main
+from tinygpt.launch.commands.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -28,7 +28,7 @@ def data_and_model(recipe: dict, args: argparse.Namespace):
     the recipe's model (seeded)."""
     import torch
 
-    from tinygpt.config import ModelConfig
+    from tinygpt.base.config import ModelConfig
     from tinygpt.data import Batches, prepare_from_config
     from tinygpt.model import GPT
 

@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as `python bench/x.py` from anywhere, installed or not
     sys.path.insert(0, str(ROOT))
-from tinygpt import metrics  # noqa: E402 (importable from the line above)
+from tinygpt.training import metrics  # noqa: E402 (importable from the line above)
 
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
 
@@ -103,7 +103,7 @@ def val_loss_on_windows(model, batches) -> float:
 
     import torch
 
-    from tinygpt.trainer import window_loss_sums
+    from tinygpt.training.trainer import window_loss_sums
 
     was_training = model.training
     model.eval()

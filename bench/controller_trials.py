@@ -1,4 +1,4 @@
-"""Trials of Slurm's daemons as they fail on real clusters (issue 47), on the two-node local cluster (`up.sh --nodes
+"""Trials of Slurm's daemons as they fail on real clusters, on the two-node local cluster (`up.sh --nodes
 2 --preemption`): the controller stopped and started again, accounting (slurmdbd) and its database (MariaDB)
 stopped, each the way a site's restart does (hpc_lab/local_cluster/daemon.sh); prints two tables.
 
@@ -22,11 +22,9 @@ import time
 from pathlib import Path
 
 from common import ROOT
-from tinygpt import metrics
+from tests.support.slurm import run_to_completion, wait
 from tinygpt.launch.layout import SweepDirs
-
-sys.path.insert(0, str(ROOT / "tests"))
-from slurm_helpers import run_to_completion, wait  # noqa: E402 (the cluster tests' helpers)
+from tinygpt.training import metrics
 
 DAEMON = ROOT / "hpc_lab" / "local_cluster" / "daemon.sh"
 TRAIN = {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 16, "batch_size": 4, "max_steps": 300,

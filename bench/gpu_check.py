@@ -11,7 +11,7 @@ On CPU each check makes its CPU counterpart: gloo stands in for NCCL (nccl), fp1
 scaler runs on the CPU, and bf16 where the CPU has native bf16 (else the bf16 runs are named as not
 checked). The quick mode on CPU is sized for the test suite: it compiles with aot_eager (Dynamo and
 AOTAutograd without code generation: Inductor's CPU code is not what a GPU runs, and the suite trains
-through Inductor once, in tests/test_gpu_path.py), resumes the compiled autocast run only, and times one
+through Inductor once, in tests/training/test_gpu_path.py), resumes the compiled autocast run only, and times one
 throughput run; the last line names what it left out.
 
 * compile: the model compiled (Inductor) against eager under bf16 autocast, and dropout's keep rate on
@@ -30,7 +30,7 @@ throughput run; the last line names what it left out.
 * sample: text generated on the GPU from a trained checkpoint.
 * throughput: the large config (6x384, block 256, batch 64): auto (bf16, compiled), fp16, fp32 (TF32),
   and auto with the published recipe's dropout 0.2: ms/iter, tokens/s, MFU against the GPU's datasheet
-  peak (tinygpt.precision.PEAK_FLOPS), peak memory.
+  peak (tinygpt.training.speed.PEAK_FLOPS), peak memory.
 * recipe: the time to val 1.47 of nanoGPT's shakespeare_char recipe (AdamW, 5000 steps) and of ours
   (jobs/shakespeare-char-gpu.yaml: Muon, 2500 steps), one after the other under the auto policy: seconds of
   training and tokens to the crossing (metrics.crossing), and the final loss. The quick mode on CPU runs
@@ -55,8 +55,8 @@ import traceback
 from pathlib import Path
 
 from common import PRESETS, ROOT, SHAKESPEARE, data_flags, flags_for, run_trainer
-from tinygpt import forked
-from tinygpt import metrics as metrics_mod
+from tinygpt.launch.submit import fork_server
+from tinygpt.training import metrics as metrics_mod
 
 CHECKS = ("compile", "precision", "resume", "throughput", "preempt", "nccl", "sample", "recipe")  # GPU figures first
 QUICK = dict(n_layer=2, n_head=2, n_embd=64, block_size=32, batch_size=8)  # the quick mode's model: seconds a run
@@ -72,7 +72,7 @@ NOT_CHECKED: list[str] = []  # what this machine cannot show, said in the last l
 @functools.cache  # (asked by several checks; said once)
 def autocast_precisions(device: str) -> tuple[str, ...]:
     """The autocast precisions this device runs: all on CUDA; on CPU fp16, and bf16 where it is native."""
-    from tinygpt.precision import cpu_has_bf16
+    from tinygpt.training.precision import cpu_has_bf16
 
     if device.startswith("cuda"):
         return ("bf16", "fp16")
@@ -106,10 +106,10 @@ def trainer_env(**extra: str) -> dict:
 
 
 def trainer(out: Path, device: str, *flags: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """A trainer process to its end. Each is forked from one server that imported torch once (tinygpt/forked.py;
+    """A trainer process to its end. Each is forked from one server that imported torch once (fork_server.py;
     the server never touches CUDA, so each child starts CUDA afresh): a dozen runs would otherwise spend a
     minute of a lent GPU's time importing torch."""
-    return forked.run("tinygpt.train", trainer_args(out, device, *flags), trainer_env(), timeout=timeout)
+    return fork_server.run("tinygpt.train", trainer_args(out, device, *flags), trainer_env(), timeout=timeout)
 
 
 def metrics(out: Path) -> list[dict]:
@@ -133,7 +133,7 @@ def check_compile(device: str, quick: bool, tmp: Path) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from tinygpt.config import ModelConfig
+    from tinygpt.base.config import ModelConfig
     from tinygpt.model import GPT
 
     torch.manual_seed(0)
@@ -209,7 +209,7 @@ def check_resume(device: str, quick: bool, tmp: Path) -> dict:
     auto = ["--precision", autocast_precisions(device)[0], *compile_flags(device, quick)] if device == "cpu" else []
     labels = [("fp32", ["--precision", "fp32", "--compile", "off"]), ("auto", auto)]
     if quick and device == "cpu":
-        NOT_CHECKED.append("resume in fp32 (quick mode on CPU; tests/test_train.py resumes fp32 exactly)")
+        NOT_CHECKED.append("resume in fp32 (quick mode on CPU; tests/training/test_train.py resumes fp32 exactly)")
         labels = labels[1:]
     for label, policy in labels:
         flags = base + policy
@@ -247,8 +247,8 @@ def check_preempt(device: str, quick: bool, tmp: Path) -> dict:
     bindir.mkdir(exist_ok=True)
     flags = [*flags_for(QUICK if quick else PRESETS["small"]), *data_flags(), "--max-steps", "100000",
              "--log-interval", "1", "--eval-interval", "100000", "--ckpt-interval", "100000", "--eval-windows", "64"]
-    proc = forked.Forked("tinygpt.train", trainer_args(out, device, *flags),
-                         trainer_env(SLURM_JOB_ID="4242", PATH=str(bindir)))
+    proc = fork_server.Forked("tinygpt.train", trainer_args(out, device, *flags),
+                              trainer_env(SLURM_JOB_ID="4242", PATH=str(bindir)))
     deadline, at_step = time.monotonic() + 300, 10 if quick else 50
     while time.monotonic() < deadline and proc.poll() is None:
         if any("lr" in r and r["step"] >= at_step for r in metrics(out)):
@@ -275,7 +275,7 @@ def check_nccl(device: str, quick: bool, tmp: Path) -> dict:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from tinygpt.config import ModelConfig
+    from tinygpt.base.config import ModelConfig
     from tinygpt.model import GPT
 
     backend = "nccl" if device.startswith("cuda") else "gloo"
@@ -315,8 +315,8 @@ def check_sample(device: str, quick: bool, tmp: Path) -> dict:
     run = tmp / f"precision-{autocast_precisions(device)[0]}"
     if not run.exists():
         check_precision(device, True, tmp)
-    proc = forked.run("tinygpt.sample", ["--run", str(run), "--device", device, "--tokens", "300", "--prompt",
-                                         "ROMEO:"], trainer_env(), timeout=300)
+    proc = fork_server.run("tinygpt.sample", ["--run", str(run), "--device", device, "--tokens", "300", "--prompt",
+                                              "ROMEO:"], trainer_env(), timeout=300)
     ran(proc, "tinygpt.sample")
     text = proc.stdout
     expect(text.startswith("ROMEO:") and len(text) >= 300, f"sample: {text[:200]!r}")

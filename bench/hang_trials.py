@@ -1,4 +1,4 @@
-"""Trials of the jobs that must not hang silently (issue 29), on the two-node local cluster; prints a table.
+"""Trials of the jobs that must not hang silently, on the two-node local cluster; prints a table.
 
     python bench/hang_trials.py             # 3 stopped ranks and 3 unreachable master addresses
     python bench/hang_trials.py --trials 5  # ... 5 of each
@@ -24,12 +24,10 @@ import time
 from pathlib import Path
 
 from common import ROOT, trial_options
-from tinygpt import metrics
+from tests.support.slurm import trainer_pid
 from tinygpt.launch import manifest
 from tinygpt.launch.layout import SweepDirs, task_log
-
-sys.path.insert(0, str(ROOT / "tests"))
-from slurm_helpers import trainer_pid  # noqa: E402 (the helper the cluster tests use)
+from tinygpt.training import metrics
 
 TRAIN = {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 16, "batch_size": 4, "max_steps": 2000,
          "eval_interval": 500, "ckpt_interval": 50, "log_interval": 10, "sample_tokens": 0, "eval_windows": 8,

@@ -18,7 +18,7 @@ Prints one JSON object:
 - `status_10000_held` and `resubmit_dry_run_10000_held`, with a Slurm cluster: a held 10,000-run sweep: wall
   time and the calls made to sacct, squeue and scontrol (targets 2 s, 3 calls); `cancel_10000_held`: its
   cancel (once), time and calls;
-- `report_1000`: `launch.py report` over 1,000 finished runs (tests/finished_sweep.py: one trained, the
+- `report_1000`: `launch.py report` over 1,000 finished runs (tests/support/finished_sweep.py: one trained, the
   others written).
 Times are the best and the median of the tries (3 unless said).
 """
@@ -173,9 +173,8 @@ def held_sweep(tmp: Path) -> dict:
 
 
 def report_1000(tmp: Path) -> dict:
-    sys.path.insert(0, str(ROOT / "tests"))
-    from conftest import TINY_TEXT, train_tiny
-    from finished_sweep import make
+    from tests.support.finished_sweep import make
+    from tests.support.tiny import TINY_TEXT, train_tiny
 
     corpus = tmp / "corpus.txt"
     corpus.write_text(TINY_TEXT)
@@ -216,7 +215,7 @@ def main() -> None:
 
 def snapshot_figures(repeat: int = 5) -> dict:
     sys.path.insert(0, str(ROOT))
-    from tinygpt.launch import snapshot
+    from tinygpt.launch.submit import snapshot
 
     taken, reused = [], []
     for _ in range(repeat):

@@ -1,4 +1,4 @@
-"""Trials of the run-directory lock (tinygpt/rundir_lock.py) with real trainers; prints one JSON line per
+"""Trials of the run-directory lock (tinygpt/training/rundir_lock.py) with real trainers; prints one JSON line per
 trial and a summary. Not a test: it takes minutes (the tests try each case once).
 
     python bench/lock_trials.py                      # 20 trials: two trainers on one directory, this machine
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from common import ROOT
-from tinygpt import metrics
+from tinygpt.training import metrics
 
 TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--batch-size", "4",
         "--eval-interval", "100000", "--ckpt-interval", "100", "--log-interval", "1", "--sample-tokens", "0",

@@ -1,4 +1,4 @@
-"""Trials of jobs lost the ways Slurm loses them (issue 30), on the two-node local cluster with its preemption
+"""Trials of jobs lost the ways Slurm loses them, on the two-node local cluster with its preemption
 partitions (`up.sh --nodes 2 --preemption`); prints a table.
 
     python bench/lost_jobs_trials.py              # 3 trials of each case
@@ -13,7 +13,7 @@ Cases, each at a drawn moment (a number of training lines, or of lock acquisitio
   its namespace); Slurm ends the job NODE_FAIL and requeues it, the node boots again, the run must finish.
 - lock kill: an Optuna search of 6 trials on two workers; the worker that holds a lock at its drawn
   acquisition (the journal's own lock in even trials, the one taken to ask for a trial in odd ones) is
-  SIGKILLed there (tests/slow_locks holds every lock 0.3 s, so the kill lands inside);
+  SIGKILLed there (tests/support/slow_locks holds every lock 0.3 s, so the kill lands inside);
   the other worker must go on once the lock's grace period is over, and a plain `resubmit` must let the
   killed worker finish the trial it had.
 
@@ -38,11 +38,9 @@ import time
 from pathlib import Path
 
 from common import ROOT, trial_options
-from tinygpt import metrics
+from tests.support.slurm import job_fields, run_to_completion, sbatch, wait
 from tinygpt.launch.layout import SweepDirs
-
-sys.path.insert(0, str(ROOT / "tests"))
-from slurm_helpers import job_fields, run_to_completion, sbatch, wait  # noqa: E402 (the cluster tests' helpers)
+from tinygpt.training import metrics
 
 TRAIN = {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 16, "batch_size": 4, "max_steps": 1500,
          "eval_interval": 500, "ckpt_interval": 50, "log_interval": 10, "sample_tokens": 0, "eval_windows": 8,
@@ -166,12 +164,15 @@ def identity(path: Path) -> tuple[int, int] | None:
 def lock_kill(work: Path, trial: int, rng: random.Random) -> dict:
     import optuna
 
-    from tinygpt import config, study_journal, trainer
+    from tinygpt.base import config
     from tinygpt.launch import manifest as manifest_mod
+    from tinygpt.launch.node import study_journal
+    from tinygpt.training import trainer
 
     name, nth = f"lock{trial}", rng.randint(2, 12)
     train = {**TRAIN, "max_steps": 300, "eval_interval": 100}
-    env = {"PYTHONPATH": f"{ROOT / 'tests' / 'slow_locks'}{os.pathsep}{ROOT}", "TINYGPT_TEST_LOCK_STALL_S": "0.3"}
+    env = {"PYTHONPATH": f"{ROOT / 'tests' / 'support' / 'slow_locks'}{os.pathsep}{ROOT}",
+           "TINYGPT_TEST_LOCK_STALL_S": "0.3"}
     tasks = sweep(work, name, {}, train=train, search={**SEARCH, "seed": trial}, **env)
     manifest = manifest_mod.load(SweepDirs(work, name).manifest)
     journal = Path(manifest.search.journal)

@@ -25,14 +25,14 @@ import time
 from pathlib import Path
 
 from common import PRESETS, ROOT, data_flags, flags_for
-from tinygpt import metrics
+from tinygpt.training import metrics
 
 
 def bare_loop(preset: str, steps: int, warmup: int) -> float:
     """Tokens/s of the bare loop (median of per-step times after warm-up), in this process."""
     import torch
 
-    from tinygpt.config import ModelConfig
+    from tinygpt.base.config import ModelConfig
     from tinygpt.model import GPT
 
     c = PRESETS[preset]

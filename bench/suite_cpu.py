@@ -6,7 +6,7 @@
 The machine's figure is read from /proc/stat before and after the command, so it counts everything that ran
 meanwhile: pytest's workers, the trainers they start, and the jobs slurmd starts for the cluster tests (the
 machine should be otherwise idle). Each test's figure is the CPU time of its pytest process and of the
-children it waited for during the test (os.times), the trainers tests/forked.py forks included (its fork
+children it waited for during the test (os.times), the trainers launch/submit/fork_server.py forks included (its fork
 server waits for them); it is recorded by this file, loaded as a pytest plugin (`-p suite_cpu`, through
 PYTEST_ADDOPTS). A Slurm job's processes are not children of the test, so a cluster test's own figure leaves
 them out: the machine's total less the tests' sum is what Slurm's daemons and jobs, pytest itself and the
@@ -59,7 +59,7 @@ def pytest_configure(config):
 
 def _forked_s() -> float:
     """CPU seconds of multiprocessing's fork server in this process and of the children it has reaped
-    (tests/forked.py forks trainers from it: they are not this process's children)."""
+    (tinygpt/launch/submit/fork_server.py forks trainers from it: they are not this process's children)."""
     from multiprocessing import forkserver
 
     pid = getattr(forkserver._forkserver, "_forkserver_pid", None)

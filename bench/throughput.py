@@ -64,9 +64,10 @@ def main() -> None:
     parser.add_argument("--loggers", default="none", help="trackers the trainer feeds, e.g. tensorboard,wandb "
                                                           "(W&B offline); default none")
     args = parser.parse_args()
-    from tinygpt.config import ModelConfig
+    from tinygpt.base.config import ModelConfig
     from tinygpt.model import GPT
-    from tinygpt.precision import cpu_has_bf16, flops_per_token
+    from tinygpt.training.precision import cpu_has_bf16
+    from tinygpt.training.speed import flops_per_token
 
     config = dict(PRESETS[args.preset])
     steps = args.steps or {"small": 60, "medium": 30, "large": 6, "cpu-fast": 45}[args.preset]

@@ -34,8 +34,8 @@ import time
 from pathlib import Path
 
 from common import ROOT, SHAKESPEARE, flags_for, full_split_val_loss
-from tinygpt.config import build
-from tinygpt.metrics import crossing
+from tinygpt.base.config import build
+from tinygpt.training.metrics import crossing
 
 HERE = Path(__file__).resolve().parent
 KEYS = ("step", "train_s", "elapsed_s")  # of each evaluation: placed at the crossing by interpolation
@@ -110,10 +110,10 @@ def main() -> None:
 
 def ours(recipe: dict, seed: int, args, tmp: Path, out: Path) -> dict:
     """Our trainer on `recipe`, in run directory `out`: its evaluations, as the points of the curve."""
-    from tinygpt import checkpoint as ckpt
-    from tinygpt import metrics
     from tinygpt.data import Batches, prepare_from_config
-    from tinygpt.train_state import model_from
+    from tinygpt.training import checkpoint as ckpt
+    from tinygpt.training import metrics
+    from tinygpt.training.train_state import model_from
 
     steps = build(recipe).optim.max_steps  # (the trainer's default where the recipe does not say)
     every = args.eval_every or max(10, steps // 40)

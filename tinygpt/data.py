@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import durable
+from tinygpt.base import durable
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
@@ -395,7 +395,7 @@ def parser():
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from .errors import blank_arguments, not_utf8
+    from tinygpt.base.errors import blank_arguments, not_utf8
 
     argv = sys.argv[1:] if argv is None else argv
     top = parser()

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from . import metrics
+from tinygpt.training import metrics
 
 SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "pos_emb", "bias")
 SAMPLE_CHARS = 400
@@ -68,7 +68,7 @@ def loss_per_char(model, prepared, text: str) -> float:
 
 def section(runs: list, out_dir: Path, load_model: Callable, prepared, draw_attention: Callable) -> list[str]:
     """The report's Markdown lines about each unmasked run (none when the sweep has no such pair)."""
-    from .sample import sample_text
+    from tinygpt.training.sampling import sample_text
 
     lines: list[str] = []
     for unmasked, causal in pairs(runs):

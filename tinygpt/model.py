@@ -8,7 +8,7 @@
 The output head shares its weight with the token embedding ("weight tying"): the same matrix maps a
 character to a vector and a vector back to a score per character.
 
-The shape of the model is `tinygpt.config.ModelConfig` (n_layer, n_head, n_embd, block_size, dropout,
+The shape of the model is `tinygpt.base.config.ModelConfig` (n_layer, n_head, n_embd, block_size, dropout,
 bias, pos_emb, causal), the one description of it that the command line, the launcher and checkpoints share;
 the vocabulary size comes from the data.
 """
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 if TYPE_CHECKING:  # only for the annotations: the model needs nothing from the config module at run time
-    from .config import ModelConfig
+    from tinygpt.base.config import ModelConfig
 
 
 class CausalSelfAttention(nn.Module):

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import durable, mask_exercise, metrics
+from tinygpt import mask_exercise
+from tinygpt.base import durable
+from tinygpt.training import metrics
 
 
 @dataclass
@@ -43,7 +45,7 @@ def _plt():
 
 
 def load_run(run_dir: Path, name: str | None = None) -> RunSummary:
-    from .config import ConfigError, resolve
+    from tinygpt.base.config import ConfigError, resolve
 
     run_dir = Path(run_dir)
     try:
@@ -111,8 +113,8 @@ def plot_losses(runs: list[RunSummary], refs: dict[str, float], path: Path, titl
 
 def load_model(run: RunSummary):
     """(the model of the run's newest valid checkpoint in eval mode, its step)."""
-    from . import checkpoint as ckpt
-    from .train_state import model_from
+    from tinygpt.training import checkpoint as ckpt
+    from tinygpt.training.train_state import model_from
 
     try:
         checkpoint = ckpt.load_newest(run.run_dir, lambda m: print(f"warning: {m}", file=sys.stderr), ("model",))
@@ -125,7 +127,7 @@ def load_model(run: RunSummary):
 
 
 def prepared_data(run: RunSummary):
-    from .data import prepare_from_config
+    from tinygpt.data import prepare_from_config
 
     cfg = run.config
     return prepare_from_config(cfg["dataset"], cfg["data_file"], cfg["data_dir"])

@@ -1,4 +1,4 @@
-"""Text from a model: `sample_text` for the trainer, and `python -m tinygpt.sample` for a trained run.
+"""Text from a trained run, `python -m tinygpt.sample`: the same `sample_text` the trainer samples with as it trains.
 
     python -m tinygpt.sample --run runs/mine --prompt "ROMEO:" --tokens 400 --temperature 0.8 --top-k 20
 """
@@ -10,25 +10,10 @@ import re
 import sys
 from pathlib import Path
 
-from . import schema
-from .config import SAMPLE_TEMPERATURE, SAMPLE_TOP_K, RunConfig
-from .errors import blank_arguments, filesystem_message, not_utf8
-
-
-def sample_text(model, prepared, prompt: str, tokens: int, seed: int, device: str,
-                temperature: float = SAMPLE_TEMPERATURE, top_k: int | None = SAMPLE_TOP_K) -> str:
-    """`prompt` continued by `tokens` sampled characters; characters outside the vocabulary are dropped."""
-    import torch
-
-    vocab = set(prepared.vocab)
-    prompt = "".join(ch for ch in prompt if ch in vocab) or prepared.vocab[0]
-    ids = torch.tensor([prepared.encode(prompt)], dtype=torch.long, device=device)
-    generator = torch.Generator(device=device).manual_seed(seed)
-    was_training = model.training
-    model.eval()
-    out = model.generate(ids, tokens, temperature=temperature, top_k=top_k, generator=generator)
-    model.train(was_training)
-    return prepared.decode(out[0].tolist())
+from tinygpt.base import schema
+from tinygpt.base.config import SAMPLE_TEMPERATURE, SAMPLE_TOP_K, RunConfig
+from tinygpt.base.errors import blank_arguments, filesystem_message, not_utf8
+from tinygpt.training.sampling import sample_text
 
 
 def _problems(args: argparse.Namespace) -> list[str]:
@@ -77,11 +62,11 @@ def main(argv: list[str] | None = None) -> int:
         print("error: " + "; ".join(problems), file=sys.stderr)
         return 2
 
-    from . import checkpoint as ckpt  # (after the argument checks: --help stays fast without torch)
-    from .config import ConfigError, from_dict
-    from .data import DataError, prepare_from_config
-    from .precision import PrecisionError, pick_device
-    from .train_state import model_from
+    from tinygpt.base.config import ConfigError, from_dict
+    from tinygpt.data import DataError, prepare_from_config
+    from tinygpt.training import checkpoint as ckpt  # (after the argument checks: --help stays fast without torch)
+    from tinygpt.training.precision import PrecisionError, pick_device
+    from tinygpt.training.train_state import model_from
 
     run = Path(args.run)
     try:

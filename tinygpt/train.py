@@ -4,7 +4,7 @@
     torchrun --nproc-per-node 4 -m tinygpt.train --config run.yaml     # DDP from torchrun's env
     srun python -m tinygpt.train --n-layer 6 --n-embd 384              # DDP from Slurm's env
 
-This module parses, hands the config to `tinygpt.trainer` and turns what can go wrong into a message
+This module parses, hands the config to `tinygpt.training.trainer` and turns what can go wrong into a message
 and an exit status. It imports no torch until there is something to train: `--help` and a bad flag
 answer at once.
 """
@@ -16,17 +16,18 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from tinygpt.base.errors import FULL, filesystem_message
+
 # (light modules only: cli() records Slurm's signals before the configuration's schema, pydantic, loads)
-from . import precision, preemption
-from .errors import FULL, filesystem_message
+from tinygpt.training import packing, preemption
 
 if TYPE_CHECKING:
-    from .config import TrainConfig
+    from tinygpt.base.config import TrainConfig
 
 
 def main(argv: list[str] | None = None) -> int:
     """Train from command-line arguments; 0 on success, 2 for a bad configuration, 1 for other errors."""
-    from . import config as config_mod
+    from tinygpt.base import config as config_mod
 
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):
@@ -37,12 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     except config_mod.ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    from . import trainer  # torch, from here on
-    from .data import DataError
-    from .distributed import JoinError
-    from .precision import PrecisionError
-    from .rundir_lock import RunDirBusy
-    from .tracking import TrackingError
+    from tinygpt.data import DataError
+    from tinygpt.training import trainer  # torch, from here on
+    from tinygpt.training.distributed import JoinError
+    from tinygpt.training.precision import PrecisionError
+    from tinygpt.training.rundir_lock import RunDirBusy
+    from tinygpt.training.tracking import TrackingError
 
     try:
         return trainer.train(cfg).exit_code
@@ -73,7 +74,7 @@ def cli() -> None:
     killing the process with the default action; the trainer's handler picks up what was recorded.
     """
     preemption.install_early_recorder()
-    precision.take_pack_share()
+    packing.take_pack_share()
     exit_process(main())
 
 
@@ -87,7 +88,7 @@ def exit_process(code: int) -> None:
     run first (W&B's service and temporary folders are taken down by them, not left behind on the node).
     Slurm's signals are ignored from here on: the run has nothing more to save (preemption.py).
     """
-    from . import distributed
+    from tinygpt.training import distributed
 
     preemption.ignore_from_now_on()
     if distributed.detect().is_distributed:

@@ -16,7 +16,7 @@ def console():
     return out
 
 
-SPEC_AS = "TINYGPT_SPEC_AS"  # how the user named the spec on the laptop that sent this command (remote.py)
+SPEC_AS = "TINYGPT_SPEC_AS"  # how the user named the spec on the laptop that sent this command (remote/laptop.py)
 
 
 def shown(spec: str) -> str:

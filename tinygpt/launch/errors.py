@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tinygpt.errors import ProblemsError
+from tinygpt.base.errors import ProblemsError
 
 
 class LaunchError(ProblemsError):

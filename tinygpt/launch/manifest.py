@@ -15,13 +15,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from tinygpt import durable, schema
-from tinygpt.rundir_lock import RunDirLock, describe
-
-from .errors import LaunchError
-from .layout import SUBMISSIONS, SweepDirs
+from tinygpt.base import durable, schema
+from tinygpt.launch.errors import LaunchError
+from tinygpt.launch.layout import SUBMISSIONS, SweepDirs
+from tinygpt.training.rundir_lock import RunDirLock, describe
 
 LOCK_WAIT_S = 5.0  # a second command on the same sweep waits this long for the first, then refuses
 
@@ -51,7 +50,9 @@ class _Record(BaseModel):
 class RunRecord(_Record):
     index: int
     name: str
-    overrides: dict
+    # The run's own trainer inputs (those that differ between the sweep's runs); manifests written before the key
+    # was named `own` call it `overrides`.
+    own: dict = Field(validation_alias=AliasChoices("own", "overrides"))
     out_dir: str  # (written only where it is not <workdir>/runs/<sweep>/<name>: `Manifest` fills that in)
     max_steps: int | None = None
 
@@ -80,6 +81,7 @@ class Submission(_Record):
     folder: str | None = None
     python: str | None = None
     executor: dict | None = None  # submitit: the executor's parameters
+    task: str | None = None  # submitit: the import path of the class its jobs unpickle (node/train_task.py)
     changes: dict[str, str] | None = None  # resubmit: the sbatch options changed
     previous: dict[str, Life] | None = None  # resubmit: each run's job before this one
 
@@ -321,9 +323,9 @@ def record_submission(path: Path, backend: str, job_id: str, indices: list[int],
 
 
 if __name__ == "__main__":
-    # The batch scripts of sweeps launched before run_config.py existed call `python -m tinygpt.launch.manifest
-    # config MANIFEST INDEX` when each task starts (a resubmission too, with the sweep's own script): they still
-    # get their run's config file.
+    # `python -m tinygpt.launch.manifest config MANIFEST INDEX` is how a batch script asked for its run's config
+    # file before node/run_config.py took the job; a script that still says so (a resubmission reuses the sweep's
+    # own script) gets it.
     import runpy
 
-    runpy.run_module("tinygpt.launch.run_config", run_name="__main__")
+    runpy.run_module("tinygpt.launch.node.run_config", run_name="__main__")

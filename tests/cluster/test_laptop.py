@@ -1,0 +1,241 @@
+"""Every command from a laptop, over SSH, against the local cluster's login node (up.sh --login): this test is the
+laptop, with Slurm's commands hidden from it; the login node's sshd, its user tgstudent and its /cluster (which
+the laptop does not have) are real. The README's "From your laptop" commands, with a profile of their own here."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support.cluster_gate import LOCAL_CLUSTER_HOME
+from tests.support.hermetic import path_without_slurm
+from tests.support.paths import ROOT
+from tests.support.processes import python_env, wait_until
+from tests.support.slurm import unique_name
+from tinygpt.launch.remote import laptop as remote
+from tinygpt.launch.spec import profiles
+
+pytestmark = pytest.mark.slurm(needs=["login"])
+
+KEYS = LOCAL_CLUSTER_HOME / "login"
+REMOTE_DIR = "tinygpt-hpc-tests"  # in tgstudent's home on the cluster: the README's commands use tinygpt-hpc
+HOME_THERE = LOCAL_CLUSTER_HOME / "cluster" / "home" / "tgstudent"  # (only to set up and to look: not the laptop's)
+
+
+@pytest.fixture(scope="module")
+def laptop(tmp_path_factory) -> dict:
+    """The profile the laptop uses (local-login.yaml, in a folder of its own on the cluster), the jobs' Python put
+    on the cluster once (login.sh python), and the laptop's environment: no Slurm, its own wheel cache."""
+    here = tmp_path_factory.mktemp("laptop")
+    profile = yaml.safe_load((ROOT / "hpc_lab" / "clusters" / "local-login.yaml").read_text())
+    profile["login"]["remote_dir"] = REMOTE_DIR
+    (here / "local-login.yaml").write_text(yaml.safe_dump(profile))
+    done = subprocess.run(["bash", str(ROOT / "hpc_lab" / "local_cluster" / "login.sh"), "python", sys.prefix],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    env = {"PATH": path_without_slurm(os.environ["PATH"]), "SLURM_CONF": os.devnull,
+           "XDG_CACHE_HOME": str(here / "cache")}
+    return {"profile": here / "local-login.yaml", "env": env, "dir": here}
+
+
+def on_laptop(laptop: dict, *args: str, cwd: Path, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=timeout, env=python_env(COLUMNS="250", **{**laptop["env"], **env}))
+
+
+def write_spec(folder: Path, name: str, **extra) -> Path:
+    spec = {"name": name, "train": {"dataset": "pydoc", "max_steps": 12, "n_layer": 1, "n_head": 2, "n_embd": 32,
+                                    "block_size": 32, "batch_size": 8, "eval_interval": 6},
+            "grid": {"lr": [0.001, 0.002]}, **extra}
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def squeue_names(name: str) -> list[str]:
+    """What the cluster knows of jobs of that name (the test sees Slurm; the laptop does not)."""
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "--name", name, "-o", "JobID", "-S", "now-1hour"],
+                         capture_output=True, text=True, timeout=60)
+    return out.stdout.split()
+
+
+def test_a_sweep_launched_from_the_laptop_runs_there_and_its_report_comes_back(laptop, tmp_path):
+    name = unique_name("laptop")
+    spec = write_spec(tmp_path, name)
+    args = ["--workdir", str(tmp_path)]
+    out = on_laptop(laptop, str(spec), "--cluster", str(laptop["profile"]), *args, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "submitted 2 run(s) as job array" in out.stdout and f"launch.py status {spec}`" in out.stdout
+    assert "bytes sent to login" in out.stderr
+    record = json.loads((tmp_path / "jobs" / name / "remote.json").read_text())
+    assert record["root"] == f"/cluster/home/tgstudent/{REMOTE_DIR}"
+    assert not (tmp_path / "jobs" / name / "manifest.json").exists()  # (the login node keeps the sweep)
+    assert (HOME_THERE / REMOTE_DIR / "jobs" / name / "manifest.json").is_file()
+
+    watched = on_laptop(laptop, "status", str(spec), "--watch", "--interval", "1", *args, cwd=tmp_path)
+    assert watched.returncode == 0, watched.stderr
+    final = watched.stdout.rsplit(f"sweep {name}", 1)[-1]
+    assert final.count("COMPLETED") == 2, watched.stdout
+
+    again = on_laptop(laptop, "resubmit", str(spec), "--dry-run", *args, cwd=tmp_path)
+    assert again.returncode == 0 and "nothing to resubmit" in again.stdout, again
+    logs = on_laptop(laptop, "logs", str(spec), "lr=0.002", "--tail", "3", *args, cwd=tmp_path)
+    assert logs.returncode == 0 and logs.stdout.strip(), logs.stderr
+
+    report = on_laptop(laptop, "report", str(spec), *args, cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    here = tmp_path / "runs" / name
+    assert "lr=0.001" in (here / "report.md").read_text() and (here / "val_loss.png").is_file()
+    assert sorted(p.parent.name for p in here.glob("*/metrics.jsonl")) == ["lr=0.001", "lr=0.002"]
+    assert not list(here.glob("*/checkpoints"))  # (checkpoints only with pull --checkpoints)
+    pulled = on_laptop(laptop, "pull", str(spec), "--checkpoints", *args, cwd=tmp_path)
+    assert pulled.returncode == 0 and len(list(here.glob("*/checkpoints/*.pt"))) >= 2, pulled.stderr
+
+
+def test_ctrl_c_on_the_laptop_stops_the_watch_there_and_a_held_sweep_is_cancelled(laptop, tmp_path):
+    name = unique_name("laptop-held")
+    spec = write_spec(tmp_path, name)
+    args = ["--workdir", str(tmp_path)]
+    out = on_laptop(laptop, str(spec), "--cluster", str(laptop["profile"]), "--hold", *args, cwd=tmp_path)
+    try:
+        assert out.returncode == 0, out.stderr
+        _watch_interrupted_then_cancelled(laptop, spec, args, tmp_path)
+    finally:  # (held jobs never end by themselves)
+        subprocess.run(["scancel", "--name", name], timeout=60)
+
+
+def _watch_interrupted_then_cancelled(laptop: dict, spec: Path, args: list[str], tmp_path: Path) -> None:
+    commands = HOME_THERE / REMOTE_DIR / "commands"
+    before = set(commands.iterdir())
+    watch = subprocess.Popen([sys.executable, str(ROOT / "launch.py"), "status", str(spec), "--watch", *args],
+                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=python_env(COLUMNS="250", **laptop["env"]))
+    try:  # (piped, not a terminal, the watch shows its table when it ends: wait for the command there instead)
+        started = wait_until(lambda: [c for c in set(commands.iterdir()) - before if (c / "keeper").exists()],
+                             timeout=120, what="the watch started on the login node")
+        watch.send_signal(signal.SIGINT)
+        assert watch.wait(timeout=60) == 130, watch.stderr.read()
+    finally:
+        watch.kill()
+    assert (started[0] / "status").read_text() == "130"  # (the watch there ended: Ctrl-C reached it)
+    assert "PENDING" in on_laptop(laptop, "status", str(spec), *args, cwd=tmp_path).stdout
+
+    cancelled = on_laptop(laptop, "cancel", str(spec), *args, cwd=tmp_path)
+    assert cancelled.returncode == 0 and "cancelled" in cancelled.stdout, cancelled.stderr
+    wait_until(lambda: "CANCELLED" in on_laptop(laptop, "status", str(spec), *args, cwd=tmp_path).stdout,
+               timeout=60, what="the sweep shown cancelled from the laptop")
+
+
+def test_a_second_launch_sends_only_the_files_that_changed(laptop, tmp_path):
+    conn = remote.Connection(profiles.from_file(laptop["profile"]).login)
+    conn.root = json.loads(conn.call("hello"))["root"]
+    marker = unique_name("content").encode()
+    files = [("a.py", b"print('a')\n" + marker, "file"), ("b/c.txt", b"c" * 5000 + marker, "file"),
+             ("run.sh", b"#!/bin/sh\necho " + marker + b"\n", "exec")]
+    first = remote.send_tree(conn, f"t-{marker.decode()}-1", files)
+    assert first == sum(len(f"{'0' * 64} {len(d)}\n") + len(d) for _, d, _ in files)
+    assert remote.send_tree(conn, f"t-{marker.decode()}-2", files) == 0
+    changed = [files[0], ("b/c.txt", b"d" * 5000 + marker, "file"), files[2]]
+    assert remote.send_tree(conn, f"t-{marker.decode()}-3", changed) == len(f"{'0' * 64} 5000\n") + 5000 + \
+        len(marker)
+    tree = HOME_THERE / REMOTE_DIR / "trees" / f"t-{marker.decode()}-3"
+    assert (tree / "b" / "c.txt").read_bytes() == changed[1][1] and os.access(tree / "run.sh", os.X_OK)
+
+
+def _profile_with(laptop: dict, folder: Path, **login) -> Path:
+    data = yaml.safe_load(laptop["profile"].read_text())
+    data["login"].update(login)
+    path = folder / "variant.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_each_way_the_login_node_cannot_be_used_is_one_message_and_nothing_is_submitted(laptop, tmp_path):
+    other = tmp_path / "id_other"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True, timeout=30)
+    empty = tmp_path / "known_hosts_empty"
+    empty.write_text("")
+    changed = tmp_path / "known_hosts_changed"
+    changed.write_text(f"login,10.77.0.2 {other.with_suffix('.pub').read_text().split()[0]} "
+                       f"{other.with_suffix('.pub').read_text().split()[1]}\n")
+    cases = {
+        "unreachable": ({"port": 2222}, 75, "cannot reach the login node login"),
+        "wrong key": ({"identity_file": str(other)}, 255, "refused the login of tgstudent"),
+        "unknown host key": ({"options": {"UserKnownHostsFile": str(empty)}}, 255, "host key is not known"),
+        "changed host key": ({"options": {"UserKnownHostsFile": str(changed)}}, 255, "host key has CHANGED"),
+        "no python": ({"python": "/usr/bin/python9"}, 1, "has no `/usr/bin/python9`"),
+    }
+    for case, (login, status, said) in cases.items():
+        folder = tmp_path / case.replace(" ", "-")
+        folder.mkdir()
+        name = unique_name("laptop-refused")
+        spec = write_spec(folder, name)
+        remote.Connection(profiles.from_file(laptop["profile"]).login).close()  # (a shared one would be reused)
+        out = on_laptop(laptop, str(spec), "--cluster", str(_profile_with(laptop, folder, **login)), "--workdir",
+                        str(folder), cwd=folder)
+        assert (out.returncode, out.stderr.count("error: ")) == (status, 1), (case, out.stderr)
+        assert said in out.stderr and "Traceback" not in out.stderr, (case, out.stderr)
+        assert not (folder / "jobs").exists() and not squeue_names(name), case
+        assert not (HOME_THERE / REMOTE_DIR / "jobs" / name).exists(), case
+
+
+def test_a_full_disk_on_the_login_node_is_said_and_nothing_is_submitted(laptop, tmp_path):
+    """A small file system at remote_dir, mounted in the login node's own view of the files only."""
+    sshd = (LOCAL_CLUSTER_HOME / "run" / "login" / "sshd.pid").read_text().strip()
+    small = HOME_THERE.relative_to(LOCAL_CLUSTER_HOME / "cluster")
+    where = f"/cluster/{small}/small-disk"
+    (HOME_THERE / "small-disk").mkdir(exist_ok=True)
+    mount = ["nsenter", "-t", sshd, "-m", "mount", "-t", "tmpfs", "-o", "size=256k,uid=1001,gid=1001", "tmpfs", where]
+    subprocess.run(mount, check=True, timeout=30)
+    try:
+        name = unique_name("laptop-full")
+        spec = write_spec(tmp_path, name)
+        profile = _profile_with(laptop, tmp_path, remote_dir="small-disk")
+        out = on_laptop(laptop, str(spec), "--cluster", str(profile), "--workdir", str(tmp_path), cwd=tmp_path)
+        assert out.returncode == 1 and "disk (or your quota) is full" in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr and not squeue_names(name)
+        assert not (tmp_path / "jobs").exists()
+    finally:
+        subprocess.run(["nsenter", "-t", sshd, "-m", "umount", where], timeout=30)
+
+
+def test_hostile_values_reach_the_login_node_as_text_and_run_nothing(laptop, tmp_path):
+    """In the spec's file name and in options: each travels to the login node's shell quoted (a shell there runs
+    in the home, a launch in remote_dir: `touch pwned` would leave its file in one of them)."""
+    hostile = ["$(touch pwned)", "`touch pwned`", "; touch pwned", "'; touch pwned; '", "\"; touch pwned; \"",
+               "x\ntouch pwned", "$'\\n'touch pwned", "-h", "--cluster=local"]
+    name = unique_name("laptop-hostile")
+    spec = write_spec(tmp_path, name).rename(tmp_path / "$(touch pwned);`touch pwned`'\n.yaml")
+    sets = [arg for i, value in enumerate(hostile) for arg in ("--set", f"wandb_{('project', 'entity')[i % 2]}"
+                                                                         f"={value}")]
+    for extra in (sets, ["--set", "wandb_project=x"]):
+        out = on_laptop(laptop, str(spec), "--cluster", str(laptop["profile"]), "--dry-run", *extra, "--workdir",
+                        str(tmp_path), cwd=tmp_path)
+        assert "Traceback" not in out.stderr and out.returncode in (0, 1), out.stderr
+    assert out.returncode == 0 and "dry run: nothing submitted" in out.stdout, out.stderr
+    assert not (HOME_THERE / "pwned").exists() and not (HOME_THERE / REMOTE_DIR / "pwned").exists()
+
+
+def test_a_profile_written_from_the_laptop_reaches_the_login_node_it_asked(laptop, tmp_path):
+    """`profile new --login`: the login node's Slurm describes its cluster; the profile gets the login: section
+    that reached it, and a dry run through it goes there."""
+    keys = ["--ssh-option", f"IdentityFile={KEYS / 'id_ed25519'}",
+            "--ssh-option", f"UserKnownHostsFile={KEYS / 'known_hosts'}"]
+    out = on_laptop(laptop, "profile", "new", "--login", "tgstudent@login", *keys, "--dir", str(tmp_path), "--name",
+                    "fromlaptop", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    profile = profiles.from_file(tmp_path / "fromlaptop.yaml")
+    assert (profile.cluster_name, profile.login.host, profile.login.user) == ("local", "login", "tgstudent")
+    assert sorted(profile.partitions) == ["debug", "high", "low", "low-cancel", "short"]
+    again = on_laptop(laptop, "profile", "new", "--login", "tgstudent@login", *keys, "--dir", str(tmp_path),
+                      "--name", "fromlaptop", cwd=tmp_path)
+    assert again.returncode == 1 and "exists; nothing was written" in again.stderr
+    spec = write_spec(tmp_path, unique_name("laptop-profile"))
+    dry = on_laptop(laptop, str(spec), "--cluster", str(tmp_path / "fromlaptop.yaml"), "--dry-run", "--workdir",
+                    str(tmp_path), cwd=tmp_path)
+    assert dry.returncode == 0 and "dry run: nothing submitted" in dry.stdout, dry.stderr

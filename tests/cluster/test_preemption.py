@@ -1,0 +1,160 @@
+"""Jobs that survive: signals, requeues and time limits on the real local cluster, resumed exactly."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.support.paths import ROOT
+from tests.support.processes import slow_saves
+from tests.support.slurm import (
+    cancel,
+    events,
+    job_env,
+    launched,
+    python,
+    reference,
+    run_to_completion,
+    sbatch,
+    signal_when_training,
+    unique_name,
+    wait_until,
+)
+from tests.support.sweeps import sweep_dirs
+from tests.support.tiny import TINY_FLAGS, loss_series, read_metrics
+from tinygpt.base import config
+
+pytestmark = pytest.mark.slurm
+
+LONG = ["--max-steps", "600", "--log-interval", "1", "--eval-interval", "100", "--ckpt-interval", "1000",
+        "--dropout", "0.1"]
+
+
+def flags(corpus: Path, out: Path, data: Path, *extra: str) -> list[str]:
+    return [*TINY_FLAGS, *LONG, "--data-file", str(corpus), "--out-dir", str(out), "--data-dir", str(data), *extra]
+
+
+def spec_train(corpus: Path, data: Path) -> dict:
+    """The same settings as `flags`, as a spec's `train:` mapping (the launcher sets out_dir)."""
+    args = flags(corpus, Path("unused"), data)
+    keys = {a.lstrip("-").replace("-", "_"): v for a, v in zip(args[::2], args[1::2])}
+    keys.pop("out_dir")
+    return keys
+
+
+@pytest.mark.slurm_release
+def test_signalled_sbatch_job_requeues_resumes_and_matches_an_uninterrupted_run(tmp_path, tiny_corpus):
+    ref = reference(config.resolve(flags(tiny_corpus, tmp_path / "reference", tmp_path / "data")))
+    out = tmp_path / "job"
+    job = sbatch("hpc_lab/04_tinygpt/train.sbatch", *flags(tiny_corpus, out, tmp_path / "data"), cwd=ROOT)
+    log = ROOT / "logs" / f"tinygpt-{job}.out"
+    try:
+        signal_when_training(job, out / "metrics.jsonl")
+        state, restarts = run_to_completion(job)
+        assert state == "COMPLETED" and restarts == 1, log.read_text()
+    finally:
+        cancel(job)
+        log.unlink(missing_ok=True)
+    preempted = events(out, "preempted")
+    assert len(preempted) == 1 and "SIGUSR2" in preempted[0]["reason"]
+    assert preempted[0]["requeue"] == f"requeued job {job}"
+    assert [e["restarts"] for e in events(out, "start")] == [0, 1]
+    assert loss_series(out) == loss_series(ref)  # bit-identical train and val losses
+
+
+def test_two_nodes_signalled_resume_to_the_same_weights(tmp_path, tiny_corpus):
+    jobs = {}
+    for name in ("whole", "signalled"):
+        script = f"#!/bin/bash\n#SBATCH --requeue\nsrun {python()} -m tinygpt.train " + " ".join(
+            flags(tiny_corpus, tmp_path / name, tmp_path / "data")) + "\n"
+        jobs[name] = sbatch("-J", unique_name(name), "-N", "2", "--ntasks-per-node", "1", "-o",
+                            str(tmp_path / f"{name}.out"), "--open-mode=append", script=script, env=job_env())
+    try:
+        signal_when_training(jobs["signalled"], tmp_path / "signalled" / "metrics.jsonl")
+        assert run_to_completion(jobs["signalled"]) == ("COMPLETED", 1), (tmp_path / "signalled.out").read_text()
+        assert run_to_completion(jobs["whole"]) == ("COMPLETED", 0), (tmp_path / "whole.out").read_text()
+    finally:
+        cancel(*jobs.values())
+    whole, signalled = read_metrics(tmp_path / "whole"), read_metrics(tmp_path / "signalled")
+    assert sorted(next(e for e in signalled if e.get("event") == "start")["hostnames"]) == ["node1", "node2"]
+    digests = signalled[-1]["weights_digest"]
+    assert digests[0] == digests[1] == whole[-1]["weights_digest"][0]
+    assert loss_series(tmp_path / "signalled") == loss_series(tmp_path / "whole")
+
+
+@pytest.mark.slurm_release
+def test_time_limit_requeues_and_completes_without_losing_or_repeating_a_step(tmp_path, tiny_corpus):
+    """Slurm's own warning before the time limit stops the run, which requeues itself and finishes, every
+    logged step once across its lives. Whatever the machine's speed: the first life aims at a step count
+    that no machine reaches before the warning, and once Slurm has stopped it, the test sets the real end
+    in the run's config file (which every start reads). While it waits for the warning, the run spends most of
+    its time in a checkpoint write held for half a second every 50 steps (tests/support/slow_saves), not on the CPU; the
+    last life saves only at its end."""
+    out = tmp_path / "limit"
+    keys = spec_train(tiny_corpus, tmp_path / "data")
+    keys.update(out_dir=str(out), max_steps=10**9, log_interval=50, eval_interval=3000, ckpt_interval=50)
+    run_config = tmp_path / "limit.yaml"
+    run_config.write_text(json.dumps(keys))
+    script = f"#!/bin/bash\nsrun {python()} -m tinygpt.train --config {run_config}\n"
+    # A one-minute limit; Slurm signals about 50 s before it (slurmctld checks limits every few seconds).
+    job = sbatch("-J", unique_name("limit"), "--time=1", "--signal=USR2@50", "--requeue", "-o",
+                 str(tmp_path / "limit.out"), "--open-mode=append", script=script, env=job_env(**slow_saves(0.5)))
+    try:
+        preempted = wait_until(lambda: events(out, "preempted") if
+                               (out / "metrics.jsonl").exists() else None, timeout=240, what="the time-limit signal")
+        final = (preempted[0]["step"] // 50 + 10) * 50  # ten more logged steps after the first life
+        run_config.write_text(json.dumps({**keys, "max_steps": final, "ckpt_interval": 3000}))  # (no more waits)
+        state, restarts = run_to_completion(job, timeout=420)
+    finally:
+        cancel(job)
+    print(f"\ntime-limit job: {state} after {restarts} restart(s), stopped first at step {preempted[0]['step']}")
+    assert state == "COMPLETED" and restarts >= 1, (tmp_path / "limit.out").read_text()
+    assert "SIGUSR2" in preempted[0]["reason"] and preempted[0]["requeue"].startswith("requeued job")
+    steps = [r["step"] for r in read_metrics(out) if "lr" in r]
+    assert steps == list(range(50, final + 1, 50))  # every logged step exactly once, across every life
+    assert len(events(out, "preempted")) == restarts
+
+
+@pytest.mark.slurm_release
+def test_submitit_job_is_checkpointed_and_requeued_by_submitit(tmp_path, tiny_corpus):
+    ref = reference(config.resolve(flags(tiny_corpus, tmp_path / "reference", tmp_path / "data")))
+    workdir = tmp_path / "w"
+    spec = tmp_path / "subpre.yaml"
+    spec.write_text(json.dumps({"name": "subpre", "backend": "submitit",
+                                "train": spec_train(tiny_corpus, tmp_path / "data"),
+                                "resources": {"time": "00:10:00"}}))
+    manifest = launched(spec, workdir)
+    job = manifest.task_job_ids()[0]
+    run_dir = Path(manifest.runs[0].out_dir)
+    try:
+        signal_when_training(job, run_dir / "metrics.jsonl")
+        state, restarts = run_to_completion(job)
+    finally:
+        cancel(job)
+    logs = "\n".join(p.read_text() for p in sweep_dirs(workdir, "subpre").submitit.glob("*_log.*"))
+    assert state == "COMPLETED" and restarts == 1, logs
+    assert "Exiting gracefully after preemption/timeout" in logs  # submitit's own requeue path
+    preempted = events(run_dir, "preempted")
+    assert preempted and preempted[0]["requeue"] == "handed over to the launcher's requeue mechanism"
+    assert loss_series(run_dir) == loss_series(ref)
+
+
+@pytest.mark.slurm_release
+def test_one_signalled_array_task_requeues_alone(tmp_path, tiny_corpus):
+    ref = reference(config.resolve(flags(tiny_corpus, tmp_path / "reference", tmp_path / "data", "--lr", "0.003")))
+    workdir = tmp_path / "w"
+    spec = tmp_path / "arr.yaml"
+    spec.write_text(json.dumps({"name": "arr", "train": spec_train(tiny_corpus, tmp_path / "data"),
+                                "grid": {"lr": [0.002, 0.003]}, "resources": {"time": "00:10:00"}}))
+    manifest = launched(spec, workdir)
+    ids = manifest.task_job_ids()
+    runs = {r.name: Path(r.out_dir) for r in manifest.runs}
+    try:
+        signal_when_training(ids[1], runs["lr=0.003"] / "metrics.jsonl")
+        results = {i: run_to_completion(j) for i, j in ids.items()}
+    finally:
+        cancel(*ids.values())
+    assert results == {0: ("COMPLETED", 0), 1: ("COMPLETED", 1)}
+    assert [e["restarts"] for e in events(runs["lr=0.003"], "start")] == [0, 1]
+    assert [e["event"] for e in events(runs["lr=0.002"])] == ["start", "finished"]
+    assert loss_series(runs["lr=0.003"]) == loss_series(ref)

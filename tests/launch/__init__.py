@@ -1,0 +1,1 @@
+"""The launcher, without a cluster: specs, profiles, scripts, snapshots, reading, remote."""

@@ -1,0 +1,1 @@
+"""The student's modules: the model, its data, sampling and the report."""

@@ -1,0 +1,1 @@
+"""The code's shape and the test suite's own machinery."""

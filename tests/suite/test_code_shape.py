@@ -1,0 +1,30 @@
+"""The limits the code is held to: a reader holds any function of tinygpt/ in their head, and the
+Trainer only trains (what a run tells is narration.py's, what it is built from run_setup.py's)."""
+
+from __future__ import annotations
+
+import ast
+
+from tests.support.paths import ROOT
+
+MAX_FUNCTION_LINES = 50
+MAX_TRAINER_LINES = 250
+
+
+def definitions():
+    for path in sorted((ROOT / "tinygpt").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                yield f"{path.relative_to(ROOT)}:{node.lineno} {node.name}", node, node.end_lineno - node.lineno + 1
+
+
+def test_no_function_of_tinygpt_is_over_fifty_lines():
+    long = [f"{where} ({lines} lines)" for where, node, lines in definitions()
+            if not isinstance(node, ast.ClassDef) and lines > MAX_FUNCTION_LINES]
+    assert long == []
+
+
+def test_the_trainer_class_is_at_most_250_lines():
+    [lines] = [lines for where, node, lines in definitions() if where.startswith("tinygpt/training/trainer.py")
+               and node.name == "Trainer" and isinstance(node, ast.ClassDef)]
+    assert lines <= MAX_TRAINER_LINES

@@ -1,0 +1,1 @@
+"""The trainer's runtime: the loop, optimizers, precision, checkpoints, ranks, trackers, locks."""

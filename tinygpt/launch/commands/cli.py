@@ -1,0 +1,324 @@
+"""`python launch.py`: YAML jobs and sweeps to Slurm (sbatch job arrays or submitit), or to this machine.
+
+    python launch.py SPEC.yaml                  validate, write scripts and manifest, submit
+    python launch.py SPEC.yaml --dry-run        the same without submitting: a table of runs and resources
+    python launch.py check SPEC.yaml            the spec against the live cluster, then sbatch --test-only
+    python launch.py SPEC.yaml --local          run every run here on CPU, one after another
+    python launch.py SPEC.yaml --chain          data job -> training array (afterok) -> report job (afterany)
+    python launch.py status SPEC.yaml [--watch] a table of the sweep's runs
+    python launch.py cancel SPEC.yaml           scancel the sweep's jobs
+    python launch.py resubmit SPEC.yaml         the runs that failed, hung or were preempted, again
+                     [--time T] [--mem M] [--exclude NODES] [--exclude-failed-nodes] [--states S,...] [--dry-run]
+    python launch.py report SPEC.yaml           loss curves, final losses, samples, attention maps
+    python launch.py logs SPEC.yaml [RUN]       a run's Slurm log, its latest life [--tail N] [--follow] [--all]
+    python launch.py sync SPEC.yaml             upload the sweep's offline W&B runs (wandb sync), from a login node
+    python launch.py pull SPEC.yaml             a sweep launched over SSH: its report and metrics here [--checkpoints]
+    python launch.py schema [spec|profile]      the JSON Schema of a spec or a cluster profile [--write: schemas/]
+    python launch.py profile new                a cluster profile from what Slurm says [--name N] [--force]
+                                                [--login USER@HOST: that login node's, from a laptop]
+
+`launch.py COMMAND --help` lists a command's options (`launch.py launch --help`: those of `launch.py SPEC`).
+Errors in the spec are all reported at once, and nothing is submitted; the exit status is 1. When Slurm's controller
+or its accounting does not answer (a restart, a failover), a command that needs it refuses at once with exit status
+75 (try again later).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tinygpt.base.errors import blank_arguments, not_utf8
+from tinygpt.launch.errors import LaunchError
+
+if TYPE_CHECKING:
+    from tinygpt.launch.manifest import Manifest
+
+
+def parser() -> argparse.ArgumentParser:
+    """`launch.py COMMAND ...`, a sub-command each; `launch.py SPEC` is `launch.py launch SPEC`. Built from
+    argparse and the run states' names alone (no pydantic), so that `launch.py --help` imports nothing heavy."""
+    top = argparse.ArgumentParser(prog="launch.py", description=__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def command(name: str, help: str, spec_help: str = "the spec that was launched (or its "
+                "jobs/<sweep>/manifest.json)") -> argparse.ArgumentParser:
+        p = commands.add_parser(name, help=help, description=help)
+        p.add_argument("spec", help=spec_help)
+        p.add_argument("--workdir", default=".", help="where jobs/, logs/ and runs/ go (default: here)")
+        return p
+
+    _launch_options(command("launch", "validate, write scripts and manifest, submit (the default command)",
+                            "a job or sweep YAML (see jobs/)"))
+    _launch_options(command("check", "the spec against the live cluster (partition, time, GPUs, account, QOS, "
+                                     "array size), then sbatch --test-only: when it would start; nothing submitted",
+                            "a job or sweep YAML (see jobs/)"), submits=False)
+    _status_options(command("status", "a table of the sweep's runs"))
+    command("cancel", "scancel the sweep's jobs")
+    _resubmit_options(command("resubmit", "the runs that failed, hung or were preempted, again"))
+    p = command("report", "loss curves, final losses, samples, attention maps")
+    p.add_argument("--prompt", default=None, help="prompt for the attention maps and samples")
+    p = command("logs", "a run's Slurm log, its latest life")
+    p.add_argument("run", nargs="?", help="a run's name or number (default: every run)")
+    p.add_argument("--tail", type=int, metavar="N", help="only the last N lines of each log")
+    p.add_argument("--follow", action="store_true", help="keep printing the run's log as it grows")
+    p.add_argument("--all", action="store_true", help="every job of the run, every life, not only the latest")
+    p = command("pull", "bring back a sweep launched on a cluster over SSH: its report, every run's metrics")
+    p.add_argument("--checkpoints", action="store_true", help="every run's checkpoints too")
+    p = command("sync", "upload the sweep's offline W&B runs (wandb sync), from a login node")
+    p.add_argument("--dry-run", action="store_true", help="show what W&B would upload, upload nothing")
+    p = commands.add_parser("profile", help="a cluster profile written from what the reachable Slurm says",
+                            description="`profile new`: ask the reachable Slurm (scontrol, sacctmgr) and write "
+                                        "hpc_lab/clusters/<ClusterName>.yaml, a comment on every guess.")
+    p.add_argument("action", choices=("new",))
+    p.add_argument("--name", help="the profile's name (default: Slurm's ClusterName)")
+    p.add_argument("--force", action="store_true", help="write over a profile of that name")
+    p.add_argument("--dir", help="the folder to write it in (default: hpc_lab/clusters, where --cluster looks)")
+    p.add_argument("--login", metavar="USER@HOST", help="from a laptop: ask the Slurm of this login node, over SSH, "
+                                                        "and give the profile the login: section that reaches it")
+    p.add_argument("--ssh-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="with --login: an ssh -o option for its login: section, e.g. ProxyJump=gateway (repeatable)")
+    p = commands.add_parser("schema", help="the JSON Schema of a spec or a cluster profile",
+                            description="The JSON Schema that specs (jobs/*.yaml) or cluster profiles "
+                                        "(hpc_lab/clusters/*.yaml) are checked with, for editors.")
+    p.add_argument("kind", nargs="?", choices=("spec", "profile"), default="spec", help="default: spec")
+    p.add_argument("--write", action="store_true", help="write both into schemas/ (what a test compares)")
+    return top
+
+
+def _launch_options(p: argparse.ArgumentParser, submits: bool = True) -> None:
+    """The options of `launch.py SPEC`; `check`, which submits nothing, has those that shape the plan alone."""
+    p.add_argument("--cluster", help="profile name in hpc_lab/clusters/, a profile path, or auto "
+                                     "(overrides the spec's `cluster`)")
+    p.add_argument("--backend", help="sbatch or submitit (overrides the spec's `backend`)")
+    p.add_argument("--chain", action="store_true",
+                   help="three jobs: data preparation, the training array after it, the sweep report after that")
+    p.add_argument("--no-snapshot", action="store_true",
+                   help="jobs import the live checkout when they start, not a snapshot of the code as it is now")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="set a trainer key for every run, e.g. --set max_steps=300 (repeatable)")
+    if not submits:
+        p.set_defaults(dry_run=True, local=False, hold=False, nproc=1, no_check=False)
+        return
+    p.add_argument("--dry-run", action="store_true", help="write scripts and manifest, submit nothing")
+    p.add_argument("--local", action="store_true", help="run here on CPU instead of submitting")
+    p.add_argument("--hold", action="store_true",
+                   help="submit held (sbatch --hold); start them with `scontrol release JOBID`")
+    p.add_argument("--nproc", type=int, default=1, help="with --local: gloo ranks per run (default 1)")
+    p.add_argument("--no-check", action="store_true",
+                   help="submit without checking the spec against the live cluster first (see `launch.py check`)")
+
+
+def _status_options(p: argparse.ArgumentParser) -> None:
+    from tinygpt.launch.read.run_states import SUMMARY_ABOVE
+
+    p.add_argument("--watch", action="store_true", help="refresh until every run has ended")
+    p.add_argument("--interval", type=float, default=5.0,
+                   help=f"seconds between refreshes, from {WATCH_S[0]} to {WATCH_S[1]:,} (default: %(default)s)")
+    p.add_argument("--efficiency", action="store_true",
+                   help="how each run used its allocation: CPU and memory efficiency, GPU use (sacct)")
+    p.add_argument("--all", action="store_true", dest="every_row",
+                   help=f"a row for every run (a sweep of more than {SUMMARY_ABOVE} runs is otherwise shown as its "
+                        f"runs by state, with the failed and running ones listed)")
+
+
+def _resubmit_options(p: argparse.ArgumentParser) -> None:
+    from tinygpt.launch.read.run_states import RESUBMIT_DEFAULT
+
+    p.add_argument("--states", default=",".join(RESUBMIT_DEFAULT),
+                   help="resubmit the runs whose latest job ended in one of these (default: %(default)s)")
+    p.add_argument("--time", help="a new time limit, e.g. 04:00:00")
+    p.add_argument("--mem", help="a new memory request, e.g. 16G")
+    p.add_argument("--exclude", action="append", default=[], metavar="NODES",
+                   help="nodes not to run on, e.g. node3 or node[3-4] (repeatable)")
+    p.add_argument("--exclude-failed-nodes", action="store_true",
+                   help="also exclude the nodes on which a run of this sweep ended in NODE_FAIL or HUNG")
+    p.add_argument("--dry-run", action="store_true", help="say what would be resubmitted, submit nothing")
+
+
+FORWARDED = ("launch", "check", "status", "cancel", "resubmit", "report", "logs", "sync", "pull")  # (remote/laptop.py)
+WATCH_S = (1.0, 3600.0)  # status --watch's interval: no faster than a second (a shared controller), at most an hour
+
+
+def _status(args: argparse.Namespace) -> int:
+    if not WATCH_S[0] <= args.interval <= WATCH_S[1]:  # (a NaN is in no range)
+        raise LaunchError(f"--interval: {args.interval} is not a number of seconds from {WATCH_S[0]:g} to "
+                          f"{WATCH_S[1]:,.0f}; give one in that range")
+    manifest = _launched(args)
+    if args.efficiency:
+        from tinygpt.launch.read import efficiency
+
+        efficiency.show(manifest)
+        return 0
+    from tinygpt.launch.commands import status
+
+    status.show(manifest, watch=args.watch, interval=args.interval, every_row=args.every_row)
+    return 0
+
+
+def _schema(args: argparse.Namespace) -> int:
+    from tinygpt.base import durable
+    from tinygpt.launch.commands import json_schema
+
+    if not args.write:
+        print(json_schema.text(args.kind), end="")
+        return 0
+    for kind in json_schema.KINDS:
+        json_schema.path(kind).parent.mkdir(exist_ok=True)
+        durable.write(json_schema.path(kind), json_schema.text(kind))
+        print(f"wrote {json_schema.path(kind)}")
+    return 0
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from tinygpt.launch.commands import profile_new
+    from tinygpt.launch.spec.profiles import PROFILE_DIR
+
+    directory = Path(args.dir) if args.dir else PROFILE_DIR
+    if args.ssh_option and args.login is None:
+        raise LaunchError("--ssh-option: only with --login USER@HOST (the options of the SSH connection to it)")
+    if args.login is not None:
+        path = profile_new.write_over_ssh(args, directory)
+    else:
+        path = profile_new.write(directory, args.name, args.force)
+    print(f"wrote {path}: read it through; the values marked as guesses, and what Slurm could not say, are "
+          f"commented at their lines. Launch with `--cluster {path.stem}` (or `--cluster auto`)")
+    return 0
+
+
+def _manifest_path(spec: str, workdir: str) -> Path:
+    """The manifest of the sweep that SPEC launched; SPEC may also be that manifest itself."""
+    from tinygpt.launch.layout import SweepDirs
+    from tinygpt.launch.spec.sweep import load_name
+
+    if Path(spec).name == "manifest.json":
+        return Path(spec).resolve()
+    if "\x00" in workdir:
+        raise LaunchError(f"--workdir: {workdir!r} holds a NUL character; give a directory path")
+    return SweepDirs(Path(workdir).resolve(), load_name(spec)).manifest
+
+
+def _launched(args: argparse.Namespace) -> Manifest:
+    """The sweep that the command's SPEC launched, loaded once for the command."""
+    from tinygpt.launch import manifest
+
+    return manifest.load(_manifest_path(args.spec, args.workdir))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if problems := not_utf8(argv):
+        print(f"error: {LaunchError(problems)}", file=sys.stderr)
+        return 1
+    if argv and argv[0] not in HANDLERS and argv[0] not in ("-h", "--help"):
+        argv = ["launch", *argv]  # (`launch.py SPEC`)
+    top = parser()
+    args = top.parse_args(argv)
+    try:
+        if problems := _blank(top, args):
+            raise LaunchError(problems)
+        if args.command in FORWARDED:  # (a profile with `login:`, or a sweep launched with one: over SSH)
+            from tinygpt.launch.remote import laptop
+
+            if (there := laptop.target(args)) is not None:
+                return laptop.forward(there, top, args)
+        return HANDLERS[args.command](args)
+    except LaunchError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_status
+    except OSError as err:  # the filesystem refused (full, read-only, permissions): nothing half-written
+        from tinygpt.base.errors import filesystem_message
+
+        print(f"error: {filesystem_message(err)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _blank(top: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """The options of the command given as an empty or blank text (errors.blank_arguments)."""
+    commands = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    return blank_arguments(commands.choices[args.command]._actions, args)
+
+
+def _launch(args) -> int:
+    from tinygpt.launch.commands import launch
+
+    return launch.run(args)
+
+
+def _report(args) -> int:
+    """`launch.py report SPEC`: runs/<sweep>/report.md over every run of the sweep's manifest."""
+    from tinygpt.launch.read import sweep_report
+
+    return sweep_report.make(_launched(args), args.prompt)
+
+
+def _sync(args) -> int:
+    from tinygpt.launch.commands.wandb_sync import sync
+
+    sync(_launched(args), args.dry_run)
+    return 0
+
+
+def _logs(args) -> int:
+    from tinygpt.launch.commands import logs
+
+    if args.tail is not None and args.tail < 1:
+        raise LaunchError(f"--tail: must be >= 1, got {args.tail}")
+    logs.run(_launched(args), args.run, args.tail, args.all, args.follow)
+    return 0
+
+
+def _resubmit(args) -> int:
+    """Resubmit decides which runs go again; their backend sends them."""
+    from tinygpt.launch import manifest as manifest_mod
+    from tinygpt.launch.commands import resubmit
+    from tinygpt.launch.submit import backends
+
+    states = resubmit.parse_states(args.states)
+    changes = resubmit.parse_changes(args.time, args.mem, args.exclude)
+    path = _manifest_path(args.spec, args.workdir)
+    manifest_mod.load(path)  # (a sweep never launched is an error here, before the lock makes its folder)
+    with manifest_mod.sweep_lock(path.parent):
+        manifest = manifest_mod.load(path)  # (as it is once no other command can change it)
+        rows = resubmit.collect_rows(manifest)
+        if args.exclude_failed_nodes:
+            bad = resubmit.failed_nodes(rows, manifest)
+            print(f"nodes where a run ended in NODE_FAIL or HUNG: {', '.join(bad) or 'none'}")
+            changes = resubmit.parse_changes(args.time, args.mem, [*args.exclude, *bad])
+        previous = resubmit.choose(rows, states, changes)
+        ids = backends.of(manifest.backend).resubmit(manifest, [int(i) for i in previous], changes.options,
+                                                     previous, args.dry_run) if previous else []
+    if ids:
+        from tinygpt.launch.console import shown
+
+        print(f"submitted as job array {', '.join(ids)}; follow with `python launch.py status {shown(args.spec)}`")
+    return 0
+
+
+def _pull(args) -> int:
+    raise LaunchError(f"pull: {args.spec} was not launched on a cluster from here; pull brings back what a sweep "
+                      f"launched with `--cluster NAME` (a profile with `login:`) made there")
+
+
+def _cancel(args) -> int:
+    from tinygpt.launch.submit import backends
+
+    manifest = _launched(args)
+    ids = backends.of(manifest.backend).cancel(manifest)
+    print(f"cancelled {', '.join(ids)}" if ids else "nothing to cancel: no job of this sweep was submitted to Slurm")
+    return 0
+
+
+# Each command's handler: hand the parsed arguments to the module that does it, print.
+# (`check` is the launch command as a dry run that is checked: its defaults say so, in _launch_options)
+HANDLERS = {"launch": _launch, "check": _launch, "status": _status, "cancel": _cancel, "report": _report, "sync": _sync,
+            "resubmit": _resubmit, "logs": _logs, "schema": _schema, "profile": _profile, "pull": _pull}
+
+
+if __name__ == "__main__":  # (python -m tinygpt.launch.commands.cli: as launch.py, e.g. in the report step of a chain)
+    sys.exit(main())

@@ -1,0 +1,235 @@
+"""`launch.py SPEC` and `launch.py check SPEC`: a spec read and checked (every problem at once, the local ones
+before Slurm is asked anything), its manifest and scripts written (plan.py), then submitted through a backend
+(or run here with --local, or as a chain of jobs with --chain); nothing is written while a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.table import Table
+
+from tinygpt.launch import manifest as manifest_mod
+from tinygpt.launch.console import console as output_console
+from tinygpt.launch.console import shown
+from tinygpt.launch.errors import LaunchError
+from tinygpt.launch.layout import REPO_ROOT
+from tinygpt.launch.read import run_states
+from tinygpt.launch.slurm import slurm_cli
+from tinygpt.launch.spec import corpora
+from tinygpt.launch.spec import sweep as spec_mod
+from tinygpt.launch.submit import backends, chain, preflight, snapshot
+from tinygpt.launch.submit import plan as plan_mod
+from tinygpt.launch.submit.slurm_options import unwritable
+
+if TYPE_CHECKING:
+    from tinygpt.launch.manifest import Manifest
+    from tinygpt.launch.slurm.live_cluster import LiveCluster
+    from tinygpt.launch.spec.sweep import Sweep
+    from tinygpt.launch.submit.plan import Plan
+    from tinygpt.launch.submit.snapshot import Snapshot
+
+
+MAX_NPROC = 64  # --local's ranks per run: a machine's worth; more only oversubscribes it
+
+
+def run(args: argparse.Namespace) -> int:
+    """`launch.py SPEC` (and `check SPEC`): the spec read and checked, then written and submitted."""
+    # A sweep of 100,000 runs is a few hundred thousand small objects, none of them in a reference cycle: the
+    # cyclic collector would walk them again and again (a third of such a launch), so it rests until the end.
+    gc.disable()
+    try:
+        return _run(args)
+    finally:
+        gc.enable()
+
+
+def _run(args: argparse.Namespace) -> int:
+    if not 1 <= args.nproc <= MAX_NPROC:
+        raise LaunchError(f"--nproc: must be from 1 to {MAX_NPROC}, got {args.nproc}")
+    if args.local and args.nproc > (cpus := len(os.sched_getaffinity(0))):
+        print(f"warning: --nproc {args.nproc} ranks share the {cpus} CPU(s) this process may use: each run is "
+              f"slower, not faster, than with --nproc {cpus}", file=sys.stderr)
+    if args.local and args.dry_run:
+        raise LaunchError("--local and --dry-run: choose one")
+    set_values = {}
+    for item in args.set:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise LaunchError(f"--set {item!r}: write KEY=VALUE, e.g. --set max_steps=300")
+        set_values[key.strip()] = value
+    sweep = spec_mod.load(args.spec, args.workdir, cluster=args.cluster, backend=args.backend,
+                         set_values=set_values)
+    _refuse_local_problems(sweep, args)
+    cluster = None  # (the live cluster, asked when the spec is checked against it)
+    if args.command == "check" or not (args.dry_run or args.local or args.no_check):
+        cluster = preflight.before_writing(sweep)  # (nothing is written when it fails)
+    elif args.no_check and not (args.dry_run or args.local):
+        slurm_cli.require_controller()
+        print("not checked against the live cluster (--no-check)")
+    # One command at a time writes a sweep: from the check that its jobs are not live to the last record.
+    with manifest_mod.sweep_lock(sweep.dirs.jobs):
+        return _launch_locked(sweep, args, cluster)
+
+
+def _refuse_local_problems(sweep: Sweep, args: argparse.Namespace) -> None:
+    """Everything this machine can check beyond the spec's schema, before Slurm is asked anything: the values the
+    #SBATCH lines will carry (as sbatch will read them) and the options, all at once; then, for a submission or
+    a check with none of those, each corpus prepared where the jobs will read it (its file decodes, data_dir
+    takes the prepared data; written only for a spec fit to go). The same message on every machine."""
+    problems = unwritable(sweep)
+    if args.hold and (args.local or (sweep.backend != "sbatch" and not args.chain)):
+        problems.append("--hold: only for submissions with the sbatch backend (or the data step of --chain)")
+    if not problems and (args.command == "check" or not (args.dry_run or args.local or args.chain)):
+        problems = corpora.prepare_data(sweep)[1]  # (read by every task: a corpus that fails stops us here)
+    if problems:
+        raise LaunchError(problems, str(args.spec))
+
+
+def _launch_locked(sweep: Sweep, args: argparse.Namespace, cluster: LiveCluster | None) -> int:
+    manifest_path = sweep.dirs.manifest
+    if manifest_path.exists():  # launched before: its jobs and its study come first
+        previous = manifest_mod.load(manifest_path)
+        _refuse_if_live(previous, sweep.name, args.spec)
+        _refuse_changed_search(previous, sweep)
+    plan = plan_mod.build(sweep, None if args.local else _snapshot(sweep, args.no_snapshot))
+    if not args.local:
+        _say_steering_variables()
+    steps = {}
+    if args.chain and not args.local:
+        steps = chain.write_scripts(plan)
+    _print_plan(plan, args, steps)
+    if cluster is not None:
+        for estimate in preflight.before_submitting(plan, cluster):
+            print(f"slurm: {estimate}")
+    if args.dry_run:
+        print(f"check: the spec fits cluster {cluster.name} (Slurm {cluster.release}); nothing submitted"
+              if args.command == "check"
+              else "dry run: nothing submitted")
+        return 0
+    backend = backends.Local(args.nproc) if args.local else backends.of(sweep.backend)
+    if args.local and args.chain:
+        return _chain_here(plan, backend, args.spec)
+    if steps:
+        ids = chain.submit(plan, steps, lambda dependency: backend.submit(plan, False, dependency), args.hold)
+        print(f"submitted the chain: data job {ids[0]}, training array {', '.join(ids[1:-1])}, report job {ids[-1]}; "
+              f"follow with `python launch.py status {shown(args.spec)}`")
+        return 0
+    ids = backend.submit(plan, args.hold, None)
+    if args.local:
+        print(f"see `python launch.py status {shown(args.spec)}`")
+    else:
+        print(f"submitted {len(sweep.runs)} run(s) as job array {', '.join(ids)}; follow with "
+              f"`python launch.py status {shown(args.spec)}`")
+    return 0
+
+
+def _say_steering_variables() -> None:
+    """sbatch reads SBATCH_* variables of the submitting shell over a script's #SBATCH lines (`man sbatch`, INPUT
+    ENVIRONMENT VARIABLES): said, so that a job asking for what the spec did not is no surprise."""
+    if steering := sorted(name for name in os.environ if name.startswith("SBATCH_")):
+        shown = ", ".join(f"{name}={os.environ[name]!r}"[:120] for name in steering)
+        print(f"note: sbatch reads {shown} from this shell, over the scripts' #SBATCH lines; unset them to submit "
+              f"exactly what the spec asks for")
+
+
+def _chain_here(plan: Plan, backend: backends.Backend, spec: str) -> int:
+    """--local --chain: the data first, then every run, then the report (after the runs, whatever they did)."""
+    prepared, problems = corpora.prepare_data(plan.sweep)
+    if problems:
+        raise LaunchError(problems, spec)
+    print(f"=== chain, data: prepared {', '.join(prepared)}")
+    try:
+        backend.submit(plan)
+    finally:
+        print("=== chain, report:")
+        from tinygpt.launch.read import sweep_report
+
+        reported = sweep_report.make(manifest_mod.load(plan.manifest_path), None)
+    print(f"see `python launch.py status {shown(spec)}`")
+    return reported
+
+
+def _snapshot(sweep: Sweep, live: bool) -> Snapshot | None:
+    """The code snapshot the sweep's jobs will import (None with --no-snapshot), said in one line."""
+    if live:
+        print(f"code: the live checkout {REPO_ROOT} (--no-snapshot): each job runs what it holds when "
+              f"the job starts")
+        return None
+    start = time.perf_counter()
+    limit = sweep.snapshot_max_file_mb
+    snap = snapshot.take(REPO_ROOT, sweep.dirs.code, None if limit is None else int(limit * 1e6))
+    version = f" of {snap.commit[:10]}" if snap.commit else " (not a git checkout: the package files)"
+    print(f"code: snapshot {snap.digest}{version}{' with uncommitted changes' if snap.dirty else ''}, "
+          f"{snap.files} files, {snap.bytes / 1e6:.2f} MB, {'reused' if snap.reused else 'taken'} in "
+          f"{time.perf_counter() - start:.2f} s")
+    if snap.untracked:
+        print(f"warning: not in the snapshot, as git does not track them: {', '.join(snap.untracked)}; `git add` "
+              f"them if the jobs need them", file=sys.stderr)
+    return snap
+
+
+def _refuse_if_live(manifest: Manifest, name: str, spec: str) -> None:
+    """A sweep whose jobs are pending or running reads its files when each task starts: launching it again
+    (even a dry run, which rewrites its configs and scripts) would change what those jobs train. The queue
+    decides; when Slurm cannot say, nothing is written either (the guard fails closed)."""
+    jobs = {job: manifest.runs[index].name for index, job in manifest.task_job_ids().items()}
+    jobs |= {s.job_id: f"the chain's {s.role} step" for s in manifest.submissions if s.role}
+    if not jobs:
+        return
+    slurm_cli.require_controller()
+    queued = slurm_cli.squeue_states(run_states.jobs_of(list(jobs)))
+    if queued is None:
+        raise LaunchError(f"sweep `{name}` has jobs on Slurm, and squeue could not say whether they are still "
+                          f"live (it is not on PATH, or it failed); they read this sweep's files when they start, "
+                          f"so nothing was written; try again when `squeue` answers, or launch the spec under "
+                          f"another `name`")
+    live = [f"{what} (job {job}, {queued[job].state})" for job, what in jobs.items()
+            if job in queued and queued[job].state not in run_states.TERMINAL]
+    if live:
+        raise LaunchError(f"sweep `{name}` has jobs that are still live: {', '.join(live)}. They read this "
+                          f"sweep's files when they start, so nothing was written; wait for them to end, cancel "
+                          f"them (python launch.py cancel {spec}), or launch the spec under another `name`")
+
+
+def _refuse_changed_search(manifest: Manifest, sweep: Sweep) -> None:
+    """An Optuna study's trials were drawn from its space: a relaunch with other `search.params` would leave
+    them unreadable to the sampler (and a trial left running could never resume), so it is refused."""
+    before = manifest.search
+    after = (sweep.search or {}).get("dists")
+    if before is not None and Path(before.journal).exists() and before.dists != after:
+        raise LaunchError(f"search.params: not those of the Optuna study sweep `{sweep.name}` has begun "
+                          f"({before.journal}); a study keeps its space. Give the spec a new `name` to start "
+                          f"another study, or put search.params back as they were: {before.dists}")
+
+
+def _print_plan(plan: Plan, args: argparse.Namespace, steps: dict) -> None:
+    sweep = plan.sweep
+    console = output_console()
+    # A line of its own, not the table's title: rich wraps a title at the table's width.
+    console.print(f"{sweep.name}: {len(sweep.runs)} run(s), backend {'local' if args.local else sweep.backend}, "
+                  f"cluster {sweep.profile.name}", markup=False, highlight=False, style="italic")
+    t = Table() if console.is_terminal else Table(box=None)  # piped: plain columns, no box drawing
+    t.add_column("#", justify="right")
+    t.add_column("run")
+    t.add_column("settings")
+    shown = sweep.runs if len(sweep.runs) <= 40 else sweep.runs[:20] + sweep.runs[-5:]
+    for run in shown:
+        settings = ", ".join(f"{k}={v}" for k, v in run.point.items()) or "(base config)"
+        t.add_row(str(run.index), run.name, settings)
+    console.print(t)
+    if len(shown) < len(sweep.runs):
+        console.print(f"... {len(sweep.runs) - len(shown)} more runs not shown")
+    console.print(f"resources per run: {sweep.resources.describe()}"
+                  + (f"; at most {sweep.array_parallelism} at once" if sweep.array_parallelism else ""))
+    for path, array, _, _ in plan.scripts:
+        console.print(f"script: {path} (array {array})")
+    for step, path in steps.items():
+        console.print(f"chain, {step} step: {path}")
+    console.print(f"manifest: {plan.manifest_path}")

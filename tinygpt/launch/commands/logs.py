@@ -1,0 +1,77 @@
+"""`launch.py logs SPEC [RUN]`: a run's Slurm logs (read/log_files.py finds them). By default the latest life of the
+latest job is shown; `--all` shows every job's whole log; `--follow` prints the run's log as it grows.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from tinygpt.launch import manifest as manifest_mod
+from tinygpt.launch.errors import LaunchError
+from tinygpt.launch.read import run_states
+from tinygpt.launch.read.log_files import find_run, latest_life, read, run_jobs
+
+if TYPE_CHECKING:
+    from tinygpt.launch.manifest import Manifest
+
+
+def run(manifest: Manifest, which: str | None, tail: int | None, every_life: bool, follow_it: bool) -> None:
+    """The logs of the run `which` (or every run), or with `follow_it` the one run's log as it grows."""
+    if follow_it:
+        if which is None and len(manifest.runs) != 1:
+            raise LaunchError("--follow: name the run to follow, e.g. `launch.py logs SPEC RUN --follow`")
+        index = find_run(manifest, which)[0].index
+
+        def ended() -> bool:  # (read again: a resubmission may have given the run a new job meanwhile)
+            return run_states.collect(manifest_mod.load(manifest.path))[index].state.ended
+
+        follow(manifest, which or str(index), ended)
+        return
+    show(manifest, which, tail, every_life, {r.index: r.nodes for r in run_states.collect(manifest)})
+
+
+def show(manifest: Manifest, which: str | None, tail: int | None, every_life: bool, nodes: dict[int, str]) -> int:
+    """Print the logs of one run (or all); return how many runs had a log."""
+    found = 0
+    for run in find_run(manifest, which):
+        jobs = run_jobs(manifest, run.index)
+        if not jobs:
+            print(f"==> run {run.name} (#{run.index}): never submitted to Slurm <==")
+            continue
+        for job_id, paths in jobs if every_life else jobs[-1:]:
+            for path in paths:
+                text = read(path)
+                if not text and path.suffix == ".err":
+                    continue
+                found += bool(text)
+                where = f" on {nodes[run.index]}" if nodes.get(run.index) and job_id == jobs[-1][0] else ""
+                what = "whole log" if every_life else "latest life"
+                print(f"==> run {run.name} (#{run.index}), job {job_id}{where}, {what}: {path} <==")
+                body = text if every_life else latest_life(text)
+                lines = body.splitlines()
+                print("\n".join(lines[-tail:] if tail else lines) if text else "(no log yet: the job has not started)")
+    return found
+
+
+def follow(manifest: Manifest, which: str, ended) -> None:
+    """Print the run's newest log as it grows, until `ended()` says its job is over (or Ctrl-C)."""
+    run = find_run(manifest, which)[0]
+    jobs = run_jobs(manifest, run.index)
+    if not jobs:
+        raise LaunchError(f"--follow: run {run.name} was never submitted to Slurm")
+    offsets = {path: 0 for path in jobs[-1][1]}
+    last_check, done = 0.0, False
+    while True:
+        for path in offsets:
+            text = read(path)
+            if len(text) > offsets[path]:
+                sys.stdout.write(text[offsets[path]:])
+                sys.stdout.flush()
+                offsets[path] = len(text)
+        if done:
+            return
+        if time.monotonic() - last_check > 5:
+            last_check, done = time.monotonic(), ended()  # (one more read after the end, then stop)
+        time.sleep(0.5)

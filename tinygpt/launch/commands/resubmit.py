@@ -1,0 +1,111 @@
+"""`launch.py resubmit SPEC`: the runs of a sweep that ended badly, again, as one new array; nothing else.
+
+The three tasks of a 64-task array that hit their time limit or a bad node go back to the queue with more
+time, more memory or without that node; the 61 that finished are never touched. Each resubmitted run
+resumes from its own checkpoints (its config and run directory are the ones it had), runs the code it
+was first submitted with (the sbatch script names the sweep's code snapshot), and its earlier job, state
+and nodes are kept in the manifest (`status` shows them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tinygpt.launch.errors import LaunchError
+from tinygpt.launch.manifest import BACKENDS, Life, Manifest
+from tinygpt.launch.read.run_states import RESUBMIT_CHOICES, Row, collect, read_progress
+from tinygpt.launch.slurm.slurm_cli import RETRY, SlurmAway
+from tinygpt.launch.spec.resources import format_time, parse_mem_mb, parse_time_min
+
+BAD_NODE_STATES = ("NODE_FAIL", "HUNG")  # what --exclude-failed-nodes keeps away from
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What the new jobs ask for differently: sbatch long options, e.g. {"time": "04:00:00"}."""
+
+    options: dict[str, str]
+
+    def sbatch_args(self) -> list[str]:
+        return [f"--{key}={value}" for key, value in self.options.items()]
+
+
+def parse_states(text: str) -> tuple[str, ...]:
+    states = tuple(s.strip().upper() for s in text.split(",") if s.strip())
+    unknown = [s for s in states if s not in RESUBMIT_CHOICES]
+    if unknown or not states:
+        raise LaunchError(f"--states: {', '.join(unknown) or repr(text)} not among {', '.join(RESUBMIT_CHOICES)}; "
+                          f"give a comma-separated list, e.g. --states FAILED,TIMEOUT")
+    return states
+
+
+def parse_changes(time: str | None, mem: str | None, exclude: list[str]) -> Changes:
+    options: dict[str, str] = {}
+    if time is not None:
+        try:
+            minutes = parse_time_min(time)
+        except ValueError:
+            minutes = -1
+        if minutes is None or minutes < 1:
+            raise LaunchError(f"--time: {time!r} is not a finite Slurm time of at least a minute; use HH:MM:SS, "
+                              f"D-HH:MM:SS or minutes")
+        options["time"] = format_time(minutes)
+    if mem is not None:
+        try:
+            options["mem"] = f"{parse_mem_mb(mem)}M"
+        except ValueError:
+            raise LaunchError(f"--mem: {mem!r} is not a memory size; use e.g. 8G or 500M") from None
+    nodes = [n for n in exclude if n]
+    for node in nodes:
+        if any(ch.isspace() or ch in "\x00'\"$;|&" for ch in node):
+            raise LaunchError(f"--exclude: {node!r} is not a Slurm node list; use e.g. node3 or node[3-4]")
+    if nodes:
+        options["exclude"] = ",".join(dict.fromkeys(nodes))
+    return Changes(options)
+
+
+def select(rows: list[Row], states: tuple[str, ...]) -> list[Row]:
+    """The runs whose latest job ended in one of `states`; a run whose directory says it finished never."""
+    chosen = []
+    for row in rows:
+        if row.state.name in states and read_progress(Path(row.run_dir)).get("event") != "finished":
+            chosen.append(row)
+    return chosen
+
+
+def failed_nodes(rows: list[Row], manifest: Manifest) -> list[str]:
+    """The nodes on which a run of the sweep ended in NODE_FAIL, or HUNG (the nodes of its silent ranks), now
+    or in an earlier submission."""
+    nodes = [r.nodes for r in rows if r.state.name in BAD_NODE_STATES and r.nodes]
+    for sub in manifest.submissions:
+        nodes += [b.nodes for b in (sub.previous or {}).values() if b.state in BAD_NODE_STATES and b.nodes]
+    return list(dict.fromkeys(nodes))
+
+
+def choose(rows: list[Row], states: tuple[str, ...], changes: Changes) -> dict[str, Life]:
+    """The runs to submit again (`rows`: collect_rows'), each with its latest job ({run index: Life}), said in
+    one line; empty when nothing matched. A backend sends them (backends.py)."""
+    chosen = select(rows, states)
+    if not chosen:
+        print(f"nothing to resubmit: no run's latest job ended in {', '.join(states)}")
+        return {}
+    print(f"resubmitting {len(chosen)} of {len(rows)} run(s): "
+          + ", ".join(f"{r.name} ({r.job_id} {r.state.name}{' on ' + r.nodes if r.nodes else ''})"
+                      for r in chosen)
+          + (f"; with {' '.join(changes.sbatch_args())}" if changes.options else ""))
+    return {str(r.index): Life(job_id=r.job_id, state=r.state.name, nodes=r.nodes) for r in chosen}
+
+
+def collect_rows(manifest: Manifest) -> list[Row]:
+    """The sweep's runs, with how Slurm says their jobs ended: what resubmit chooses from."""
+    if manifest.backend not in BACKENDS or not manifest.slurm_submissions():
+        raise LaunchError("resubmit: no job of this sweep was submitted to Slurm; launch it first (runs of "
+                          "--local are run again with --local)")
+    rows = collect(manifest)
+    if rows.unheard:
+        raise SlurmAway(f"resubmit: {'; '.join(rows.unheard)}, so which runs failed cannot be told for sure; {RETRY}")
+    if rows and all(r.source == "run dir" for r in rows if r.job_id != "-"):
+        raise LaunchError("resubmit: Slurm does not say how the sweep's jobs ended (no sacct or squeue answer); "
+                          "run it where Slurm's commands work")
+    return rows

@@ -1,0 +1,78 @@
+"""A run's Slurm logs, found from the manifest, one life at a time: what `logs` prints and the line `status`
+shows for a run that failed.
+
+Each job of a run writes one log (layout.py names them: sbatch's `<array>_<task>.out`, and for runs packed
+into one task also `<array>_<task>.run<index>.out`, the run's own; submitit's `<task>_0_log.out` and `.err`
+in its folder), and every requeue of that job appends a life to it, starting with the line the job writes
+first (`tinygpt: run ...` from our batch script, `submitit INFO ... Starting` from submitit's).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tinygpt.base import schema
+from tinygpt.launch.errors import LaunchError
+from tinygpt.launch.layout import packed_run_log, submitit_logs, task_log
+
+if TYPE_CHECKING:
+    from tinygpt.launch.manifest import Manifest, RunRecord
+
+LIFE_START = re.compile(r"^(tinygpt: run \d+ |submitit INFO .*Starting with JobEnvironment)", re.M)
+# What says why a run ended, best first: our own messages, a Python exception, then Slurm's words.
+ERROR_LINES = (re.compile(r"^(error: |tinygpt: setup failed)"),
+               re.compile(r"^[\w.]*(Error|Exception|Interrupt)\b"),
+               re.compile(r"error|killed|oom|out of memory|time limit|cancelled", re.I))
+
+
+def run_jobs(manifest: Manifest, index: int) -> list[tuple[str, list[Path]]]:
+    """(job id, its log files) of every job that ran run `index`, oldest first."""
+    jobs = []
+    for sub in manifest.slurm_submissions():
+        if index not in sub.indices:
+            continue
+        job_id = sub.task_of(index)
+        if sub.folder:  # submitit
+            jobs.append((job_id, submitit_logs(Path(sub.folder), job_id)))
+        else:
+            own = [packed_run_log(manifest.logs_dir, job_id, index)] if sub.pack > 1 else []  # (packed runs)
+            jobs.append((job_id, [task_log(manifest.logs_dir, job_id), *own]))
+    return jobs
+
+
+def latest_life(text: str) -> str:
+    starts = [m.start() for m in LIFE_START.finditer(text)]
+    return text[starts[-1]:] if starts else text
+
+
+def read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def last_error(manifest: Manifest, index: int) -> str | None:
+    """The last line of the run's latest life that looks like the reason it ended (else its last line)."""
+    jobs = run_jobs(manifest, index)
+    if not jobs:
+        return None
+    lines = [line.strip() for path in jobs[-1][1] for line in latest_life(read(path)).splitlines() if line.strip()]
+    for pattern in ERROR_LINES:
+        found = [line for line in lines if pattern.search(line)]
+        if found:
+            return found[-1]
+    return lines[-1] if lines else None
+
+
+def find_run(manifest: Manifest, which: str | None) -> list[RunRecord]:
+    if which is None:
+        return manifest.runs
+    chosen = manifest.find(which)
+    if not chosen:
+        names = [r.name for r in manifest.runs]
+        raise LaunchError(f"RUN: no run `{which}` in sweep {manifest.name}{schema.suggest(which, names)}; give a run's "
+                          f"name or number (see `launch.py status`)")
+    return chosen

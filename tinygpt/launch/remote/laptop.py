@@ -1,0 +1,501 @@
+"""Every command against a cluster reached over SSH: the laptop's half (login_side.py runs on the login node).
+
+A profile with `login:` names the login node. `launch.py SPEC --cluster NAME` then sends the laptop's code
+(what a snapshot takes: tracked files as they are now) and the spec, and runs the same command on the login node,
+its output shown here and its exit status returned; the login node writes the sweep's files and talks to Slurm,
+as when a user logs in. The laptop keeps one small record, `<workdir>/jobs/<sweep>/remote.json`, naming the
+cluster, so that `status`, `logs`, `cancel`, `resubmit`, `report`, `sync` and `pull` of that sweep go there too.
+
+- The code travels content-addressed: the login node keeps every content it was sent once, by hash
+  (`<remote_dir>/objects/`), and is sent only those it lacks; a tree of links to them is the jobs' snapshot.
+- The login node needs only a Python 3: the launcher's own packages (this project's dependencies, none of them
+  torch) are downloaded here for its Python and platform, sent as wheels, and installed once into a venv under
+  remote_dir. `report` draws with torch, so it runs with the profile's `python`, the jobs' own.
+- One SSH connection per command (OpenSSH's ControlMaster), never a prompt (BatchMode), with timeouts; the
+  user's ~/.ssh/config applies. Every word sent is quoted for the login node's shell, which parses it again.
+- Paths in the spec are the cluster's (relative ones start at remote_dir); a relative path that names a file
+  here is refused, as the user likely meant this one. `--workdir` is the laptop's: where the record is kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tinygpt.base import durable
+from tinygpt.base.config import PATH_KEYS
+from tinygpt.launch.console import SPEC_AS
+from tinygpt.launch.errors import LaunchError
+from tinygpt.launch.layout import REPO_ROOT, SweepDirs
+from tinygpt.launch.remote import login_side
+from tinygpt.launch.submit import snapshot
+
+if TYPE_CHECKING:
+    from tinygpt.launch.spec.profiles import Login, Profile
+
+RECORD = "remote.json"  # beside where the sweep's manifest would be, on the laptop
+RECORD_KEYS = ("profile", "root", "code", "spec", "cluster")  # (see forward: what each names)
+CONNECT_TIMEOUT_S = 15
+PERSIST_S = 60  # how long the shared connection outlives the command that opened it
+CALL_TIMEOUT_S = 600  # one exchange (a transfer, a venv's install) that takes longer is taken as hung
+SOURCE = Path(login_side.__file__).read_text()
+PULLED = ("runs/{name}/*.md", "runs/{name}/*.png", "runs/{name}/*/metrics.jsonl", "runs/{name}/*/provenance.json",
+          "runs/{name}/*/config.yaml")
+CHECKPOINTS = ("runs/{name}/*/checkpoints",)
+
+
+class SshRefused(LaunchError):
+    exit_status = 255  # (ssh's own, for its failures)
+
+
+class LoginAway(LaunchError):
+    exit_status = 75  # (sysexits' EX_TEMPFAIL: the login node may be back later, as slurm_cli.SlurmAway)
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a command goes: the login node of `profile`, and what the laptop keeps of a sweep there."""
+
+    profile: Profile
+    record_path: Path
+    record: dict[str, Any] | None  # None: not launched from here yet
+
+    @property
+    def login(self) -> Login:
+        return self.profile.login
+
+
+def target(args: argparse.Namespace) -> Target | None:
+    """The login node a command goes to, or None: it runs here."""
+    if os.environ.get("TINYGPT_LOGIN_NODE") or getattr(args, "local", False):  # (login_side's `run` sets it)
+        return None
+    from tinygpt.launch.spec import profiles, sweep
+
+    if args.command in ("launch", "check"):
+        try:
+            cluster = args.cluster or _spec_cluster(args.spec)
+            profile = profiles.load(cluster) if cluster and cluster not in ("local", "auto") else None
+        except LaunchError:  # (the launch here names it, with every other problem of the spec)
+            return None
+        if profile is None or profile.login is None or _is_here(profile.login.host):
+            return None
+        return Target(profile, _record_path(args), None)
+    if Path(args.spec).name == "manifest.json":
+        return None
+    path = SweepDirs(Path(args.workdir).resolve(), sweep.load_name(args.spec))
+    if path.manifest.is_file() or not (path.jobs / RECORD).is_file():
+        return None
+    record = _read_record(path.jobs / RECORD)
+    return Target(profiles.load(record["profile"]), path.jobs / RECORD, record)
+
+
+def _spec_cluster(spec_path: str) -> str | None:
+    from tinygpt.base import schema
+
+    data = schema.load_yaml(Path(spec_path), LaunchError)
+    cluster = data.get("cluster") if isinstance(data, dict) else None
+    return cluster if isinstance(cluster, str) else None
+
+
+def _is_here(host: str) -> bool:
+    """Whether this machine is the login node the profile names (a user who logged in and launched there)."""
+    names = {socket.gethostname(), socket.getfqdn()}
+    return host in names or host.split(".")[0] in {n.split(".")[0] for n in names}
+
+
+def _record_path(args: argparse.Namespace) -> Path:
+    from tinygpt.launch.spec.sweep import load_name
+
+    return SweepDirs(Path(args.workdir).resolve(), load_name(args.spec)).jobs / RECORD
+
+
+def _read_record(path: Path) -> dict[str, Any]:
+    try:
+        record = json.loads(path.read_text())
+        if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in RECORD_KEYS):
+            raise ValueError(f"it is not a mapping with {', '.join(RECORD_KEYS)}")
+        return record
+    except (OSError, ValueError) as err:
+        raise LaunchError(f"{path}: the record of where this sweep was launched is unreadable ({err}); launch it "
+                          f"again with --cluster NAME, or delete the file to treat the sweep as this machine's") \
+            from None
+
+
+# ----------------------------------------------------------------------------------------------------
+# The connection
+
+
+def remote_text(words: list[str]) -> str:
+    """The one string ssh hands the login node's shell, which parses it back into exactly `words`."""
+    return " ".join(shlex.quote(w) for w in words)
+
+
+class Connection:
+    """OpenSSH's client to one login node: one shared connection, batch mode, the user's ~/.ssh/config."""
+
+    def __init__(self, login: Login):
+        self.login = login
+        self.root = login.remote_dir  # (absolute once `hello` said where it is)
+        # (/tmp, not $TMPDIR: a socket's path has at most ~100 characters, and ssh adds 17 to it while it opens)
+        sockets = Path("/tmp") / f"tinygpt-ssh-{os.getuid()}"
+        sockets.mkdir(mode=0o700, exist_ok=True)
+        self.options = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
+                        "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4",
+                        "-o", "ControlMaster=auto", "-o", f"ControlPath={sockets}/%C",
+                        "-o", f"ControlPersist={PERSIST_S}"]
+        for key, value in login.options.items():
+            self.options += ["-o", f"{key}={value}"]
+        if login.port:
+            self.options += ["-p", str(login.port)]
+        if login.identity_file:
+            self.options += ["-i", os.path.expanduser(login.identity_file), "-o", "IdentitiesOnly=yes"]
+        if login.user:
+            self.options += ["-l", login.user]
+
+    @property
+    def where(self) -> str:
+        return f"{self.login.user + '@' if self.login.user else ''}{self.login.host}"
+
+    def argv(self, words: list[str]) -> list[str]:
+        return ["ssh", *self.options, "--", self.login.host, remote_text(words)]
+
+    def close(self) -> None:
+        """End the shared connection, if one is open (the next command opens and checks a new one)."""
+        subprocess.run(["ssh", *self.options, "-O", "exit", "--", self.login.host], capture_output=True, timeout=60)
+
+    def side(self, command: str, *args: str) -> list[str]:
+        """The words that run login_side's COMMAND on the login node with the Python it has."""
+        return [self.login.python, "-c", SOURCE, command, self.root, *args]
+
+    def call(self, command: str, *args: str, stdin: bytes = b"") -> bytes:
+        """login_side's COMMAND's output; a LaunchError that says what went wrong, and how to fix it, if it failed."""
+        try:
+            done = subprocess.run(self.argv(self.side(command, *args)), input=stdin, capture_output=True,
+                                  timeout=CALL_TIMEOUT_S)
+        except FileNotFoundError:
+            raise LaunchError("cluster: working from a laptop needs OpenSSH's client (`ssh`), which is not "
+                              "installed here; install it (Debian/Ubuntu: openssh-client)") from None
+        except subprocess.TimeoutExpired:
+            raise LaunchError(f"cluster: {self.where} did not finish `{command}` in {CALL_TIMEOUT_S} s; nothing was "
+                              f"submitted: check the connection and try again") from None
+        if done.returncode != 0:
+            raise self.failure(done.returncode, done.stderr.decode(errors="replace"))
+        return done.stdout
+
+    def failure(self, status: int, said: str) -> LaunchError:
+        """What a failed exchange means, as one message with its fix."""
+        lines = [line for line in said.strip().splitlines() if line.strip()]
+        last = lines[-1] if lines else f"exit status {status}"
+        host = self.login.host
+        if status == 255:
+            if "REMOTE HOST IDENTIFICATION HAS CHANGED" in said:
+                return SshRefused(
+                    f"cluster: the login node {host}'s host key has CHANGED since this laptop last connected: "
+                    f"either the site reinstalled it or someone is in between. Nothing was sent. Check the new "
+                    f"key's fingerprint with the site's documentation or its admins; only then remove the old one "
+                    f"(ssh-keygen -R {host}) and connect once by hand (ssh {self.where})")
+            if "Host key verification failed" in said or "No ED25519 host key is known" in said:
+                return SshRefused(
+                    f"cluster: the login node {host}'s host key is not known on this laptop, and a command never "
+                    f"waits on a question: nothing was sent. Compare its fingerprint with the one the site "
+                    f"publishes and accept it once by hand: ssh {self.where} (answer yes)")
+            if "Permission denied" in said or "Too many authentication failures" in said:
+                return SshRefused(
+                    f"cluster: {host} refused the login of {self.login.user or 'your user'} ({last}); nothing was "
+                    f"sent. Check login.user and login.identity_file in the profile (or ssh-add the key), and that "
+                    f"`ssh {self.where}` works by hand")
+            if "Could not resolve hostname" in said:
+                return SshRefused(f"cluster: login.host {host!r} is not a known host name ({last}); nothing was "
+                                   f"sent. Check it, or a Host of that name in ~/.ssh/config")
+            if any(s in said for s in ("Connection refused", "timed out", "No route to host", "unreachable",
+                                       "Connection closed", "Connection reset", "banner exchange")):
+                # ("banner exchange": the connection broke before ssh's greeting was answered, as when sshd is
+                # throttling new connections (MaxStartups) or a ProxyCommand ends at once)
+                return LoginAway(f"cluster: cannot reach the login node {host} ({last}); nothing was sent. Is it "
+                                   f"up, and the host and port right (a VPN or ProxyJump needed)? Try again later")
+            return SshRefused(f"cluster: ssh {self.where} failed ({last}); nothing was sent")
+        if status == 127 and self.login.python in said:
+            return LaunchError(f"cluster: the login node has no `{self.login.python}` ({last}); set login.python in "
+                               f"the profile to a Python 3 there (e.g. /usr/bin/python3, or a module's)")
+        problem = last.removeprefix("error: ")
+        return LaunchError(f"cluster: on the login node {host}: {problem}")
+
+    def stream(self, words: list[str]) -> int:
+        """Run `words` on the login node apart from this connection, its output shown as it comes; Ctrl-C here
+        interrupts it there. Returns its exit status."""
+        proc = subprocess.Popen(self.argv(words), stdout=subprocess.PIPE, start_new_session=True)
+        # (a session of its own: the terminal's Ctrl-C reaches this process, not ssh, which must keep streaming)
+        ident, interrupted = None, False
+        while True:
+            try:
+                if ident is None:  # (the first line: the command's id there)
+                    ident = proc.stdout.readline().decode(errors="replace").strip()
+                    if interrupted and ident:
+                        self.call("signal", ident)
+                    continue
+                chunk = proc.stdout.read1(65536)
+                if not chunk:
+                    break
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.buffer.flush()
+            except KeyboardInterrupt:
+                if interrupted or ident == "":  # (a second Ctrl-C: stop waiting for it to end there)
+                    proc.kill()
+                    break
+                interrupted = True
+                if ident:
+                    self.call("signal", ident)
+        status = proc.wait()
+        if status == 255:
+            command = f" (its output: {self.root}/commands/{ident})" if ident else ""
+            raise SshRefused(f"cluster: the connection to {self.login.host} was lost; what it was doing goes on "
+                              f"there{command}, and `launch.py status` tells how the sweep stands")
+        return 130 if interrupted and status == 0 else status
+
+
+# ----------------------------------------------------------------------------------------------------
+# What travels
+
+
+def send(conn: Connection, contents: dict[str, bytes]) -> int:
+    """Send the contents (by their sha256) the login node lacks; the bytes that travelled."""
+    lacking = json.loads(conn.call("missing", stdin=json.dumps(sorted(contents)).encode()))
+    payload = b"".join(f"{h} {len(contents[h])}\n".encode() + contents[h] for h in lacking)
+    if payload:
+        conn.call("receive", stdin=payload)
+    return len(payload)
+
+
+def send_tree(conn: Connection, name: str, files: list[tuple[str, bytes, str]], record: dict | None = None) -> int:
+    """`<remote_dir>/trees/NAME` on the login node holding `files` (path, bytes, kind); the bytes sent."""
+    listing, contents = [], {}  # (a link is listed with where it points; a file by its content's hash, sent once)
+    for path, data, kind in files:
+        if kind == "link":
+            listing.append([path, kind, data.decode("utf-8", "surrogateescape")])
+        else:
+            digest = hashlib.sha256(data).hexdigest()
+            contents[digest] = data
+            listing.append([path, kind, digest])
+    sent = send(conn, contents)
+    conn.call("tree", name, stdin=json.dumps({"files": listing, "record": record}).encode())
+    return sent
+
+
+def launcher_requirements() -> list[str]:
+    """This project's own dependencies: what the launcher side imports (torch is the `train` extra's)."""
+    from importlib import metadata
+
+    try:
+        required = metadata.requires("tinygpt-hpc") or []
+    except metadata.PackageNotFoundError:
+        raise LaunchError("cluster: the launcher's packages for the login node are this project's dependencies, "
+                          "read from its installation, and it is not installed here; run `make venv` (pip install "
+                          "-e .)") from None
+    return sorted(r for r in required if "extra ==" not in r)
+
+
+def _wheels(hello: dict[str, Any], requirements: list[str]) -> list[Path]:
+    """The wheels of `requirements` for the login node's Python and platform, downloaded here once (cached)."""
+    system, _, machine = hello["platform"].partition("-")
+    if system != "linux" or hello["implementation"] != "cpython" or not hello["glibc"]:
+        raise LaunchError(f"cluster: the login node's Python is {hello['implementation']} {hello['python']} on "
+                          f"{hello['platform']}; the launcher's packages are sent for CPython on Linux (glibc) only")
+    version, glibc = hello["python"].replace(".", ""), int(hello["glibc"].split(".")[1])
+    platforms = [f"manylinux_2_{minor}_{machine}" for minor in range(glibc, 4, -1)]
+    platforms += [f"manylinux2014_{machine}", f"linux_{machine}"]
+    wanted = ["pip", *requirements]  # (pip installs them there from its wheel: the login node needs no ensurepip)
+    key = hashlib.sha256(json.dumps([wanted, version, platforms]).encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tinygpt-hpc" / "wheels" / key
+    if not (cache / "complete").is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--only-binary",
+                ":all:", "--dest", str(cache), "--python-version", hello["python"], "--implementation", "cp",
+                "--abi", f"cp{version}", "--abi", "abi3", "--abi", "none"]
+        for platform in platforms:
+            argv += ["--platform", platform]
+        print(f"downloading the launcher's packages for the login node (Python {hello['python']}, {machine}): "
+              f"{', '.join(requirements)}", file=sys.stderr)
+        done = subprocess.run(argv + wanted, capture_output=True, text=True)
+        if done.returncode != 0:
+            said = " / ".join(done.stderr.strip().splitlines()[-2:])
+            raise LaunchError(f"cluster: could not download the launcher's packages for the login node ({said}); "
+                              f"this laptop needs a package index (or pip's --find-links) for them")
+        durable.write(cache / "complete", "\n".join(wanted) + "\n")
+    return sorted(cache.glob("*.whl"))
+
+
+# ----------------------------------------------------------------------------------------------------
+# The commands
+
+
+def connect(login: Login) -> tuple[Connection, dict[str, Any]]:
+    """A connection to the login node, and what it said of itself (its Python, platform, remote_dir's path)."""
+    conn = Connection(login)
+    hello = json.loads(conn.call("hello"))
+    conn.root = hello["root"]
+    return conn, hello
+
+
+def send_code(conn: Connection) -> tuple[str, int]:
+    """The laptop's code as a snapshot takes it, on the login node: (its digest, the bytes that travelled)."""
+    code = snapshot.read(REPO_ROOT)
+    sent = send_tree(conn, code.digest, code.contents, code.record(f"{socket.gethostname()}:{REPO_ROOT}"))
+    print(f"code {code.digest}: {len(code.contents)} files, {sent:,} bytes sent to {conn.login.host}",
+          file=sys.stderr)
+    return code.digest, sent
+
+
+def launcher_python(conn: Connection, hello: dict[str, Any]) -> str:
+    """The launcher's Python on the login node: a venv of this project's dependencies, made there once, named by
+    its wheels' file names (a wheel's name says its version and build: PyPI never changes one's contents)."""
+    wheels = _wheels(hello, launcher_requirements())
+    name = "wheels-" + hashlib.sha256("\0".join(p.name for p in wheels).encode()).hexdigest()[:16]
+    made = conn.call("venv", name, *launcher_requirements()).decode().strip()
+    if not made:  # (no such venv there, nor its wheels: they are sent, once)
+        send_tree(conn, name, [(p.name, p.read_bytes(), "file") for p in wheels])
+        made = conn.call("venv", name, *launcher_requirements()).decode().strip()
+    return made + "/bin/python"
+
+
+def run_there(conn: Connection, python: str, code: str, arguments: list[str], spec_as: str | None = None) -> int:
+    """`launch.py ARGUMENTS` on the login node, in remote_dir, with the code sent as `code`: its exit status."""
+    env = [f"{SPEC_AS}={spec_as}"] if spec_as else []
+    words = [python, f"{conn.root}/trees/{code}/launch.py", *arguments]
+    return conn.stream(conn.side("run", conn.root, *env, *_terminal(), "--", *words))
+
+
+def forward(target_: Target, top: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Run the command on the login node; `launch` and `check` send the code and the spec first."""
+    if target_.record is None:
+        _check_paths(args.spec, target_)  # (a local problem: said before the login node is asked anything)
+    conn, hello = connect(target_.login)
+    record = target_.record
+    if record is None:
+        code, _ = send_code(conn)
+        inputs = [(Path(args.spec).name, Path(args.spec).read_bytes(), "file"),
+                  (Path(target_.profile.path).name, Path(target_.profile.path).read_bytes(), "file")]
+        name = f"inputs-{snapshot.digest(inputs)}"
+        send_tree(conn, name, inputs)
+        record = {"profile": str(Path(target_.profile.path).resolve()), "root": conn.root, "code": code,
+                  "spec": f"{conn.root}/trees/{name}/{inputs[0][0]}",
+                  "cluster": f"{conn.root}/trees/{name}/{inputs[1][0]}"}
+    if args.command == "pull":
+        return _pull(conn, args.spec, args.workdir, args.checkpoints)
+    python = launcher_python(conn, hello)
+    if args.command == "report" and target_.profile.python:
+        python = target_.profile.python  # (attention maps load the checkpoints: the jobs' Python has torch)
+    if target_.record is None and args.command == "launch":
+        target_.record_path.parent.mkdir(parents=True, exist_ok=True)
+        durable.write(target_.record_path, json.dumps(record, indent=1) + "\n")  # (before: a drop leaves it known)
+    arguments = _arguments(top, args, spec=record["spec"], cluster=record["cluster"], workdir=conn.root)
+    status = run_there(conn, python, record["code"], arguments, args.spec)
+    if target_.record is None and args.command == "launch" and status in (1, 2):
+        target_.record_path.unlink(missing_ok=True)  # (refused there: nothing was launched)
+    if status == 0 and args.command == "report":
+        _pull(conn, args.spec, args.workdir, checkpoints=False)
+    return status
+
+
+def _terminal() -> list[str]:
+    """What makes the command there write for this terminal (rich reads them): its size, and that it is one, so
+    that `status --watch` redraws its table in place. Nothing when the output here is not a terminal."""
+    if not sys.stdout.isatty():
+        return []
+    size = os.get_terminal_size()
+    return [f"COLUMNS={size.columns}", f"LINES={size.lines}", "TTY_COMPATIBLE=1", "TTY_INTERACTIVE=1",
+            f"TERM={os.environ.get('TERM', 'xterm')}"]
+
+
+def _arguments(top: argparse.ArgumentParser, args: argparse.Namespace, **given: str | None) -> list[str]:
+    """The command's arguments as the login node is to parse them: every option that was given, from the parsed
+    values (not the laptop's words), with `given` (the spec, cluster and workdir of the login node) instead."""
+    commands = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    positionals, options = [], []
+    for action in commands.choices[args.command]._actions:
+        value = given[action.dest] if action.dest in given else getattr(args, action.dest, None)
+        if isinstance(action, argparse._HelpAction) or value is None or value is False:
+            continue
+        if not action.option_strings:
+            positionals.append(str(value))
+        elif value == action.default:
+            continue
+        elif isinstance(action, argparse._StoreTrueAction):
+            options.append(action.option_strings[0])
+        elif isinstance(action, argparse._AppendAction):
+            options += [f"{action.option_strings[0]}={item}" for item in value]
+        else:
+            options.append(f"{action.option_strings[0]}={value}")
+    # (`--opt=value` and `--` before the positionals: a value that starts with '-' is never read as an option)
+    return [args.command, *options, "--", *positionals]
+
+
+def _check_paths(spec_path: str, target_: Target) -> None:
+    """Refuse a relative path in the spec that names a file or folder here: the user likely meant this one,
+    while the jobs would read the cluster's."""
+    from tinygpt.base import schema
+
+    data = schema.load_yaml(Path(spec_path), LaunchError)
+    found: list[str] = []
+
+    def walk(node: Any, where: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                values = value if isinstance(value, list) else [value]
+                if key in PATH_KEYS:
+                    found.extend(f"{where}{key}: {v}" for v in values if isinstance(v, str) and v
+                                 and not os.path.isabs(os.path.expanduser(v)) and os.path.exists(v))
+                walk(value, f"{where}{key}.")
+        elif isinstance(node, list):
+            for item in node:
+                walk(item, where)
+
+    walk(data, "")
+    if found:
+        raise LaunchError([f"{f} is a relative path, and names a file on this laptop; on {target_.profile.name} "
+                           f"every path is the cluster's (relative ones start at login.remote_dir, "
+                           f"{target_.login.remote_dir}): give the cluster's absolute path (copy the file there "
+                           f"first, e.g. with scp)" for f in found], spec_path)
+
+
+def fetch(conn: Connection, patterns: list[str]) -> dict[str, bytes]:
+    """The files under remote_dir that match the glob `patterns`: {path: contents}."""
+    with tempfile.TemporaryFile() as archive:
+        try:
+            done = subprocess.run(conn.argv(conn.side("pack", *patterns)), stdout=archive, stderr=subprocess.PIPE,
+                                  timeout=CALL_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise LaunchError(f"cluster: {conn.login.host} did not send the files in {CALL_TIMEOUT_S} s") from None
+        if done.returncode != 0:
+            raise conn.failure(done.returncode, done.stderr.decode(errors="replace"))
+        archive.seek(0)
+        with tarfile.open(fileobj=archive, mode="r:gz") as tar:
+            return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+def _pull(conn: Connection, spec_path: str, workdir: str, checkpoints: bool) -> int:
+    """Bring back the sweep's report and every run's metrics (and checkpoints), under the laptop's workdir."""
+    from tinygpt.launch.spec.sweep import load_name
+
+    name = load_name(spec_path)
+    patterns = [p.format(name=name) for p in PULLED + (CHECKPOINTS if checkpoints else ())]
+    here = Path(workdir).resolve()
+    files = fetch(conn, patterns)
+    for rel, data in files.items():
+        path = here / rel
+        if ".." in Path(rel).parts or Path(rel).is_absolute() or not rel.startswith(f"runs/{name}/"):
+            raise LaunchError(f"pull: the login node sent {rel!r}, outside runs/{name}/; nothing more was written")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        durable.write(path, data)
+    print(f"pulled {len(files)} file(s) of sweep {name} from {conn.login.host} into {here / 'runs' / name}")
+    return 0

@@ -1,0 +1,384 @@
+"""Job and sweep specs: one YAML file in, a list of fully validated runs out.
+
+    name: width-depth             # the sweep's name: jobs/<name>/, runs/<name>/, logs/<name>/
+    cluster: local                # a profile in hpc_lab/clusters/, or auto
+    backend: sbatch               # or submitit
+    train: {max_steps: 2000, ...} # the base trainer config: the trainer's own keys
+    grid:                         # cartesian product; keys flat (n_layer) or dotted (model.n_layer)
+      n_layer: [2, 4]
+      n_embd: [64, 128]
+    search: {method: random, trials: 32, seed: 0, params: {lr: {loguniform: [1.0e-4, 3.0e-3]}}}
+                                  # instead of a grid: random search (see search.py)
+    runs:                         # explicit extra points (with an optional `name`)
+      - {name: one-head, n_head: 1}
+    resources: {nodes: 1, gpus_per_node: 0, cpus_per_task: 1, mem: 2G, time: "00:30:00"}
+                                  # also partition, qos, account, constraint, exclude (nodes), and
+                                  # sbatch_options / srun_args passed through (see passthrough.py)
+    array_parallelism: 4          # at most this many array tasks at once
+    pack: 2                       # two runs at once in each array task: they share its CPUs, split its GPUs
+    snapshot_max_file_mb: 10      # the code snapshot refuses a tracked file larger than this
+
+With both `grid` and `runs`, the sweep has the grid's points followed by the explicit runs. Each run's
+trainer config is checked with the trainer's own schema, and every problem in the file is reported at
+once. A run's name comes from its sweep point (`n_layer=2,n_embd=64`), so a requeued job finds its own
+run directory and checkpoints.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field, field_validator
+
+from tinygpt.base import config as train_config
+from tinygpt.base import schema
+from tinygpt.base.config import ConfigError, suggest
+from tinygpt.base.schema import OptFloat, OptInt, OptText
+from tinygpt.launch.errors import LaunchError
+from tinygpt.launch.layout import SweepDirs, check_safe_name, name_problem, unwritable_dir
+from tinygpt.launch.manifest import BACKENDS
+from tinygpt.launch.spec import passthrough, search, sweep_runs
+from tinygpt.launch.spec.resources import MemMB, Resources, SlurmTime, format_time
+from tinygpt.launch.spec.search import Search
+from tinygpt.launch.spec.sweep_runs import Run, run_name
+
+if TYPE_CHECKING:
+    from tinygpt.launch.spec.profiles import Profile
+
+LAUNCHER_KEYS = {"out_dir": "runs/<sweep>/<run>", "sweep": "the spec's name"}  # set by the launcher, never a spec
+SHOWN_FAILING_POINTS = 3  # an Optuna search that fails on many combinations shows this many, then a count
+DEFAULT_TIME_MIN = 60
+
+
+class ResourcesRequest(schema.Schema):
+    """A spec's `resources`: what each job asks for (unset: from the cluster profile)."""
+
+    nodes: OptInt = Field(None, ge=1, description="nodes per job (default 1)")
+    gpus_per_node: OptInt = Field(None, ge=0, description="GPUs per node (default: the profile's node.gpus)")
+    tasks_per_node: OptInt = Field(None, ge=1, description="processes per node (default: one per GPU, else 1)")
+    cpus_per_task: OptInt = Field(None, ge=1, description="CPUs per process (default: the profile's cpus_per_gpu)")
+    mem: MemMB = Field(None, description="memory per node, e.g. 4G (default: the profile's mem_per_gpu per GPU)")
+    time: SlurmTime = Field(DEFAULT_TIME_MIN, description="time limit per job, e.g. 01:00:00 (default one hour)")
+    partition: OptText = Field(None, description="the partition (default: the profile's default_partition)")
+    qos: OptText = Field(None, description="the QOS (default: the profile's)")
+    account: OptText = Field(None, description="the account (default: the profile's)")
+    constraint: OptText = Field(None, description="node features (sbatch --constraint)")
+    exclude: OptText = Field(None, description="nodes not to run on (sbatch --exclude)")
+    sbatch_options: passthrough.sbatch_options_field("resources.sbatch_options") = Field(
+        default_factory=dict, description=(
+        "extra #SBATCH options ({reservation: x, exclusive: true}); see launch/spec/passthrough.py"))
+    srun_args: passthrough.srun_args_field("resources.srun_args") = Field(
+        [], description="extra srun options, e.g. [--cpu-bind=cores]")
+
+    @field_validator("time")
+    @classmethod
+    def _finite(cls, minutes: int | None) -> int:
+        if minutes is None or minutes < 1:
+            raise ValueError("give a finite time limit of at least one minute (e.g. '00:30:00')")
+        return minutes
+
+
+
+class SpecFile(schema.Schema):
+    """A job or sweep spec as its file says it; `train`, `grid` and `runs` hold trainer keys, checked per run
+    by the trainer's schema."""
+
+    name: OptText = Field(None, description="the sweep's name: jobs/<name>/, runs/<name>/, logs/<name>/ "
+                                            "(default: the file's name)")
+    description: OptText = Field(None, description="what the sweep is for")
+    cluster: OptText = Field(None, description="a profile in hpc_lab/clusters/, a profile's path, or auto "
+                                               "(default: local)")
+    backend: Literal[BACKENDS] | None = Field(None, description="sbatch (default) or submitit")
+    train: dict[str, Any] | None = Field(None, description="the base trainer config: the trainer's own keys")
+    grid: dict[str, Any] | None = Field(None, description="trainer keys and their lists of values: every "
+                                                          "combination is a run")
+    search: Search | None = Field(None, description="instead of a grid: random or Optuna search")
+    runs: list[dict[str, Any]] | None = Field(None, description="explicit runs: trainer keys and an optional name")
+    resources: ResourcesRequest = Field(default_factory=ResourcesRequest, description="what each job asks for")
+    array_parallelism: OptInt = Field(None, ge=1, description="at most this many array tasks at once")
+    pack: OptInt = Field(None, ge=1, description=(
+        "runs at once in each array task: they share its CPUs and split its GPUs"))
+    snapshot_max_file_mb: OptFloat = Field(None, gt=0, lt=1e9, description=(
+        "the code snapshot refuses a tracked file larger than this"),
+        json_schema_extra={"hint": "megabytes: the largest tracked file a code snapshot copies"})
+
+    @field_validator("name")
+    @classmethod
+    def _a_safe_name(cls, name: str | None) -> str | None:
+        if name is not None and (why := name_problem(name)):
+            raise ValueError(why)
+        return name
+
+
+@dataclass
+class Sweep:
+    name: str
+    spec_path: Path
+    profile: Profile
+    backend: str
+    resources: Resources
+    array_parallelism: int | None
+    workdir: Path
+    runs: list[Run] = field(default_factory=list)
+    varying: list[str] = field(default_factory=list)  # keys whose value differs between runs
+    search: dict[str, Any] | None = None  # an Optuna search's settings (search.py); its runs are the workers
+    pack: int = 1  # runs at once in each array task: they share its CPUs and split its GPUs
+    snapshot_max_file_mb: float | None = None  # the code snapshot refuses a tracked file larger than this
+
+    @property
+    def dirs(self) -> SweepDirs:
+        return SweepDirs(self.workdir, self.name)
+
+
+def _expand_grid(grid: dict[str, Any] | None, problems: list[str]) -> list[dict[str, Any]]:
+    if grid is None:
+        return []
+    if not grid:
+        problems.append("grid: is empty; give at least one key with a list of values, or remove `grid`")
+        return []
+    keys, value_lists = [], []
+    for key, values in grid.items():
+        name = train_config.normalise_key(str(key)).rpartition(".")[2]
+        if not isinstance(values, list):
+            values = [values]
+        if not values:
+            problems.append(f"grid.{key}: the list of values is empty; give at least one value")
+            return []
+        counts = Counter(repr(v) for v in values)
+        repeated = sorted(text for text, count in counts.items() if count > 1)
+        if repeated:
+            problems.append(f"grid.{key}: {', '.join(repeated)} given more than once; give each value once")
+            return []
+        keys.append(name)
+        value_lists.append(values)
+    return [dict(zip(keys, combo)) for combo in itertools.product(*value_lists)]
+
+
+def _check_keys(mapping: dict, where: str, problems: list[str]) -> dict[str, Any]:
+    """Flatten a trainer mapping (flat, dotted or nested), reporting unknown keys and launcher-owned ones."""
+    sub: list[str] = []
+    flat = train_config.flatten_overrides(mapping, where, sub)
+    problems.extend(f"{where}: {p}" for p in sub)
+    for key, value in LAUNCHER_KEYS.items():
+        if key in flat:
+            problems.append(f"{where}: `{key}` is set by the launcher ({value}); remove it")
+            flat.pop(key)
+    return flat
+
+
+def _resources(asked: ResourcesRequest, profile: Profile, problems: list[str]) -> Resources:
+    """What each job asks Slurm for: the spec's `resources`, the profile's defaults where it is silent."""
+    gpus = profile.node.gpus if asked.gpus_per_node is None else asked.gpus_per_node
+    cpus = asked.cpus_per_task or (profile.cpus_per_gpu if (gpus and profile.cpus_per_gpu) else 1)
+    mem_mb = asked.mem if asked.mem is not None else (gpus * profile.mem_per_gpu if gpus and profile.mem_per_gpu
+                                                      else None)
+    resources = Resources(asked.nodes or 1, gpus, asked.tasks_per_node or gpus or 1, cpus, mem_mb, asked.time,
+                          asked.partition or profile.default_partition, asked.qos or profile.qos,
+                          asked.account or profile.account, asked.constraint, asked.exclude,
+                          {**profile.sbatch_options, **asked.sbatch_options}, profile.srun_args + asked.srun_args)
+    _check_limits(resources, profile, problems)
+    return resources
+
+
+def _check_limits(r: Resources, profile: Profile, problems: list[str]) -> None:
+    """Refuse before submission what the cluster could never give: the profile's node and partition limits."""
+    where = f"cluster profile `{profile.name}`"
+    node = profile.node
+    if r.gpus_per_node > node.gpus:
+        problems.append(f"resources.gpus_per_node: {r.gpus_per_node} GPUs asked, but a node of {where} has "
+                        f"{node.gpus}; ask for at most {node.gpus} and more nodes instead")
+    if node.cpus and r.tasks_per_node * r.cpus_per_task > node.cpus:
+        problems.append(f"resources.tasks_per_node x cpus_per_task: {r.tasks_per_node} x {r.cpus_per_task} CPUs "
+                        f"per node is more than the {node.cpus} CPUs of a node of {where}")
+    if node.mem and r.mem_mb and r.mem_mb > node.mem:
+        problems.append(f"resources.mem: {r.mem_mb} MB is more than the {node.mem} MB of a node of {where}")
+    if not profile.partitions:
+        return
+    partition = r.partition
+    part = profile.partitions.get(partition) if partition else None
+    if partition is None:
+        problems.append(f"resources.partition: {where} has no default partition; choose one of "
+                        f"{', '.join(profile.partitions)}")
+    elif part is None:
+        problems.append(f"resources.partition: unknown partition `{partition}`"
+                        f"{suggest(partition, profile.partitions)}; {where} has {', '.join(profile.partitions)}")
+    else:
+        if part.max_time is not None and r.time_min > part.max_time:
+            problems.append(f"resources.time: {format_time(r.time_min)} is over the maximum "
+                            f"{format_time(part.max_time)} of partition `{partition}`; ask for less "
+                            f"(the job resumes from its checkpoint when requeued)")
+        if part.max_nodes is not None and r.nodes > part.max_nodes:
+            problems.append(f"resources.nodes: {r.nodes} nodes asked, partition `{partition}` has at most "
+                            f"{part.max_nodes}")
+
+
+def load(path: str | Path, workdir: str | Path = ".", cluster: str | None = None, backend: str | None = None,
+         set_values: dict[str, Any] | None = None) -> Sweep:
+    """Read and validate a spec into runs whose trainer configs are final; raise LaunchError listing every
+    problem.
+
+    workdir: where runs/, data/ (the default data_dir) and jobs/ go; each run's out_dir is
+    <workdir>/runs/<sweep>/<run>. set_values: trainer keys set for every run (`launch.py --set KEY=VALUE`),
+    over the spec's own values.
+    """
+    from tinygpt.launch.spec import profiles
+
+    path, workdir = Path(path), check_workdir(workdir)
+    data = schema.load_yaml(path, LaunchError)
+    if data is None:
+        raise LaunchError(f"{path}: the spec is empty; give at least its train keys (see jobs/*.yaml), or "
+                          f"`name: {path.stem}` for one run with every default")
+    if not isinstance(data, dict):
+        raise LaunchError(f"{path}: a spec is a mapping with keys such as name, train, grid, resources")
+    problems: list[str] = []
+    spec = _spec_file(data, problems)
+    name = spec.name or path.stem
+    check_safe_name(name, "name", problems)
+    backend = backend or spec.backend or "sbatch"
+    if backend not in BACKENDS:
+        problems.append(f"backend: {backend!r} is not one of {', '.join(BACKENDS)}")
+    profile = None
+    try:
+        profile = profiles.load(str(cluster or spec.cluster or "local"))
+    except LaunchError as err:  # (a profile's own problems are named with its file)
+        problems.extend(f"cluster profile {err.source}: {p}" if err.source else p for p in err.problems)
+    base = _base(spec.train, profile, problems)
+    forced = _check_keys(set_values or {}, "--set", problems)
+    inputs = {"data_dir": str(workdir / "data"), **base}  # (under each run's own; the launcher's keys over them)
+    launcher = {**forced, "sweep": name}
+    optuna = _optuna(spec, {**inputs, **launcher}, problems)
+    points, grid_size = ([(f"worker={w}", {}) for w in range(optuna["workers"])], optuna["workers"]) if optuna \
+        else _points(spec, problems)
+    varying = sweep_runs.name_keys(points, base)
+    runs = sweep_runs.make(points, grid_size, varying, inputs, launcher, str(SweepDirs(workdir, name).runs),
+                           problems)
+    resources = _resources(spec.resources, profile, problems) if profile is not None else None
+    pack = _pack(spec.pack or 1, backend, optuna, resources, problems)
+    unique_problems = list(dict.fromkeys(problems))
+    if unique_problems:
+        raise LaunchError(unique_problems, str(path))
+    return Sweep(name, path, profile, backend, resources, spec.array_parallelism, workdir, runs, varying, optuna,
+                 pack, spec.snapshot_max_file_mb)
+
+
+def _spec_file(data: dict, problems: list[str]) -> SpecFile:
+    """The spec checked with its schema; what has problems is named and left at its default, so that the rest
+    is checked too (every problem at once)."""
+    spec, found = schema.validate_what_can_be(SpecFile, data)
+    problems.extend(found)
+    return spec
+
+
+def _pack(pack: int, backend: str, optuna: dict | None, resources: Resources | None, problems: list[str]) -> int:
+    """`pack`, checked, and with it what asks for one process per run: packed runs, an Optuna worker."""
+    one_process = resources is None or (resources.nodes, resources.tasks_per_node) == (1, 1)
+    if optuna and not one_process:
+        problems.append("resources: an Optuna worker trains one trial at a time in one process; ask for nodes: 1, "
+                        "tasks_per_node: 1 (and search.workers for more at once)")
+    if pack > 1 and backend != "sbatch":
+        problems.append("pack: packing runs into one task is for the sbatch backend; remove pack or use "
+                        "backend: sbatch")
+    if pack > 1 and optuna:
+        problems.append("pack: an Optuna search's workers train one trial each; remove pack (more workers "
+                        "instead)")
+    if pack > 1 and not one_process:
+        problems.append("pack: packed runs are one process each; ask for resources nodes: 1, tasks_per_node: 1 "
+                        "(the packed runs share the task's CPUs, and each takes its share of its GPUs)")
+    if pack > 1 and resources is not None and pack > resources.cpus_per_task:
+        problems.append(f"pack: {pack} runs at once would share {resources.cpus_per_task} CPU(s) (resources."
+                        f"cpus_per_task), more runs than CPUs; ask for cpus_per_task >= {pack}, or pack at most "
+                        f"{resources.cpus_per_task}")
+    return pack
+
+
+def _optuna(spec: SpecFile, inputs: dict[str, Any], problems: list[str]) -> dict[str, Any] | None:
+    """An Optuna search's settings; every value a trial may get, and every pair of values, checked with the
+    trainer's schema (search.points_to_check)."""
+    if spec.search is None or spec.search.method != "optuna":
+        return None
+    if spec.grid is not None or spec.runs is not None:
+        problems.append("search: an Optuna search makes the sweep's runs (its workers); remove grid and runs")
+    settings = spec.search.settings()
+    points = search.points_to_check(settings)
+    _check_keys(points[0], "search.params", problems)  # (unknown and launcher-owned keys: said once)
+    failing = []
+    for point in points:
+        try:
+            train_config.build({**inputs, **_check_keys(point, "search.params", []), "out_dir": "/"})
+        except ConfigError as err:
+            failing.append((point, err.problems))
+    for point, found in failing[:SHOWN_FAILING_POINTS]:
+        problems.extend(f"search.params: a trial may get {search.params_text(point)}, and then {p}" for p in found)
+    if len(failing) > SHOWN_FAILING_POINTS:
+        problems.append(f"search.params: {len(failing) - SHOWN_FAILING_POINTS} more combination(s) of "
+                        f"{len(points)} checked fail too; narrow the ranges or choices")
+    return {**settings, "dists": {k: list(v) for k, v in settings["dists"].items()}}
+
+
+def check_workdir(workdir: str | Path) -> Path:
+    """The absolute work directory, or a LaunchError naming --workdir when jobs/, logs/ and runs/ could not be
+    made in it (checked before anything is written)."""
+    if "\x00" in str(workdir):
+        raise LaunchError(f"--workdir: {str(workdir)!r} holds a NUL character; give a directory path")
+    where = Path(os.path.abspath(workdir))
+    if problem := unwritable_dir(where, probe=True):
+        raise LaunchError(f"--workdir: {str(workdir)[:200]!r} cannot hold jobs/, logs/ and runs/ ({problem}); "
+                          f"give a directory you can write to")
+    return where.resolve()
+
+
+def _base(raw: dict[str, Any] | None, profile: Profile | None, problems: list[str]) -> dict[str, Any]:
+    """The spec's `train` keys, with the profile's trainer defaults under them."""
+    base = _check_keys(raw or {}, "train", problems)
+    if profile is not None:
+        for key, value in profile.trainer_defaults.items():
+            base.setdefault(key, value)
+        base.setdefault("preempt_signal", profile.signal)
+    return base
+
+
+def _points(spec: SpecFile, problems: list[str]) -> tuple[list[tuple[str | None, dict[str, Any]]], int]:
+    """The sweep's points, (given name or None, flat trainer keys): the grid's, then the explicit runs; and
+    how many came from the grid."""
+    points: list[tuple[str | None, dict[str, Any]]] = []
+    grid_points = _expand_grid(spec.grid, problems)
+    if grid_points:  # (every point has the grid's keys: they are checked once)
+        known = _check_keys(dict(grid_points[0]), "grid", problems)
+        unchanged = known.keys() == grid_points[0].keys()
+        points += [(None, point if unchanged else {k: v for k, v in point.items() if k in known})
+                   for point in grid_points]
+    if spec.search is not None:
+        if grid_points:
+            problems.append("search: a spec has a grid or a search, not both; remove one")
+        drawn = search.points(spec.search.settings())
+        width = len(str(len(drawn) - 1))
+        for trial, point in enumerate(drawn):
+            points.append((f"trial={trial:0{width}d},{run_name(point)}", _check_keys(point, "search.params", problems)))
+        grid_points = drawn  # (counted like grid points: the explicit runs come after)
+    explicit = spec.runs
+    for i, entry in enumerate(explicit or []):
+        entry = dict(entry)
+        given = entry.pop("name", None)
+        flat = _check_keys(entry, f"runs[{i}]", problems)
+        points.append((str(given) if given is not None else None, flat))
+    if spec.grid is None and spec.search is None and explicit is None:
+        points.append((None, {}))  # a single job
+    elif not points and not problems:
+        problems.append("the spec defines no run: give a non-empty grid or runs list")
+    return points, len(grid_points)
+
+
+def load_name(path: str | Path) -> str:
+    """Only the sweep's name (for status, cancel and report, which read the manifest, not the spec)."""
+    path = Path(path)
+    data = schema.load_yaml(path, LaunchError)
+    name = str((data or {}).get("name") or path.stem) if isinstance(data, dict) else path.stem
+    problems: list[str] = []
+    if not check_safe_name(name, "name", problems):
+        raise LaunchError(problems, str(path))
+    return name

@@ -1,0 +1,71 @@
+"""A job chain from one call (`launch.py SPEC --chain`): data, then training, then the report.
+
+    <sweep>-data     one small task: prepares each distinct corpus of the sweep (tinygpt.data prepare)
+    <sweep>          the training array, with --dependency=afterok:<data job>
+    <sweep>-report   one small task after the whole array (afterany): writes runs/<sweep>/report.md
+
+The small steps ask for one CPU, no GPU and at most an hour, with the sweep's partition, account and
+profile setup. `launch.py cancel` cancels all three; `status` shows the chain above its table. With
+`--local` the same three steps run here, in order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tinygpt.base import durable
+from tinygpt.launch import manifest as manifest_mod
+from tinygpt.launch.layout import STEP_LOG_PATTERN
+from tinygpt.launch.slurm import slurm_cli
+from tinygpt.launch.spec.corpora import first_runs
+from tinygpt.launch.submit.sbatch import render_step
+from tinygpt.launch.submit.slurm_options import container_prefix
+
+if TYPE_CHECKING:
+    from tinygpt.launch.submit.plan import Plan
+
+STEP_MAX_MIN = 60
+
+
+def data_commands(plan: Plan, python: str) -> list[str]:
+    """`tinygpt.data prepare` for each distinct corpus of the sweep."""
+    commands = []
+    for run in first_runs(plan.sweep):
+        data = run.config.data
+        args = ["prepare", data.dataset, *(["--data-file", data.data_file] if data.data_file else []),
+                "--data-dir", data.data_dir]
+        commands.append(f"{python} -m tinygpt.data {shlex.join(args)}")
+    return commands
+
+
+def write_scripts(plan: Plan) -> dict[str, Path]:
+    """The data and report steps' batch scripts, next to the training script."""
+    sweep = plan.sweep
+    small = dataclasses.replace(sweep.resources, nodes=1, gpus_per_node=0, tasks_per_node=1, cpus_per_task=1,
+                                mem_mb=None, time_min=min(sweep.resources.time_min, STEP_MAX_MIN), srun_args=())
+    python = f'{container_prefix(sweep.profile)}"$PYTHON"'
+    commands = {"data": data_commands(plan, python),
+                "report": [f"{python} -m tinygpt.launch.commands.cli report {shlex.quote(str(plan.manifest_path))}"]}
+    paths = {}
+    for step, lines in commands.items():
+        path = sweep.dirs.step_script(step)
+        text = render_step(f"{sweep.name}-{step}", lines, small, sweep.profile, str(plan.workdir),
+                           str(plan.logs_dir / STEP_LOG_PATTERN.format(step=step)), plan.python, str(plan.code))
+        durable.write(path, text)
+        paths[step] = path
+    return paths
+
+
+def submit(plan: Plan, scripts: dict[str, Path], submit_training, hold: bool) -> list[str]:
+    """Submit data -> training -> report; `submit_training(dependency)` submits the array and returns its ids."""
+    data_id = slurm_cli.sbatch(str(scripts["data"]), ["--hold"] if hold else None)
+    manifest_mod.record_submission(plan.manifest_path, "sbatch", data_id, [], role="data",
+                                   script=str(scripts["data"]))
+    train_ids = submit_training(f"afterok:{data_id}")
+    report_id = slurm_cli.sbatch(str(scripts["report"]), [f"--dependency=afterany:{':'.join(train_ids)}"])
+    manifest_mod.record_submission(plan.manifest_path, "sbatch", report_id, [], role="report",
+                                   script=str(scripts["report"]))
+    return [data_id, *train_ids, report_id]

@@ -1,0 +1,99 @@
+"""From a validated sweep to files on disk, where layout.py says: the manifest (its typed records) and the job
+array's batch scripts. Submits nothing. A run's config file is written from the manifest when its task starts
+(run_config.py); the code the jobs import is the sweep's snapshot (snapshot.py) or the live checkout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from tinygpt.base import durable
+from tinygpt.launch import manifest as manifest_mod
+from tinygpt.launch.layout import REPO_ROOT
+from tinygpt.launch.manifest import ManifestHead, SearchRecord
+from tinygpt.launch.slurm import slurm_cli
+from tinygpt.launch.submit.sbatch import ScriptParams, render
+
+if TYPE_CHECKING:
+    from tinygpt.launch.spec.sweep import Sweep
+    from tinygpt.launch.submit.snapshot import Snapshot
+
+
+class Script(NamedTuple):
+    """One batch script of the job array: its runs are `indices`, task t running run `offset + t * pack`."""
+
+    path: Path
+    array: str  # the task ids it asks for, e.g. "0-3%2"
+    offset: int
+    indices: list[int]
+
+
+@dataclass
+class Plan:
+    sweep: Sweep
+    workdir: Path
+    jobs_dir: Path
+    logs_dir: Path
+    manifest_path: Path
+    scripts: list[Script]
+    code: Path = REPO_ROOT  # what the jobs import: the sweep's code snapshot, or the live checkout
+
+    @property
+    def python(self) -> str:
+        return self.sweep.profile.interpreter
+
+
+def build(sweep: Sweep, snapshot: Snapshot | None = None) -> Plan:
+    """Write the manifest and the batch scripts (the sbatch backend's). Submits nothing. The jobs run the code
+    of `snapshot`, or the live checkout without one."""
+    dirs = sweep.dirs
+    dirs.logs.mkdir(parents=True, exist_ok=True)
+    previous = manifest_mod.load(dirs.manifest).submissions if dirs.manifest.exists() else []
+    manifest_mod.create(dirs.manifest, _head(sweep, snapshot, previous), _records(sweep))
+    code = snapshot.path if snapshot else REPO_ROOT
+    scripts = _write_scripts(sweep, code) if sweep.backend == "sbatch" else []
+    return Plan(sweep, sweep.workdir, dirs.jobs, dirs.logs, dirs.manifest, scripts, code)
+
+
+def _head(sweep: Sweep, snapshot: Snapshot | None, previous: list) -> ManifestHead:
+    search = SearchRecord.model_validate({**sweep.search, "journal": str(sweep.dirs.journal)}) if sweep.search \
+        else None
+    return ManifestHead(format=manifest_mod.FORMAT, name=sweep.name, spec=str(sweep.spec_path.resolve()),
+                        backend=sweep.backend, cluster=sweep.profile.name, workdir=str(sweep.workdir),
+                        logs_dir=str(sweep.dirs.logs), resources=sweep.resources.record(),
+                        code=snapshot.record() if snapshot else {"snapshot": None, "path": str(REPO_ROOT)},
+                        base=sweep.runs[0].shared if sweep.runs else {}, search=search, submissions=previous)
+
+
+def _records(sweep: Sweep) -> list[dict[str, Any]]:
+    """Each run's record (RunRecord's fields) with only its own trainer inputs: the shared ones are the manifest's
+    `base`, once (a run's config file is written from both when its task starts: run_config.py)."""
+    return [{"index": run.index, "name": run.name, "own": run.own, "out_dir": run.out_dir,
+             "max_steps": run.max_steps} for run in sweep.runs]
+
+
+def _write_scripts(sweep: Sweep, code: Path) -> list[Script]:
+    """The job array's scripts: one, or one per part when its tasks would reach MaxArraySize (Slurm's own when
+    it is reachable, else the profile's)."""
+    limit = slurm_cli.max_array_size(sweep.profile.cluster_name) or sweep.profile.max_array_size
+    size, pack, count = max(1, limit - 1), sweep.pack, len(sweep.runs)
+    tasks = [list(range(i, min(i + pack, count))) for i in range(0, count, pack)]
+    chunks = [[i for task in tasks[t:t + size] for i in task] for t in range(0, len(tasks), size)]
+    scripts = []
+    for k, indices in enumerate(chunks):
+        path = sweep.dirs.script(k, len(chunks))
+        array = f"0-{-(-len(indices) // pack) - 1}"
+        if sweep.array_parallelism:
+            array += f"%{sweep.array_parallelism}"
+        params = ScriptParams(
+            job_name=sweep.name, array=array, offset=indices[0], manifest=str(sweep.dirs.manifest),
+            script_path=str(path), log_dir=str(sweep.dirs.logs), workdir=str(sweep.workdir),
+            python=sweep.profile.interpreter, pythonpath=str(code), resources=sweep.resources,
+            profile=sweep.profile, worker=sweep.search is not None, pack=pack, runs=count,
+        )
+        durable.write(path, render(params))
+        path.chmod(0o755)
+        scripts.append(Script(path, array, indices[0], indices))
+    return scripts
