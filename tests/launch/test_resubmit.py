@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,33 @@ def kill_trainer_when_training(work: Path, sweep: str, index: int) -> None:
     holder = json.loads((Path(run.out_dir) / ".lock").read_text())  # the trainer's own record (rundir_lock)
     os.kill(int(holder["pid"]), signal.SIGKILL)
 
+
+
+OLDER_CODE = {  # where the code snapshots of earlier sweeps keep the task (node/train_task.FIRST_TASK_PATH)
+    "tinygpt/__init__.py": "",
+    "tinygpt/launch/__init__.py": "",
+    "tinygpt/launch/backends.py": "class TrainTask:\n    def __call__(self, manifest_path, index):\n"
+                                  "        return f'older code trains run {index} of {manifest_path}'\n",
+}
+
+
+def test_a_resubmitted_submitit_task_unpickles_as_the_class_its_own_snapshot_has(tmp_path):
+    """A submitit resubmission pickles the task by the import path its sweep's code snapshot has (the manifest's
+    record, else the path of the snapshots made before it was recorded): the job, running that snapshot,
+    unpickles its own class and calls it; a new sweep's task is this code's TrainTask itself."""
+    import cloudpickle  # (submitit's pickler)
+
+    from tinygpt.launch.node import train_task
+
+    for name, text in OLDER_CODE.items():
+        (tmp_path / "code" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "code" / name).write_text(text)
+    (tmp_path / "task.pkl").write_bytes(cloudpickle.dumps(train_task.task_at(train_task.FIRST_TASK_PATH)))
+    load = "import pickle, sys; task = pickle.load(open(sys.argv[1], 'rb')); print(type(task).__module__, task('m', 3))"
+    out = subprocess.run([sys.executable, "-c", load, str(tmp_path / "task.pkl")], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path / "code")}, cwd=tmp_path, timeout=60)
+    assert out.stdout == "tinygpt.launch.backends older code trains run 3 of m\n", out.stderr
+    assert type(train_task.task_at(train_task.TASK_PATH)) is train_task.TrainTask
 
 @pytest.mark.parametrize("time, mem, exclude, message", [
     ("soon", None, [], "--time: 'soon' is not a finite Slurm time"),

@@ -5,7 +5,6 @@ process, and `task_at` names it by the import path that the job's own code snaps
 from __future__ import annotations
 
 import importlib
-import operator
 import signal
 from pathlib import Path
 
@@ -77,7 +76,8 @@ class _Instance:
 
     def __reduce__(self):
         module, _, name = self.path.rpartition(".")
-        return operator.methodcaller("__call__"), (_Attribute(module, name),)
+        # (`type.__call__(cls)` makes an instance; `cls.__call__` would be the instances' own __call__)
+        return type.__call__, (_Attribute(module, name),)
 
 
 def task_at(path: str) -> TrainTask | _Instance:
