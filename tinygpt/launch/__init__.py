@@ -1,4 +1,6 @@
-"""The login-node side: YAML specs, cluster profiles, sbatch/submitit/local backends, status.
+"""The login-node side (`launch.py`): specs and cluster profiles in, scripts and jobs out, and what they say after.
 
-Nothing in this package imports torch: a login node must start it in well under a second.
+A ground floor of plain modules (layout, errors, console, manifest) under wings by role: slurm/, spec/, node/,
+submit/, read/, remote/, commands/; each imports only lower ones (docs/launcher.md has the table, and a test holds
+it to the code). Nothing here imports torch: a login node must start it in well under a second.
 """

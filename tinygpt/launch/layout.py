@@ -23,7 +23,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout: what jobs import without a snapshot
+import tinygpt
+
+REPO_ROOT = Path(tinygpt.__file__).resolve().parents[1]  # the checkout: what jobs import without a snapshot
 PROFILE_DIR = REPO_ROOT / "hpc_lab" / "clusters"  # where `--cluster NAME` finds NAME.yaml
 SUBMISSIONS = "submissions.jsonl"  # beside a sweep's manifest: its submissions, appended
 

@@ -16,9 +16,10 @@ import sys
 import time
 from pathlib import Path
 
+import tinygpt
 from tinygpt.base import durable
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(tinygpt.__file__).resolve().parents[1]  # the folder that holds the package: a checkout or a snapshot
 SLURM_KEYS = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_RESTART_COUNT",
               "SLURM_JOB_NODELIST", "SLURM_JOB_PARTITION", "SLURM_CLUSTER_NAME", "SLURM_NTASKS",
               "SLURM_JOB_ACCOUNT", "SLURM_GPUS_ON_NODE")
