@@ -25,7 +25,11 @@ PRESETS = {
     "medium": dict(n_layer=4, n_head=4, n_embd=128, block_size=128, batch_size=32),
     "large": dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64),
     "cpu-fast": dict(n_layer=4, n_head=4, n_embd=128, block_size=128, batch_size=16),  # the CPU recipe's shape
+    # The recipes' models and rates (jobs/smoke.yaml, jobs/course-fast.yaml): --optimizer muon trains them as those do
+    "smoke": dict(n_layer=2, n_head=4, n_embd=96, block_size=64, batch_size=12, lr=4.1e-3, muon_lr=0.0205),
+    "course-fast": dict(n_layer=4, n_head=4, n_embd=128, block_size=128, batch_size=16, lr=4.6e-3, muon_lr=0.0247),
 }
+ONEDNN_OFF = ROOT / "bench" / "onednn_off"  # a sitecustomize that turns oneDNN off (the slow bf16 path)
 
 
 def flags_for(config: dict) -> list[str]:
@@ -40,8 +44,29 @@ def data_flags() -> list[str]:
     return ["--data-file", str(SHAKESPEARE)] if SHAKESPEARE.exists() else ["--dataset", "pydoc"]
 
 
-def run_trainer(config: dict, steps: int, warmup: int, extra: list[str] | None = None) -> dict:
-    """Train `steps` steps in a subprocess; return timing, memory and policy figures."""
+def trainer_env(onednn: bool = True) -> dict[str, str]:
+    """The environment a benchmark's trainer (or bare loop) runs in: this checkout, offline, oneDNN on or off."""
+    path = str(ROOT) if onednn else os.pathsep.join([str(ONEDNN_OFF), str(ROOT)])
+    return dict(os.environ, PYTHONPATH=path, TINYGPT_OFFLINE="1")
+
+
+def cpu_line(onednn: bool, threads: int | None) -> dict:
+    """This CPU, and its bf16 matmul time against fp32's as the trainer's probe measures it (not its cache)."""
+    import torch
+
+    from tinygpt.training import bf16_probe
+
+    if threads:
+        torch.set_num_threads(threads)
+    torch.backends.mkldnn.enabled = onednn
+    return {"cpu": bf16_probe.cpu_model(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "onednn": "on" if onednn else "off", "bf16_over_fp32_matmul": round(bf16_probe.measure(), 2),
+            "mkldnn_bf16_supported": torch.ops.mkldnn._is_mkldnn_bf16_supported()}
+
+
+def run_trainer(config: dict, steps: int, warmup: int, extra: list[str] | None = None, onednn: bool = True) -> dict:
+    """Train `steps` steps in a subprocess (oneDNN off in it when `onednn` is False); return timing, memory and
+    policy figures."""
     with tempfile.TemporaryDirectory(prefix="tinygpt-bench-") as tmp:
         out = Path(tmp) / "run"
         cmd = [sys.executable, "-m", "tinygpt.train", *flags_for(config), *data_flags(),
@@ -49,7 +74,7 @@ def run_trainer(config: dict, steps: int, warmup: int, extra: list[str] | None =
                "--ckpt-interval", str(10 * steps), "--eval-windows", "16", "--sample-tokens", "0",
                "--warmup-steps", "10", "--out-dir", str(out), "--resume", "never", "--progress", "off",
                "--data-dir", str(Path(tmp) / "data"), *(extra or [])]
-        env = dict(os.environ, PYTHONPATH=str(ROOT), TINYGPT_OFFLINE="1")
+        env = trainer_env(onednn)
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             raise SystemExit(f"trainer failed:\n{proc.stdout}\n{proc.stderr}")
@@ -62,6 +87,8 @@ def run_trainer(config: dict, steps: int, warmup: int, extra: list[str] | None =
     tokens_per_step = start["tokens_per_step"]
     result = {
         "precision": start["precision"],
+        "muon_precision": start.get("muon_precision"),  # (and why: the bf16 probe's figure)
+        "muon_precision_why": start.get("muon_precision_why"),
         "compile": start["compile"],
         "device": start["device"],
         "steps_timed": len(times),

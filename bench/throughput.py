@@ -3,10 +3,15 @@
     python bench/throughput.py --preset small            # fp32 and bf16 (when the CPU has it)
     python bench/throughput.py --preset large --steps 6 --precision fp32
     python bench/throughput.py --preset large --dropout 0.2   # the published GPU recipe's dropout
+    python bench/throughput.py --preset smoke --precision fp32 --optimizer both   # Muon's step against AdamW's
+    python bench/throughput.py --preset smoke --precision fp32 --optimizer both --onednn off   # the slow bf16 path
 
-Prints one JSON line per precision: ms/iter (median after warm-up), tokens/s, MFU against the best of
-several matmuls of the model's own shapes in that precision (measured here, before and after the run,
-with the same threads), peak memory (resident set on CPU), precision and compile mode.
+First a line with this CPU, its bf16 matmul time against fp32 (the trainer's probe, bf16_probe.py) and oneDNN's
+setting; then one JSON line per precision and optimizer: ms/iter (median after warm-up), tokens/s, MFU against the
+best of several matmuls of the model's own shapes in that precision (measured here, before and after the run, with
+the same threads), peak memory (resident set on CPU), precision, compile mode, and the dtype Muon orthogonalised
+in, with the trainer's reason. `--onednn off` runs the trainer with oneDNN off, which sends bf16 matmuls to
+PyTorch's serial fallback: a CPU whose bf16 matmul is slow, reproduced on one where it is fast.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import argparse
 import json
 import time
 
-from common import PRESETS, run_trainer
+from common import PRESETS, cpu_line, run_trainer
 
 
 def measured_peak(config: dict, dtype_name: str, threads: int | None, seconds_per_shape: float = 1.0) -> float:
@@ -61,6 +66,9 @@ def main() -> None:
     parser.add_argument("--dropout", type=float, default=0.0)
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's choice)")
     parser.add_argument("--activation-checkpointing", action="store_true", help="recompute blocks in backward")
+    parser.add_argument("--optimizer", choices=("adamw", "muon", "both"), default="adamw")
+    parser.add_argument("--onednn", choices=("on", "off"), default="on",
+                        help="off: bf16 matmuls take PyTorch's serial fallback (the slow bf16 path)")
     parser.add_argument("--loggers", default="none", help="trackers the trainer feeds, e.g. tensorboard,wandb "
                                                           "(W&B offline); default none")
     args = parser.parse_args()
@@ -70,7 +78,9 @@ def main() -> None:
     from tinygpt.training.speed import flops_per_token
 
     config = dict(PRESETS[args.preset])
-    steps = args.steps or {"small": 60, "medium": 30, "large": 6, "cpu-fast": 45}[args.preset]
+    steps = args.steps or {"small": 60, "medium": 30, "large": 6, "cpu-fast": 45, "smoke": 60,
+                           "course-fast": 45}[args.preset]
+    print(json.dumps(cpu_line(args.onednn == "on", args.threads)), flush=True)
     warmup = args.warmup if args.warmup is not None else max(1, steps // 3)
     precisions = ["fp32", "bf16"] if args.precision == "both" else [args.precision]
     if "bf16" in precisions and not cpu_has_bf16():
@@ -84,15 +94,18 @@ def main() -> None:
         extra += ["--threads", str(args.threads)]
     if args.activation_checkpointing:
         extra += ["--activation-checkpointing"]
-    for precision in precisions:
+    optimizers = ["adamw", "muon"] if args.optimizer == "both" else [args.optimizer]
+    for precision, optimizer in ((p, o) for p in precisions for o in optimizers):
         # The peak is measured before and after the run and the higher one counts: one measurement that
         # falls in a busy spell of a shared host reads the peak low and the MFU high. Both are printed; far
         # apart, they say the machine was busy.
         before = measured_peak(config, precision, args.threads)
-        result = run_trainer(config, steps, warmup, [*extra, "--precision", precision])
+        result = run_trainer(config, steps, warmup, [*extra, "--precision", precision, "--optimizer", optimizer],
+                             onednn=args.onednn == "on")
         after = measured_peak(config, precision, args.threads)
         peak = max(before, after)
-        result.update(preset=args.preset, config=config, dropout=args.dropout, steps=steps, loggers=args.loggers,
+        result.update(preset=args.preset, optimizer=optimizer, onednn=args.onednn, config=config,
+                      dropout=args.dropout, steps=steps, loggers=args.loggers,
                       activation_checkpointing=args.activation_checkpointing,
                       measured_peak_gflops=round(peak / 1e9, 1),
                       peak_gflops_before_after=[round(before / 1e9, 1), round(after / 1e9, 1)],

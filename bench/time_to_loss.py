@@ -18,14 +18,16 @@ end: the loss over the whole validation split.
 Prints a JSON line per run, then per contender the median (min to max) over the seeds of the training
 seconds, wall seconds (from the process's start) and tokens to each target, with the ratios ours/yardstick
 of the medians and of our slowest seed's training seconds to the yardstick's fastest.
-Tokens to target do not depend on the machine; seconds do (compare runs of one invocation only).
+Tokens to target do not depend on the machine; seconds do (compare runs of one invocation only). The first
+line names the CPU and its bf16 matmul time against fp32's, and each of our runs the dtype Muon orthogonalised in
+and why. `--onednn off` runs every contender with oneDNN off: the slow bf16 path of a CPU without fast bf16,
+reproduced on one with it (bench/onednn_off).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -33,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, SHAKESPEARE, flags_for, full_split_val_loss
+from common import ROOT, SHAKESPEARE, cpu_line, flags_for, full_split_val_loss, trainer_env
 from tinygpt.base.config import build
 from tinygpt.training.metrics import crossing
 
@@ -82,7 +84,10 @@ def main() -> None:
     parser.add_argument("--yardstick", choices=sorted(LOOPS), default="nanogpt",
                         help="the bare loop ours are timed against (its context must be our recipes')")
     parser.add_argument("--no-yardstick", action="store_true", help="ours alone")
+    parser.add_argument("--onednn", choices=("on", "off"), default="on",
+                        help="off: bf16 matmuls take PyTorch's serial fallback (the slow bf16 path)")
     args = parser.parse_args()
+    print(json.dumps(cpu_line(args.onednn == "on", None)), flush=True)
     if not SHAKESPEARE.exists():
         raise SystemExit(f"{SHAKESPEARE} is absent; this benchmark needs Tiny Shakespeare")
     recipes = {name: {**RECIPES[name], **dict(item.partition("=")[::2] for item in args.set)} for name in args.recipe}
@@ -122,8 +127,7 @@ def ours(recipe: dict, seed: int, args, tmp: Path, out: Path) -> dict:
            "--log-interval", str(every), "--ckpt-interval", str(steps), "--eval-windows", str(args.windows),
            "--sample-tokens", "0", "--progress", "off", "--resume", "never"]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT),
-                                                                        TINYGPT_OFFLINE="1"))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=trainer_env(args.onednn == "on"))
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"trainer failed:\n{proc.stderr}")
@@ -135,6 +139,7 @@ def ours(recipe: dict, seed: int, args, tmp: Path, out: Path) -> dict:
     data = Batches(prepare_from_config("shakespeare", str(SHAKESPEARE), str(tmp / "data")), model.cfg.block_size,
                    64, seed=0)
     return {"recipe": recipe, "points": points, "tokens_per_step": start["tokens_per_step"],
+            "muon_precision": start.get("muon_precision"), "muon_precision_why": start.get("muon_precision_why"),
             "full_val_loss": round(full_split_val_loss(model, data), 4), "startup_s": wall - finished["elapsed_s"]}
 
 
@@ -147,7 +152,7 @@ def loop(name: str, seed: int, args, tmp: Path) -> dict:
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, str(HERE / script), "--seed", str(seed), "--eval-every",
                            str(every), "--windows", str(args.windows), "--data-dir", str(tmp / "data")],
-                          capture_output=True, text=True, env=dict(os.environ, TINYGPT_OFFLINE="1"))
+                          capture_output=True, text=True, env=trainer_env(args.onednn == "on"))
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"the {name} loop failed:\n{proc.stderr}")

@@ -27,11 +27,12 @@ _SESSION_FOLDER = ""  # the session's own folder (start_session), removed with a
 def start_session() -> None:
     """What the tests' processes would keep in the user's folders goes to a folder of this run's instead: data
     prepared without a folder named for it (the trainer's default, $TINYGPT_DATA_DIR, else ./data: the
-    checkout), and W&B's debug logs and settings (~/.cache/wandb, ~/.config/wandb); PATH's mirrors too."""
+    checkout), W&B's debug logs and settings (~/.cache/wandb, ~/.config/wandb), the trainer's bf16 probe
+    (~/.cache/tinygpt); PATH's mirrors too."""
     global _SESSION_FOLDER
     _SESSION_FOLDER = tempfile.mkdtemp(prefix="tinygpt-tests-")
     for name, sub in (("TINYGPT_DATA_DIR", "data"), ("WANDB_CACHE_DIR", "wandb-cache"),
-                      ("WANDB_CONFIG_DIR", "wandb-config")):
+                      ("WANDB_CONFIG_DIR", "wandb-config"), ("XDG_CACHE_HOME", "cache")):
         os.environ[name] = os.path.join(_SESSION_FOLDER, sub)
 
 

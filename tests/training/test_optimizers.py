@@ -105,3 +105,73 @@ def test_bf16_autocast_and_compile_train_with_muon(tmp_path, tiny_corpus, data_d
         got, want = loss_series(out), loss_series(eager)
         assert len(got) == len(want)
         assert all(abs(x - y) <= tolerance for g, w in zip(got, want) for x, y in zip(g, w) if x is not None), out
+
+
+def matrix_shapes() -> list[tuple[int, int]]:
+    """Every shape of matrix Muon orthogonalises in the recipes' models (smoke, course-fast, the GPU recipe)."""
+    shapes = set()
+    for n_embd in (96, 128, 384):
+        net = GPT(config.ModelConfig(block_size=8, n_layer=1, n_head=4, n_embd=n_embd), vocab_size=65)
+        shapes |= {tuple(p.shape) for n, p in net.named_parameters() if n in muon_parameters(net)}
+    return sorted(shapes)
+
+
+@pytest.mark.parametrize("shape", matrix_shapes())
+def test_the_orthogonalisation_is_torchs_own_in_bf16_and_its_iteration_to_float_precision_in_fp32(shape):
+    from torch.optim._muon import DEFAULT_A, DEFAULT_B, DEFAULT_C, _zeropower_via_newtonschulz
+
+    from tinygpt.training.optimizers import orthogonalise
+
+    coefficients = (DEFAULT_A, DEFAULT_B, DEFAULT_C)
+    update = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    ours_bf16 = orthogonalise(update, coefficients, 5, 1e-7, torch.bfloat16)
+    torchs = _zeropower_via_newtonschulz(update, coefficients, 5, 1e-7)
+    assert ours_bf16.dtype == torch.bfloat16 and torch.equal(ours_bf16, torchs)  # the same operations, bit for bit
+    exact = orthogonalise(update.double(), coefficients, 5, 1e-7, torch.float64)
+    fp32 = orthogonalise(update, coefficients, 5, 1e-7, torch.float32)
+    assert (fp32.double() - exact).abs().max() < 1e-5  # fp32: the iteration itself
+    assert (torchs.double() - exact).abs().max() < 5e-2  # bf16: within its own rounding (8 bits of mantissa)
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.bfloat16, 0.0), (torch.float32, 5e-2)])
+def test_our_muon_steps_as_torch_optim_muon_and_shares_its_state(dtype, tolerance):
+    """Three steps on every shape the models have: in bf16 exactly torch.optim.Muon's (its own step), in fp32 the
+    same update to within bf16's rounding of the orthogonalised direction, times the rate."""
+    from tinygpt.training.optimizers import Muon
+
+    g = torch.Generator().manual_seed(1)
+    start = [torch.randn(shape, generator=g) for shape in matrix_shapes()]
+    grads = [[torch.randn(shape, generator=g) for shape in matrix_shapes()] for _ in range(3)]
+    ours, theirs = ([torch.nn.Parameter(t.clone()) for t in start] for _ in range(2))
+    mine, torchs = Muon(ours, dtype, lr=0.02, weight_decay=0.1), torch.optim.Muon(theirs, lr=0.02, weight_decay=0.1)
+    for step in grads:
+        for params, opt in ((ours, mine), (theirs, torchs)):
+            for p, grad in zip(params, step):
+                p.grad = grad.clone()
+            opt.step()
+    for a, b, s in zip(ours, theirs, start):
+        assert (a - b).abs().max() <= tolerance * 0.02 * 3 * math.sqrt(max(1, s.shape[0] / s.shape[1])) + 1e-7
+    torchs.load_state_dict(mine.state_dict())  # a checkpoint of one resumes in the other
+    assert all(torch.equal(torchs.state[b]["momentum_buffer"], mine.state[a]["momentum_buffer"])
+               for a, b in zip(ours, theirs))
+
+
+@pytest.mark.parametrize("ratio, dtype", [(40.0, "fp32"), (0.5, "bf16")])
+def test_a_muon_run_orthogonalises_as_the_cpus_bf16_speed_says_resumes_exactly_and_says_why(
+        tmp_path, tiny_corpus, data_dir, monkeypatch, ratio, dtype):
+    """The bf16 probe's answer stands in for a slow and a fast CPU: the run orthogonalises in fp32 or bf16, says
+    so and why in its start record and provenance.json, and stopped and resumed on that path is bit-identical."""
+    import json
+
+    from tinygpt.training import bf16_probe
+
+    monkeypatch.setattr(bf16_probe, "ratio", lambda: ratio)
+    common = [*MUON, "--max-steps", "16", "--log-interval", "1"]
+    whole, _ = train_tiny(tmp_path, tiny_corpus, *common, name="whole")
+    part, _ = train_tiny(tmp_path, tiny_corpus, *common, "--stop-after", "8", name="part")
+    train_tiny(tmp_path, tiny_corpus, *common, name="part")
+    assert loss_series(whole) == loss_series(part)
+    start = next(r for r in read_metrics(whole) if r.get("event") == "start")
+    recorded = json.loads((whole / "provenance.json").read_text())["starts"][-1]
+    assert start["muon_precision"] == recorded["muon_precision"] == dtype
+    assert f"bf16 matmul takes {ratio:.2g}" in start["muon_precision_why"] == recorded["muon_precision_why"]

@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from tinygpt.training.precision import PrecisionError, choose_policy, cpu_has_bf16
@@ -80,3 +82,34 @@ def test_bf16_autocast_runs_on_this_cpu_when_it_has_the_units():
     assert logits.dtype == torch.bfloat16 and loss.dtype == torch.float32
     loss.backward()
     assert model.tok_emb.weight.grad.dtype == torch.float32  # fp32 master weights
+
+
+@pytest.mark.parametrize("device, capability, ratio, expected", [
+    ("cuda", (9, 0), None, ("bf16", "as torch.optim.Muon on a GPU")),
+    ("cpu", None, 0.4, ("bf16", "bf16 matmul takes 0.40x the time of fp32 on this CPU")),
+    ("cpu", None, 1.0, ("bf16", "bf16 matmul takes 1.00x the time of fp32 on this CPU")),
+    ("cpu", None, 35.2, ("fp32", "bf16 matmul takes 35.2x the time of fp32 on this CPU")),
+    ("cpu", None, None, ("fp32", "this CPU's bf16 matmul speed is not known")),
+])
+def test_muon_orthogonalises_in_bf16_only_where_a_bf16_matmul_is_no_slower(device, capability, ratio, expected):
+    policy = choose_policy(device, capability, muon=True, bf16_matmul_ratio=ratio)
+    assert (policy.orthogonalise, policy.orthogonalise_why) == expected
+    assert f"Muon in {expected[0]}: {expected[1]}" in policy.describe()
+    assert choose_policy(device, capability, bf16_matmul_ratio=ratio).orthogonalise is None  # (no Muon: no word)
+
+
+def test_the_bf16_probe_is_measured_once_per_cpu_and_torch_and_a_damaged_cache_is_measured_around(
+        tmp_path, monkeypatch):
+    from tinygpt.training import bf16_probe
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    measured = []
+    monkeypatch.setattr(bf16_probe, "measure", lambda: measured.append(1) or 12.5)
+    assert bf16_probe.ratio() == 12.5 and bf16_probe.ratio() == 12.5 and measured == [1]
+    cached = json.loads(bf16_probe.cache_file().read_text())
+    assert cached == {bf16_probe.key(): 12.5} and "torch " in bf16_probe.key() and "thread(s)" in bf16_probe.key()
+    for damage in (b"{not json", b"[1, 2]", json.dumps({bf16_probe.key(): "fast"}).encode()):
+        bf16_probe.cache_file().write_bytes(damage)
+        assert bf16_probe.ratio() == 12.5
+    assert measured == [1, 1, 1, 1]
+    assert json.loads(bf16_probe.cache_file().read_text()) == {bf16_probe.key(): 12.5}  # (rewritten whole)

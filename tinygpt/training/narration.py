@@ -17,6 +17,7 @@ from tinygpt.training.metrics import MetricsLog, of_run
 from tinygpt.training.progress import Progress, format_duration
 
 if TYPE_CHECKING:
+    from tinygpt.training.precision import Policy
     from tinygpt.training.speed import Meter
 
 
@@ -34,7 +35,7 @@ class Reporter:
         """A message on rank 0 (none when progress is off)."""
         self.progress.message(text)
 
-    def start(self, step: int, what: str, data_source: str, device: str, precision: str, compile_: bool,
+    def start(self, step: int, what: str, data_source: str, device: str, policy: Policy,
               resumed_from: Path | None, restarts: int) -> None:
         """Say what runs (`what`: the model and the precision policy, in words), and record the start in
         config.yaml, metrics.jsonl and provenance.json."""
@@ -45,16 +46,20 @@ class Reporter:
         self.say(f"global batch: {cfg.data.batch_size} x {cfg.optim.grad_accum} accum x {world} ranks = "
                  f"{cfg.data.batch_size * cfg.optim.grad_accum * world} sequences "
                  f"({self.meter.tokens_per_step:,} tokens) per step; data {data_source}")
+        # Which dtype Muon orthogonalised in, and why (this CPU's bf16 matmul against fp32's, or the GPU)
+        muon_path = {"muon_precision": policy.orthogonalise, "muon_precision_why": policy.orthogonalise_why} \
+            if policy.orthogonalise else {}
         ranks = dist_mod.gather_objects(provenance.placement(), d)
         hostnames = [rank.pop("host") for rank in ranks]
         if d.is_main:
-            provenance.append(self.out_dir, provenance.collect(hostnames, world, device), fresh=resumed_from is None)
+            provenance.append(self.out_dir, {**provenance.collect(hostnames, world, device), **muon_path},
+                              fresh=resumed_from is None)
         self.metrics.write({
             "step": step, "event": "start", "resumed_from": str(resumed_from) if resumed_from else None,
             "restarts": restarts, "world_size": world, "launcher": d.launcher,
             "master": f"{d.master_addr}:{d.master_port}" if d.is_distributed else None, "hostnames": hostnames,
             "cpus": ranks,  # each rank's: Slurm's CPUs per task, its affinity set's size, torch's threads
-            "precision": precision, "compile": compile_, "device": device,
+            "precision": policy.precision, "compile": policy.compile, "device": device, **muon_path,
             "tokens_per_step": self.meter.tokens_per_step,
         })
 

@@ -8,17 +8,25 @@ the split of Muon's authors and of modded-nanogpt: orthogonalising an update sui
 table of rows looked up (embeddings) nor the classifier that reads them out, and a 1-D parameter has no
 matrix to orthogonalise. Each part has its own peak rate (`lr`, `muon_lr`); one schedule scales both.
 
+Muon orthogonalises each update with a few Newton-Schulz steps of matrix products, which torch runs in bf16. On
+a CPU whose bf16 matmul is a serial fallback (tens of times slower than fp32) that step dominates training, so
+the precision policy (precision.py) says which dtype the iteration runs in: torch's own step for bf16, the same
+iteration in fp32 otherwise (`Muon` below). Both keep the same state: a checkpoint of one resumes in the other.
+
 Both parts are stepped together and checkpointed as one part of a checkpoint, `Optimizers`.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 from tinygpt.base.config import OptimConfig
 from tinygpt.model import GPT
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 class OptimizerMismatch(ValueError):
@@ -31,10 +39,59 @@ def muon_parameters(model: GPT) -> set[str]:
             and name.startswith("blocks.")}
 
 
+def orthogonalise(update: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float,
+                  dtype: torch.dtype) -> torch.Tensor:
+    """Muon's quintic Newton-Schulz iteration on `update`, in `dtype`: the very operations of torch.optim.Muon's
+    `_zeropower_via_newtonschulz`, which always runs them in bf16 (tests hold the two together)."""
+    a, b, c = coefficients
+    x = update.to(dtype)
+    wide = x.size(0) > x.size(1)
+    if wide:
+        x = x.T
+    x.div_(x.norm().clamp(min=eps))  # a spectral norm of at most 1
+    for _ in range(steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if wide else x
+
+
+# (torch before 2.9 has no Muon: the class stands on Optimizer there, and asking for it says what to install)
+class Muon(getattr(torch.optim, "Muon", torch.optim.Optimizer)):
+    """torch.optim.Muon, its orthogonalisation in `dtype`: for bf16, torch's own step; for fp32, the same update
+    with the iteration in fp32. The same state (a momentum buffer per matrix) either way."""
+
+    def __init__(self, params, dtype: torch.dtype, **options: Any):
+        super().__init__(params, **options)
+        self.dtype = dtype
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if self.dtype == torch.bfloat16:
+            return super().step(closure)
+        with torch.enable_grad():
+            loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            params, grads, buffers = [], [], []
+            self._init_group(group, params, grads, buffers)
+            for param, grad, buffer in zip(params, grads, buffers):
+                buffer.lerp_(grad, 1 - group["momentum"])
+                update = grad.lerp(buffer, group["momentum"]) if group["nesterov"] else buffer
+                update = orthogonalise(update, group["ns_coefficients"], group["ns_steps"], group["eps"], self.dtype)
+                param.mul_(1 - group["lr"] * group["weight_decay"])
+                param.add_(update, alpha=-group["lr"] * _lr_scale(group["adjust_lr_fn"], param.shape))
+        return loss
+
+
+def _lr_scale(adjust_lr_fn: str | None, shape: torch.Size) -> float:
+    """torch.optim.Muon's scaling of the rate by a matrix's shape (`adjust_lr_fn`)."""
+    rows, cols = shape[:2]
+    return 0.2 * math.sqrt(max(rows, cols)) if adjust_lr_fn == "match_rms_adamw" else math.sqrt(max(1, rows / cols))
+
+
 class Optimizers:
     """AdamW alone, or Muon and AdamW side by side: what the trainer steps, schedules and checkpoints."""
 
-    def __init__(self, model: GPT, cfg: OptimConfig, fused: bool):
+    def __init__(self, model: GPT, cfg: OptimConfig, fused: bool, orthogonalise_in: str = "bf16"):
         self.cfg = cfg
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         to_muon = muon_parameters(model) if cfg.optimizer == "muon" else set()
@@ -48,8 +105,8 @@ class Optimizers:
             if not hasattr(torch.optim, "Muon"):
                 raise OptimizerMismatch(f"optimizer: muon needs torch 2.9 or later (torch.optim.Muon), and this is "
                                         f"torch {torch.__version__}; install torch>=2.9, or use optimizer: adamw")
-            self.parts["muon"] = torch.optim.Muon([p for n, p in named if n in to_muon], lr=cfg.muon_lr,
-                                                  momentum=cfg.muon_momentum, weight_decay=cfg.muon_weight_decay)
+            self.parts["muon"] = Muon([p for n, p in named if n in to_muon], DTYPES[orthogonalise_in],
+                                      lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.muon_weight_decay)
 
     @property
     def kind(self) -> str:

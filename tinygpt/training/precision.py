@@ -1,11 +1,12 @@
-"""Which device, dtype, autocast, grad scaler and compile mode a run uses.
+"""Which device, dtype, autocast, grad scaler and compile mode a run uses, and the dtype Muon orthogonalises in.
 
 The decision is a pure function of (device kind, compute capability, flags), `choose_policy`, so it is
 unit-tested for A100, H100, V100, T4 and CPU without owning any of them. `resolve_policy` reads the real
 hardware and calls it.
 
 Capability, not `torch.cuda.is_bf16_supported()`, decides: that function answers True on sm_75 (T4)
-through emulation, which is slower than fp16 there.
+through emulation, which is slower than fp16 there. On a CPU, Muon's bf16 Newton-Schulz steps are kept only where
+a bf16 matmul is measured no slower than fp32 (bf16_probe.py); elsewhere they run in fp32.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ class Policy:
     tf32: bool  # let fp32 matmuls use TF32 tensor cores (Ampere and newer)
     compile: bool
     fused_adamw: bool
+    orthogonalise: str | None = None  # the dtype Muon's Newton-Schulz steps run in ("bf16", "fp32"); None: no Muon
+    orthogonalise_why: str = ""
 
     @property
     def autocast_dtype(self):
@@ -44,7 +47,8 @@ class Policy:
 
     def describe(self) -> str:
         extra = [x for x, on in (("grad scaler", self.use_scaler), ("TF32", self.tf32),
-                                 ("compiled", self.compile), ("fused AdamW", self.fused_adamw)) if on]
+                                 ("compiled", self.compile), ("fused AdamW", self.fused_adamw),
+                                 (f"Muon in {self.orthogonalise}: {self.orthogonalise_why}", self.orthogonalise)) if on]
         return f"{self.device_type} {self.precision}" + (f" ({', '.join(extra)})" if extra else "")
 
 
@@ -54,12 +58,12 @@ def choose_policy(
     precision: str = "auto",
     compile: str = "auto",
     cpu_bf16: bool = False,
+    muon: bool = False,
+    bf16_matmul_ratio: float | None = None,
 ) -> Policy:
-    """The precision policy for a device.
-
-    device_type: "cpu" or "cuda"; capability: CUDA compute capability, e.g. (8, 0) for A100;
-    cpu_bf16: whether this CPU has native bf16 matmuls (AVX512-BF16 / AMX), for `precision bf16` on CPU.
-    """
+    """The precision policy for a device. device_type: "cpu" or "cuda"; capability: CUDA compute capability, e.g.
+    (8, 0) for A100; cpu_bf16: whether this CPU has native bf16 matmuls (AVX512-BF16 / AMX), for `precision bf16`
+    on CPU; muon: whether the run trains with Muon; bf16_matmul_ratio: a CPU's bf16 matmul time over fp32's."""
     if device_type == "cuda":
         if capability is None:
             raise PrecisionError("a CUDA device needs its compute capability")
@@ -95,7 +99,20 @@ def choose_policy(
         raise PrecisionError(f"precision: {precision!r} is not one of auto, bf16, fp16, fp32")
     if compile not in ("auto", "on", "off"):
         raise PrecisionError(f"compile: {compile!r} is not one of auto, on, off")
-    return Policy(device_type, precision, precision == "fp16", tf32, use_compile, fused)
+    return Policy(device_type, precision, precision == "fp16", tf32, use_compile, fused,
+                  *(_orthogonalise(device_type, bf16_matmul_ratio) if muon else (None, "")))
+
+
+def _orthogonalise(device_type: str, bf16_matmul_ratio: float | None) -> tuple[str, str]:
+    """The dtype of Muon's Newton-Schulz steps, and why: torch's bf16 on a GPU and on a CPU whose bf16 matmul is
+    no slower than fp32; fp32 on one where it is (a serial fallback can be tens of times slower)."""
+    if device_type == "cuda":
+        return "bf16", "as torch.optim.Muon on a GPU"
+    if bf16_matmul_ratio is None:
+        return "fp32", "this CPU's bf16 matmul speed is not known"
+    if bf16_matmul_ratio <= 1.0:
+        return "bf16", f"bf16 matmul takes {bf16_matmul_ratio:.2f}x the time of fp32 on this CPU"
+    return "fp32", f"bf16 matmul takes {bf16_matmul_ratio:.1f}x the time of fp32 on this CPU"
 
 
 def cpu_has_bf16() -> bool:
@@ -118,13 +135,17 @@ def pick_device(requested: str, local_rank: int = 0) -> str:
     return requested
 
 
-def resolve_policy(device: str, precision: str, compile: str) -> Policy:
+def resolve_policy(device: str, precision: str, compile: str, muon: bool = False) -> Policy:
     import torch
+
+    from tinygpt.training import bf16_probe
 
     kind = device.split(":")[0]
     capability = torch.cuda.get_device_capability(device) if kind == "cuda" else None
     cpu_bf16 = kind == "cpu" and precision == "bf16" and cpu_has_bf16()  # read only when it matters
-    return choose_policy(kind, capability, precision, compile, cpu_bf16=cpu_bf16)
+    ratio = bf16_probe.ratio() if muon and kind == "cpu" else None  # (timed only when it matters)
+    return choose_policy(kind, capability, precision, compile, cpu_bf16=cpu_bf16, muon=muon,
+                         bf16_matmul_ratio=ratio)
 
 
 def apply(policy: Policy) -> None:

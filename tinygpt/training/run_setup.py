@@ -28,8 +28,10 @@ class TrainingError(RuntimeError):
     """The run cannot go on (non-finite loss, bad checkpoint path, ...); shown without a traceback."""
 
 
-def place(run: RunConfig, dist: dist_mod.DistEnv, out_dir: Path) -> tuple[str, precision_mod.Policy]:
-    """Threads, device, precision policy and the process group; rank 0 makes the run directory."""
+def place(run: RunConfig, dist: dist_mod.DistEnv, out_dir: Path, muon: bool = False
+          ) -> tuple[str, precision_mod.Policy]:
+    """Threads, device, precision policy (Muon's too, when the run trains with it) and the process group; rank 0
+    makes the run directory."""
     threads = run.threads or int(os.environ.get("SLURM_CPUS_PER_TASK", "0") or 0)
     if threads:
         if threads > (cpus := len(os.sched_getaffinity(0))):
@@ -37,7 +39,7 @@ def place(run: RunConfig, dist: dist_mod.DistEnv, out_dir: Path) -> tuple[str, p
                   f"them, which is slower, not faster", file=sys.stderr)
         torch.set_num_threads(threads)
     device = precision_mod.pick_device(run.device, dist.local_rank)
-    policy = precision_mod.resolve_policy(device, run.precision, run.compile)
+    policy = precision_mod.resolve_policy(device, run.precision, run.compile, muon)
     precision_mod.apply(policy)
     dist_mod.init(dist, device, run.join_timeout, max(1800.0, 2 * run.hang_timeout))
     if dist.is_main:
@@ -95,7 +97,7 @@ def build(cfg: TrainConfig, prepared: Prepared, rank: int, device: str, policy: 
     # Dropout noise differs per rank (the weights do not: DDP broadcasts rank 0's at start).
     train_state.seed_everything(cfg.run.seed + 1 + rank)
     try:
-        optimizer = Optimizers(model, cfg.optim, policy.fused_adamw)
+        optimizer = Optimizers(model, cfg.optim, policy.fused_adamw, policy.orthogonalise or "bf16")
     except OptimizerMismatch as err:
         raise TrainingError(str(err)) from None
     scaler = torch.amp.GradScaler(policy.device_type, enabled=policy.use_scaler)

@@ -130,7 +130,7 @@ class Trainer:
                                      self.dist.master_addr)
             taken.callback(self.watchdog.close)
             taken.callback(dist_mod.teardown)
-            self.device, self.policy = setup.place(cfg.run, self.dist, self.out_dir)
+            self.device, self.policy = setup.place(cfg.run, self.dist, self.out_dir, cfg.optim.optimizer == "muon")
             self.prepared = prepare_from_config(cfg.data.dataset, cfg.data.data_file, cfg.data.data_dir,
                                                 warn=lambda m: self.say(f"warning: {m}"))
             resume = setup.find_resume(self.out_dir, cfg.run.resume, self.PARTS, self.is_main, self.say)
@@ -153,7 +153,7 @@ class Trainer:
             taken.callback(self.handler.uninstall)
             self.restarts = preempt_mod.restart_count()
             self.report.start(self.start_step, self._described(), self.prepared.meta["source"], self.device,
-                              self.policy.precision, self.policy.compile, resume and resume.path, self.restarts)
+                              self.policy, resume and resume.path, self.restarts)
             self._taken = taken.pop_all()
 
     def say(self, text: str) -> None:
