@@ -116,27 +116,37 @@ def matrix_shapes() -> list[tuple[int, int]]:
     return sorted(shapes)
 
 
+def muons_iteration() -> tuple:
+    settings = torch.optim.Muon([torch.nn.Parameter(torch.zeros(1, 1))]).defaults
+    return settings["ns_coefficients"], settings["ns_steps"], settings["eps"]
+
+
 @pytest.mark.parametrize("shape", matrix_shapes())
-def test_the_orthogonalisation_is_torchs_own_in_bf16_and_its_iteration_to_float_precision_in_fp32(shape):
-    from torch.optim._muon import DEFAULT_A, DEFAULT_B, DEFAULT_C, _zeropower_via_newtonschulz
+def test_the_orthogonalisation_is_torchs_iteration_batched_in_either_dtype(shape):
+    """Against torch.optim.Muon's own `_zeropower_via_newtonschulz` (bf16, one matrix at a time) and the same
+    iteration in float64: in fp32 ours is the iteration to 1e-5; in bf16 it is torch's to within bf16's rounding
+    (8 bits of mantissa); a batch of three of one shape gives each what it gives alone."""
+    from torch.optim._muon import _zeropower_via_newtonschulz
 
     from tinygpt.training.optimizers import orthogonalise
 
-    coefficients = (DEFAULT_A, DEFAULT_B, DEFAULT_C)
-    update = torch.randn(shape, generator=torch.Generator().manual_seed(0))
-    ours_bf16 = orthogonalise(update, coefficients, 5, 1e-7, torch.bfloat16)
-    torchs = _zeropower_via_newtonschulz(update, coefficients, 5, 1e-7)
-    assert ours_bf16.dtype == torch.bfloat16 and torch.equal(ours_bf16, torchs)  # the same operations, bit for bit
-    exact = orthogonalise(update.double(), coefficients, 5, 1e-7, torch.float64)
-    fp32 = orthogonalise(update, coefficients, 5, 1e-7, torch.float32)
-    assert (fp32.double() - exact).abs().max() < 1e-5  # fp32: the iteration itself
-    assert (torchs.double() - exact).abs().max() < 5e-2  # bf16: within its own rounding (8 bits of mantissa)
+    g = torch.Generator().manual_seed(0)
+    updates = [torch.randn(shape, generator=g) for _ in range(3)]
+    exact = orthogonalise([u.double() for u in updates], *muons_iteration(), torch.float64)
+    fp32 = orthogonalise(updates, *muons_iteration(), torch.float32)
+    bf16 = orthogonalise(updates, *muons_iteration(), torch.bfloat16)
+    torchs = [_zeropower_via_newtonschulz(u, *muons_iteration()) for u in updates]
+    assert all((f.double() - e).abs().max() < 1e-5 for f, e in zip(fp32, exact))
+    assert all(b.dtype == torch.bfloat16 and (b.double() - t.double()).abs().max() < 5e-2 for b, t in zip(bf16, torchs))
+    assert all((t.double() - e).abs().max() < 5e-2 for t, e in zip(torchs, exact))  # (the bound bf16 itself keeps)
+    alone = orthogonalise(updates[1:2], *muons_iteration(), torch.float32)[0]
+    assert (alone - fp32[1]).abs().max() < 1e-6
 
 
-@pytest.mark.parametrize("dtype, tolerance", [(torch.bfloat16, 0.0), (torch.float32, 5e-2)])
-def test_our_muon_steps_as_torch_optim_muon_and_shares_its_state(dtype, tolerance):
-    """Three steps on every shape the models have: in bf16 exactly torch.optim.Muon's (its own step), in fp32 the
-    same update to within bf16's rounding of the orthogonalised direction, times the rate."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_our_muon_steps_as_torch_optim_muon_and_shares_its_state(dtype):
+    """Three steps on every shape the models have: torch.optim.Muon's update, to within bf16's rounding of the
+    orthogonalised direction times the rate; the momentum buffers the same, so either resumes the other."""
     from tinygpt.training.optimizers import Muon
 
     g = torch.Generator().manual_seed(1)
@@ -150,7 +160,9 @@ def test_our_muon_steps_as_torch_optim_muon_and_shares_its_state(dtype, toleranc
                 p.grad = grad.clone()
             opt.step()
     for a, b, s in zip(ours, theirs, start):
-        assert (a - b).abs().max() <= tolerance * 0.02 * 3 * math.sqrt(max(1, s.shape[0] / s.shape[1])) + 1e-7
+        assert (a - b).abs().max() <= 5e-2 * 0.02 * 3 * math.sqrt(max(1, s.shape[0] / s.shape[1]))
+    assert all(torch.allclose(torchs.state[b]["momentum_buffer"], mine.state[a]["momentum_buffer"])
+               for a, b in zip(ours, theirs))
     torchs.load_state_dict(mine.state_dict())  # a checkpoint of one resumes in the other
     assert all(torch.equal(torchs.state[b]["momentum_buffer"], mine.state[a]["momentum_buffer"])
                for a, b in zip(ours, theirs))
@@ -165,7 +177,7 @@ def test_a_muon_run_orthogonalises_as_the_cpus_bf16_speed_says_resumes_exactly_a
 
     from tinygpt.training import bf16_probe
 
-    monkeypatch.setattr(bf16_probe, "ratio", lambda: ratio)
+    monkeypatch.setattr(bf16_probe, "ratio", lambda shapes: ratio)
     common = [*MUON, "--max-steps", "16", "--log-interval", "1"]
     whole, _ = train_tiny(tmp_path, tiny_corpus, *common, name="whole")
     part, _ = train_tiny(tmp_path, tiny_corpus, *common, "--stop-after", "8", name="part")
@@ -174,4 +186,5 @@ def test_a_muon_run_orthogonalises_as_the_cpus_bf16_speed_says_resumes_exactly_a
     start = next(r for r in read_metrics(whole) if r.get("event") == "start")
     recorded = json.loads((whole / "provenance.json").read_text())["starts"][-1]
     assert start["muon_precision"] == recorded["muon_precision"] == dtype
-    assert f"bf16 matmul takes {ratio:.2g}" in start["muon_precision_why"] == recorded["muon_precision_why"]
+    said = f"4 matrices of 32x32 to 128x32 take {ratio:.2f}x the time in bf16 as in fp32 on this CPU"
+    assert start["muon_precision_why"] == recorded["muon_precision_why"] == said

@@ -1,11 +1,12 @@
-"""How fast this CPU multiplies bf16 matrices, against fp32: measured, because flags do not tell.
+"""Whether this CPU orthogonalises Muon's updates faster in bf16 or in fp32: measured, because flags do not tell.
 
-A CPU with AVX512-BF16 or AMX multiplies bf16 natively, faster than fp32. One with AVX-512 but no bf16
-instructions, or AVX2 only, may go through oneDNN's conversions (about as fast as fp32) or through PyTorch's
-serial fallback (tens of times slower: 512x512 in ~210 ms against 2.4 ms on a Zen 2 EPYC), and which one a given
-CPU, torch build and setting takes is not written in /proc/cpuinfo. So the policy times one product in each
-dtype. The answer is kept per CPU model, torch version, thread count and oneDNN setting in
-`$XDG_CACHE_HOME/tinygpt/bf16-matmul.json` (default `~/.cache/...`): a start pays for it once. A damaged or
+A CPU with AVX512-BF16 or AMX multiplies bf16 natively; one without may take oneDNN's conversions or PyTorch's
+serial fallback (a Zen 2 EPYC: a 512x512 bf16 matmul in ~210 ms against 2.4 ms in fp32), and which one a given
+CPU, torch build and setting takes is not written in /proc/cpuinfo. Nor is a fast bf16 matmul enough: at the
+small shapes of this project's models, conversions and kernel choice can make bf16 the slower. So the policy times
+the very work, Muon's orthogonalisation of one step's matrices of the model (optimizers.orthogonalise), in each
+dtype. The answer is kept per CPU model, torch version, thread count, oneDNN setting and shapes in
+`$XDG_CACHE_HOME/tinygpt/muon-bf16.json` (default `~/.cache/...`): a start pays for it once. A damaged or
 unwritable cache is measured around, never trusted.
 """
 
@@ -21,13 +22,12 @@ import torch
 
 from tinygpt.base import durable
 
-SIZE = 192  # a matrix side in the range of Muon's Gram products for this project's models (96 to 384 wide)
 REPEATS = 3
 
 
 def cache_file() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "tinygpt" / "bf16-matmul.json"
+    return Path(base) / "tinygpt" / "muon-bf16.json"
 
 
 def cpu_model() -> str:
@@ -38,18 +38,24 @@ def cpu_model() -> str:
         return platform.processor() or platform.machine()
 
 
-def key() -> str:
+def key(shapes: list[tuple[int, int]]) -> str:
     return (f"{cpu_model()} | torch {torch.__version__} | {torch.get_num_threads()} thread(s) | "
-            f"oneDNN {'on' if torch.backends.mkldnn.enabled else 'off'}")
+            f"oneDNN {'on' if torch.backends.mkldnn.enabled else 'off'} | {describe(shapes)}")
 
 
-def ratio() -> float:
-    """The time of a bf16 matmul over that of the same fp32 one on this CPU (below 1: bf16 is faster)."""
-    path, here = cache_file(), key()
+def describe(shapes: list[tuple[int, int]]) -> str:
+    """`8 matrices of 128x384 to 512x128`: the work a figure is of."""
+    areas = sorted(set(shapes), key=lambda s: (s[0] * s[1], s))
+    return f"{len(shapes)} matrices of {areas[0][0]}x{areas[0][1]} to {areas[-1][0]}x{areas[-1][1]}"
+
+
+def ratio(shapes: list[tuple[int, int]]) -> float:
+    """The time of orthogonalising matrices of these shapes in bf16 over that in fp32 (below 1: bf16 is faster)."""
+    path, here = cache_file(), key(shapes)
     known = _read(path)
     if isinstance(known.get(here), float) and known[here] > 0:
         return known[here]
-    measured = measure()
+    measured = measure(shapes)
     try:
         durable.write(path, json.dumps({**known, here: measured}, indent=1, sort_keys=True) + "\n")
     except OSError:
@@ -57,17 +63,24 @@ def ratio() -> float:
     return measured
 
 
-def measure(size: int = SIZE) -> float:
-    a = torch.randn(size, size)
-    return _best(a.bfloat16()) / _best(a)
+def measure(shapes: list[tuple[int, int]]) -> float:
+    from tinygpt.training.optimizers import orthogonalise
+
+    generator = torch.Generator().manual_seed(0)
+    updates = [torch.randn(shape, generator=generator) for shape in shapes]
+    muon = torch.optim.Muon([torch.nn.Parameter(torch.zeros(1, 1))]).defaults  # (its iteration's settings)
+    work = [updates, muon["ns_coefficients"], muon["ns_steps"], muon["eps"]]
+    seconds = {dtype: _best(lambda dtype=dtype: orthogonalise(*work, dtype))
+               for dtype in (torch.bfloat16, torch.float32)}
+    return seconds[torch.bfloat16] / seconds[torch.float32]
 
 
-def _best(x: torch.Tensor) -> float:
-    x @ x  # (warm-up: the first product of a dtype may load or pick its kernel)
+def _best(work) -> float:
+    work()  # (warm-up: the first product of a dtype may load or pick its kernel)
     times = []
     for _ in range(REPEATS):
         start = time.perf_counter()
-        x @ x
+        work()
         times.append(time.perf_counter() - start)
     return max(min(times), 1e-9)
 

@@ -1,7 +1,7 @@
 """The optimizers a run trains with: AdamW, or Muon for the blocks' matrices with AdamW for the rest.
 
 `optimizer: adamw` (the default): AdamW for every parameter, weight decay on matrices (`weight_decay_on`).
-`optimizer: muon`: PyTorch's own `torch.optim.Muon` (torch 2.9 and later) for the 2-D weight matrices inside
+`optimizer: muon`: PyTorch's `torch.optim.Muon` (torch 2.9 and later; see below) for the 2-D weight matrices inside
 the blocks (attention's qkv and output projections, the MLP's two layers), and AdamW for the rest: the token
 and position embeddings (the output head is tied to the token embedding), LayerNorm gains and biases. This is
 the split of Muon's authors and of modded-nanogpt: orthogonalising an update suits a hidden linear map, not a
@@ -10,8 +10,8 @@ matrix to orthogonalise. Each part has its own peak rate (`lr`, `muon_lr`); one 
 
 Muon orthogonalises each update with a few Newton-Schulz steps of matrix products, which torch runs in bf16. On
 a CPU whose bf16 matmul is a serial fallback (tens of times slower than fp32) that step dominates training, so
-the precision policy (precision.py) says which dtype the iteration runs in: torch's own step for bf16, the same
-iteration in fp32 otherwise (`Muon` below). Both keep the same state: a checkpoint of one resumes in the other.
+the precision policy (precision.py) says which dtype it runs in, from what this CPU does (`Muon` below: the same
+update as torch's, its matrices orthogonalised in batches of one shape, in bf16 or fp32, with torch's state).
 
 Both parts are stepped together and checkpointed as one part of a checkpoint, `Optimizers`.
 """
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from tinygpt.base.config import OptimConfig
+from tinygpt.base.config import ModelConfig, OptimConfig
 from tinygpt.model import GPT
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -39,26 +39,43 @@ def muon_parameters(model: GPT) -> set[str]:
             and name.startswith("blocks.")}
 
 
-def orthogonalise(update: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float,
-                  dtype: torch.dtype) -> torch.Tensor:
-    """Muon's quintic Newton-Schulz iteration on `update`, in `dtype`: the very operations of torch.optim.Muon's
-    `_zeropower_via_newtonschulz`, which always runs them in bf16 (tests hold the two together)."""
+def muon_shapes(model: ModelConfig, optim: OptimConfig) -> list[tuple[int, int]] | None:
+    """The shapes of the matrices Muon orthogonalises at each step of a run (`muon_parameters`' of each block),
+    which the precision policy times in both dtypes (bf16_probe.py); None for a run without Muon."""
+    c = model.n_embd
+    return [(3 * c, c), (c, c), (4 * c, c), (c, 4 * c)] * model.n_layer if optim.optimizer == "muon" else None
+
+
+def orthogonalise(updates: list[torch.Tensor], coefficients: tuple[float, float, float], steps: int, eps: float,
+                  dtype: torch.dtype) -> list[torch.Tensor]:
+    """Muon's quintic Newton-Schulz iteration on each update, in `dtype`: the operations of torch.optim.Muon's
+    `_zeropower_via_newtonschulz` (which runs them one matrix at a time, in bf16), on the updates of one shape as
+    one batch. A model's blocks repeat their shapes, and one batched product of small matrices runs at a fraction
+    of the time of its matrices one by one (bench/bf16_paths.py)."""
     a, b, c = coefficients
-    x = update.to(dtype)
-    wide = x.size(0) > x.size(1)
-    if wide:
-        x = x.T
-    x.div_(x.norm().clamp(min=eps))  # a spectral norm of at most 1
-    for _ in range(steps):
-        gram = x @ x.T
-        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
-    return x.T if wide else x
+    shapes: dict[torch.Size, list[int]] = {}
+    for i, update in enumerate(updates):
+        shapes.setdefault(update.shape, []).append(i)
+    out: list[torch.Tensor] = [updates[0]] * len(updates)
+    for shape, indices in shapes.items():
+        x = torch.stack([updates[i] for i in indices]).to(dtype)
+        if shape[0] > shape[1]:
+            x = x.mT  # (the Gram matrix of the shorter side)
+        x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)  # a spectral norm of at most 1
+        for _ in range(steps):
+            gram = x @ x.mT
+            x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+        if shape[0] > shape[1]:
+            x = x.mT
+        for position, i in enumerate(indices):
+            out[i] = x[position]
+    return out
 
 
 # (torch before 2.9 has no Muon: the class stands on Optimizer there, and asking for it says what to install)
 class Muon(getattr(torch.optim, "Muon", torch.optim.Optimizer)):
-    """torch.optim.Muon, its orthogonalisation in `dtype`: for bf16, torch's own step; for fp32, the same update
-    with the iteration in fp32. The same state (a momentum buffer per matrix) either way."""
+    """torch.optim.Muon's update, its matrices orthogonalised in `dtype` and in batches of one shape
+    (`orthogonalise`); torch.optim.Muon's state (a momentum buffer per matrix), so either resumes the other."""
 
     def __init__(self, params, dtype: torch.dtype, **options: Any):
         super().__init__(params, **options)
@@ -66,17 +83,17 @@ class Muon(getattr(torch.optim, "Muon", torch.optim.Optimizer)):
 
     @torch.no_grad()
     def step(self, closure=None):
-        if self.dtype == torch.bfloat16:
-            return super().step(closure)
         with torch.enable_grad():
             loss = closure() if closure is not None else None
         for group in self.param_groups:
             params, grads, buffers = [], [], []
             self._init_group(group, params, grads, buffers)
-            for param, grad, buffer in zip(params, grads, buffers):
+            updates = []
+            for grad, buffer in zip(grads, buffers):
                 buffer.lerp_(grad, 1 - group["momentum"])
-                update = grad.lerp(buffer, group["momentum"]) if group["nesterov"] else buffer
-                update = orthogonalise(update, group["ns_coefficients"], group["ns_steps"], group["eps"], self.dtype)
+                updates.append(grad.lerp(buffer, group["momentum"]) if group["nesterov"] else buffer)
+            updates = orthogonalise(updates, group["ns_coefficients"], group["ns_steps"], group["eps"], self.dtype)
+            for param, update in zip(params, updates):
                 param.mul_(1 - group["lr"] * group["weight_decay"])
                 param.add_(update, alpha=-group["lr"] * _lr_scale(group["adjust_lr_fn"], param.shape))
         return loss

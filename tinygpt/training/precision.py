@@ -5,8 +5,8 @@ unit-tested for A100, H100, V100, T4 and CPU without owning any of them. `resolv
 hardware and calls it.
 
 Capability, not `torch.cuda.is_bf16_supported()`, decides: that function answers True on sm_75 (T4)
-through emulation, which is slower than fp16 there. On a CPU, Muon's bf16 Newton-Schulz steps are kept only where
-a bf16 matmul is measured no slower than fp32 (bf16_probe.py); elsewhere they run in fp32.
+through emulation, which is slower than fp16 there. On a CPU, Muon's Newton-Schulz steps run in bf16 only where
+they are measured faster in bf16 than in fp32 for the model's own matrices (bf16_probe.py); elsewhere in fp32.
 """
 
 from __future__ import annotations
@@ -58,12 +58,13 @@ def choose_policy(
     precision: str = "auto",
     compile: str = "auto",
     cpu_bf16: bool = False,
-    muon: bool = False,
-    bf16_matmul_ratio: float | None = None,
+    muon: str | None = None,
+    bf16_ratio: float | None = None,
 ) -> Policy:
     """The precision policy for a device. device_type: "cpu" or "cuda"; capability: CUDA compute capability, e.g.
     (8, 0) for A100; cpu_bf16: whether this CPU has native bf16 matmuls (AVX512-BF16 / AMX), for `precision bf16`
-    on CPU; muon: whether the run trains with Muon; bf16_matmul_ratio: a CPU's bf16 matmul time over fp32's."""
+    on CPU; muon: the matrices the run's Muon orthogonalises, in words (None: no Muon); bf16_ratio: the time
+    this CPU takes to orthogonalise them in bf16 over the time in fp32."""
     if device_type == "cuda":
         if capability is None:
             raise PrecisionError("a CUDA device needs its compute capability")
@@ -100,19 +101,21 @@ def choose_policy(
     if compile not in ("auto", "on", "off"):
         raise PrecisionError(f"compile: {compile!r} is not one of auto, on, off")
     return Policy(device_type, precision, precision == "fp16", tf32, use_compile, fused,
-                  *(_orthogonalise(device_type, bf16_matmul_ratio) if muon else (None, "")))
+                  *(_orthogonalise(device_type, muon, bf16_ratio) if muon else (None, "")))
 
 
-def _orthogonalise(device_type: str, bf16_matmul_ratio: float | None) -> tuple[str, str]:
-    """The dtype of Muon's Newton-Schulz steps, and why: torch's bf16 on a GPU and on a CPU whose bf16 matmul is
-    no slower than fp32; fp32 on one where it is (a serial fallback can be tens of times slower)."""
+BF16_AT_MOST = 0.9  # bf16's time over fp32's at which a CPU orthogonalises in bf16: fp32 is exacter, so bf16 must win
+
+
+def _orthogonalise(device_type: str, work: str, bf16_ratio: float | None) -> tuple[str, str]:
+    """The dtype of Muon's Newton-Schulz steps, and why: torch's bf16 on a GPU, and on a CPU that does the run's
+    `work` at least a tenth faster in bf16; fp32 elsewhere (a serial bf16 fallback is tens of times slower)."""
     if device_type == "cuda":
         return "bf16", "as torch.optim.Muon on a GPU"
-    if bf16_matmul_ratio is None:
-        return "fp32", "this CPU's bf16 matmul speed is not known"
-    if bf16_matmul_ratio <= 1.0:
-        return "bf16", f"bf16 matmul takes {bf16_matmul_ratio:.2f}x the time of fp32 on this CPU"
-    return "fp32", f"bf16 matmul takes {bf16_matmul_ratio:.1f}x the time of fp32 on this CPU"
+    if bf16_ratio is None:
+        return "fp32", "how fast this CPU orthogonalises in bf16 is not known"
+    said = f"{work} take {bf16_ratio:.2f}x the time in bf16 as in fp32 on this CPU"
+    return ("bf16" if bf16_ratio <= BF16_AT_MOST else "fp32"), said
 
 
 def cpu_has_bf16() -> bool:
@@ -135,7 +138,8 @@ def pick_device(requested: str, local_rank: int = 0) -> str:
     return requested
 
 
-def resolve_policy(device: str, precision: str, compile: str, muon: bool = False) -> Policy:
+def resolve_policy(device: str, precision: str, compile: str, muon: list[tuple[int, int]] | None = None) -> Policy:
+    """The policy of this process on `device`; `muon`: the shapes of the matrices the run's Muon orthogonalises."""
     import torch
 
     from tinygpt.training import bf16_probe
@@ -143,9 +147,9 @@ def resolve_policy(device: str, precision: str, compile: str, muon: bool = False
     kind = device.split(":")[0]
     capability = torch.cuda.get_device_capability(device) if kind == "cuda" else None
     cpu_bf16 = kind == "cpu" and precision == "bf16" and cpu_has_bf16()  # read only when it matters
-    ratio = bf16_probe.ratio() if muon and kind == "cpu" else None  # (timed only when it matters)
-    return choose_policy(kind, capability, precision, compile, cpu_bf16=cpu_bf16, muon=muon,
-                         bf16_matmul_ratio=ratio)
+    ratio = bf16_probe.ratio(muon) if muon and kind == "cpu" else None  # (timed only when it matters)
+    return choose_policy(kind, capability, precision, compile, cpu_bf16=cpu_bf16,
+                         muon=bf16_probe.describe(muon) if muon else None, bf16_ratio=ratio)
 
 
 def apply(policy: Policy) -> None:

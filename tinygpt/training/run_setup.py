@@ -28,7 +28,7 @@ class TrainingError(RuntimeError):
     """The run cannot go on (non-finite loss, bad checkpoint path, ...); shown without a traceback."""
 
 
-def place(run: RunConfig, dist: dist_mod.DistEnv, out_dir: Path, muon: bool = False
+def place(run: RunConfig, dist: dist_mod.DistEnv, out_dir: Path, muon: list[tuple[int, int]] | None = None
           ) -> tuple[str, precision_mod.Policy]:
     """Threads, device, precision policy (Muon's too, when the run trains with it) and the process group; rank 0
     makes the run directory."""

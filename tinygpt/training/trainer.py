@@ -31,7 +31,7 @@ from tinygpt.training import run_setup as setup
 from tinygpt.training import tracking, train_state
 from tinygpt.training.metrics import of_run
 from tinygpt.training.narration import Reporter
-from tinygpt.training.optimizers import OptimizerMismatch
+from tinygpt.training.optimizers import OptimizerMismatch, muon_shapes
 from tinygpt.training.run_setup import TrainingError
 from tinygpt.training.rundir_lock import RunDirLock
 from tinygpt.training.sampling import sample_text
@@ -130,7 +130,7 @@ class Trainer:
                                      self.dist.master_addr)
             taken.callback(self.watchdog.close)
             taken.callback(dist_mod.teardown)
-            self.device, self.policy = setup.place(cfg.run, self.dist, self.out_dir, cfg.optim.optimizer == "muon")
+            self.device, self.policy = setup.place(cfg.run, self.dist, self.out_dir, muon_shapes(cfg.model, cfg.optim))
             self.prepared = prepare_from_config(cfg.data.dataset, cfg.data.data_file, cfg.data.data_dir,
                                                 warn=lambda m: self.say(f"warning: {m}"))
             resume = setup.find_resume(self.out_dir, cfg.run.resume, self.PARTS, self.is_main, self.say)
