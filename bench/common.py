@@ -50,18 +50,40 @@ def trainer_env(onednn: bool = True) -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=path, TINYGPT_OFFLINE="1")
 
 
-def cpu_line(onednn: bool, threads: int | None) -> dict:
-    """This CPU, and its bf16 matmul time against fp32's as the trainer's probe measures it (not its cache)."""
+def cpu_line(onednn: bool, threads: int | None, config: dict | None = None) -> dict:
+    """This CPU: a 512x512 matmul's time in bf16 over fp32, and (given a model `config`) the trainer's probe, the
+    time of orthogonalising that model's Muon matrices in bf16 over fp32 (measured now, not read from its cache)."""
+    import time
+
     import torch
 
+    from tinygpt.base.config import ModelConfig, OptimConfig
     from tinygpt.training import bf16_probe
+    from tinygpt.training.optimizers import muon_shapes
 
     if threads:
         torch.set_num_threads(threads)
     torch.backends.mkldnn.enabled = onednn
-    return {"cpu": bf16_probe.cpu_model(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "onednn": "on" if onednn else "off", "bf16_over_fp32_matmul": round(bf16_probe.measure(), 2),
-            "mkldnn_bf16_supported": torch.ops.mkldnn._is_mkldnn_bf16_supported()}
+
+    def best(x: torch.Tensor) -> float:
+        x @ x  # (warm-up)
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            x @ x
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    square = torch.randn(512, 512)
+    line = {"cpu": bf16_probe.cpu_model(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "onednn": "on" if onednn else "off", "mkldnn_bf16_supported": torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+            "matmul_512_bf16_over_fp32": round(best(square.bfloat16()) / best(square), 2)}
+    if config:
+        shapes = muon_shapes(ModelConfig(n_layer=config["n_layer"], n_head=config["n_head"], n_embd=config["n_embd"]),
+                             OptimConfig(optimizer="muon"))
+        line["muon_work"] = bf16_probe.describe(shapes)
+        line["muon_bf16_over_fp32"] = round(bf16_probe.measure(shapes), 2)
+    return line
 
 
 def run_trainer(config: dict, steps: int, warmup: int, extra: list[str] | None = None, onednn: bool = True) -> dict:

@@ -80,7 +80,7 @@ def main() -> None:
     config = dict(PRESETS[args.preset])
     steps = args.steps or {"small": 60, "medium": 30, "large": 6, "cpu-fast": 45, "smoke": 60,
                            "course-fast": 45}[args.preset]
-    print(json.dumps(cpu_line(args.onednn == "on", args.threads)), flush=True)
+    print(json.dumps(cpu_line(args.onednn == "on", args.threads, config)), flush=True)
     warmup = args.warmup if args.warmup is not None else max(1, steps // 3)
     precisions = ["fp32", "bf16"] if args.precision == "both" else [args.precision]
     if "bf16" in precisions and not cpu_has_bf16():
