@@ -39,6 +39,7 @@ from tinygpt.launch.console import SPEC_AS
 from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.layout import REPO_ROOT, SweepDirs
 from tinygpt.launch.remote import login_side
+from tinygpt.launch.remote.socket_folder import socket_folder
 from tinygpt.launch.submit import snapshot
 
 if TYPE_CHECKING:
@@ -147,9 +148,7 @@ class Connection:
     def __init__(self, login: Login):
         self.login = login
         self.root = login.remote_dir  # (absolute once `hello` said where it is)
-        # (/tmp, not $TMPDIR: a socket's path has at most ~100 characters, and ssh adds 17 to it while it opens)
-        sockets = Path("/tmp") / f"tinygpt-ssh-{os.getuid()}"
-        sockets.mkdir(mode=0o700, exist_ok=True)
+        sockets = socket_folder()  # (the user's own, or a LaunchError before anything is sent)
         self.options = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
                         "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4",
                         "-o", "ControlMaster=auto", "-o", f"ControlPath={sockets}/%C",
