@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from tests.support.paths import ROOT
 from tests.support.processes import free_port, python_env, ranks, run_world
 from tests.support.tiny import COURSE_SCHEDULE, TINY_FLAGS, loss_series, read_metrics
 from tinygpt.launch.submit import fork_server
@@ -82,6 +83,19 @@ def two_ranks(tmp_path, corpus, out, *extra) -> subprocess.CompletedProcess:
                               python_env(OMP_NUM_THREADS="1"))
     assert result.returncode == 0, result.stdout + result.stderr
     return result
+
+
+@pytest.mark.distributed
+def test_ranks_whose_bf16_probes_disagree_orthogonalise_in_rank_0s_dtype_and_stay_in_sync(tmp_path, tiny_corpus):
+    """Each rank times the probe itself; ranks that stepped Muon in different dtypes would drift apart."""
+    out = tmp_path / "muon"
+    by_rank = python_env(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT / "tests" / "support" / "probe_by_rank"))
+    result = run_world("tinygpt.train", trainer_args(tmp_path, tiny_corpus, out, "--optimizer", "muon"), by_rank)
+    assert result.returncode == 0, result.stdout + result.stderr
+    records = read_metrics(out)
+    assert records[0]["muon_precision"] == "bf16" and "0.50x" in records[0]["muon_precision_why"]
+    digests = records[-1]["weights_digest"]
+    assert len(digests) == 2 and digests[0] == digests[1]
 
 
 @pytest.mark.distributed

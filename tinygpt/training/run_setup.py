@@ -42,6 +42,8 @@ def place(run: RunConfig, dist: dist_mod.DistEnv, out_dir: Path, muon: list[tupl
     policy = precision_mod.resolve_policy(device, run.precision, run.compile, muon)
     precision_mod.apply(policy)
     dist_mod.init(dist, device, run.join_timeout, max(1800.0, 2 * run.hang_timeout))
+    if policy.orthogonalise:  # every rank timed the probe itself: all step Muon as rank 0 does, or they drift apart
+        policy = dist_mod.gather_objects(policy, dist)[0]
     if dist.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
     return device, policy
