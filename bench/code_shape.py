@@ -94,8 +94,8 @@ def rooms_of(package_dir: Path) -> dict[str, list[Path]]:
     return rooms
 
 
-def shape(package_dir: Path, type_only: bool) -> dict:
-    """The rooms' and the modules' import graphs of the package at `package_dir`, with their levels and circles."""
+def graphs(package_dir: Path, type_only: bool) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """The package's import graphs: {room: the other rooms it imports}, {module: the modules it imports}."""
     package = module_name(package_dir / "__init__.py")
     rooms = rooms_of(package_dir)
     files = [f for fs in rooms.values() for f in fs]
@@ -105,6 +105,13 @@ def shape(package_dir: Path, type_only: bool) -> dict:
     graph = {room: set() for room in rooms}
     for name, deps in modules.items():
         graph[room_of[name]].update(room_of[d] for d in deps if room_of[d] != room_of[name])
+    return graph, modules
+
+
+def shape(package_dir: Path, type_only: bool) -> dict:
+    """The rooms' and the modules' import graphs of the package at `package_dir`, with their levels and circles."""
+    rooms = rooms_of(package_dir)
+    graph, modules = graphs(package_dir, type_only)
     level, cycles = levels(graph)
     _, module_cycles = levels(modules)
     chain, name = [], max(level, key=level.get)

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from bench.code_shape import imported_modules, module_name, rooms_of
+from bench.code_shape import graphs, imported_modules, module_name, rooms_of
 from tests.support.paths import ROOT
 
 ROW = re.compile(r"^\| (\d+) \| `([\w/.]+)` \| (.*) \|$")
@@ -28,15 +28,6 @@ def table(doc: str, heading: str) -> dict[str, tuple[int, str]]:
     return rows
 
 
-def room_imports(package_dir) -> dict[str, set[str]]:
-    """{room: the rooms it imports}, every import counted (inside functions and type hints too)."""
-    rooms = rooms_of(package_dir)
-    room_of = {module_name(f): room for room, files in rooms.items() for f in files}
-    known = set(room_of) | {module_name(package_dir / "__init__.py")}
-    return {room: {room_of[m] for f in files for m in imported_modules(f, known, type_only=True) if m in room_of}
-            - {room} for room, files in rooms.items()}
-
-
 PLANS = {"tinygpt/launch": ("docs/launcher.md", "| level | room |"),
          "tinygpt": ("README.md", "| level | `tinygpt/` |")}
 
@@ -44,7 +35,7 @@ PLANS = {"tinygpt/launch": ("docs/launcher.md", "| level | room |"),
 @pytest.mark.parametrize("package", sorted(PLANS))
 def test_every_room_stands_above_every_room_it_imports(package):
     rows = table(*PLANS[package])
-    imports = room_imports(ROOT / package)
+    imports, _ = graphs(ROOT / package, type_only=True)  # (every import: in functions and type hints too)
     assert sorted(rows) == sorted(imports), "the table's rooms are not the package's folders and top-level modules"
     upward = [f"{room} (level {rows[room][0]}) imports {other} (level {rows[other][0]})"
               for room, others in sorted(imports.items()) for other in sorted(others)
