@@ -39,13 +39,12 @@ def main() -> None:
 
     from tinygpt.base.config import ModelConfig, OptimConfig
     from tinygpt.training import bf16_probe
-    from tinygpt.training.optimizers import muon_shapes, orthogonalise
+    from tinygpt.training.optimizers import muon_shapes, orthogonalise, torchs_iteration
     from tinygpt.training.precision import choose_policy
 
     g = torch.Generator().manual_seed(0)
     square, update = torch.randn(512, 512, generator=g), torch.randn(512, 128, generator=g)
-    defaults = torch.optim.Muon([torch.nn.Parameter(update)]).defaults
-    iteration = [defaults[k] for k in ("ns_coefficients", "ns_steps", "eps")]
+    iteration = torchs_iteration()
     for onednn in (True, False):
         torch.backends.mkldnn.enabled = onednn
         bf16 = square.bfloat16()

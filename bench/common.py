@@ -53,8 +53,6 @@ def trainer_env(onednn: bool = True) -> dict[str, str]:
 def cpu_line(onednn: bool, threads: int | None, config: dict | None = None) -> dict:
     """This CPU: a 512x512 matmul's time in bf16 over fp32, and (given a model `config`) the trainer's probe, the
     time of orthogonalising that model's Muon matrices in bf16 over fp32 (measured now, not read from its cache)."""
-    import time
-
     import torch
 
     from tinygpt.base.config import ModelConfig, OptimConfig
@@ -65,19 +63,11 @@ def cpu_line(onednn: bool, threads: int | None, config: dict | None = None) -> d
         torch.set_num_threads(threads)
     torch.backends.mkldnn.enabled = onednn
 
-    def best(x: torch.Tensor) -> float:
-        x @ x  # (warm-up)
-        times = []
-        for _ in range(3):
-            start = time.perf_counter()
-            x @ x
-            times.append(time.perf_counter() - start)
-        return min(times)
-
-    square = torch.randn(512, 512)
+    square, bf16 = torch.randn(512, 512), torch.randn(512, 512).bfloat16()
     line = {"cpu": bf16_probe.cpu_model(), "torch": torch.__version__, "threads": torch.get_num_threads(),
             "onednn": "on" if onednn else "off", "mkldnn_bf16_supported": torch.ops.mkldnn._is_mkldnn_bf16_supported(),
-            "matmul_512_bf16_over_fp32": round(best(square.bfloat16()) / best(square), 2)}
+            "matmul_512_bf16_over_fp32": round(bf16_probe.best_seconds(lambda: bf16 @ bf16)
+                                               / bf16_probe.best_seconds(lambda: square @ square), 2)}
     if config:
         shapes = muon_shapes(ModelConfig(n_layer=config["n_layer"], n_head=config["n_head"], n_embd=config["n_embd"]),
                              OptimConfig(optimizer="muon"))

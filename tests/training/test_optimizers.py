@@ -12,7 +12,7 @@ from tinygpt.base import config
 from tinygpt.model import GPT
 from tinygpt.training import checkpoint as ckpt
 from tinygpt.training import schedule, trainer
-from tinygpt.training.optimizers import Optimizers, muon_parameters
+from tinygpt.training.optimizers import Optimizers, muon_parameters, muon_shapes, torchs_iteration
 
 MUON = ["--optimizer", "muon", "--muon-lr", "0.02"]
 
@@ -30,6 +30,9 @@ def test_muon_trains_the_blocks_matrices_and_adamw_the_embeddings_head_norms_and
     assert muon == muon_parameters(net) == {f"blocks.{i}.{m}.weight" for i in range(2)
                                            for m in ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")}
     assert "tok_emb.weight" in adamw and "pos_emb.weight" in adamw  # (the head is tok_emb: tied)
+    # (what the precision policy times, from the config alone: the very shapes Muon steps)
+    assert sorted(muon_shapes(net.cfg, config.OptimConfig(optimizer="muon"))) == \
+        sorted(tuple(p.shape) for group in opt.parts["muon"].param_groups for p in group["params"])
     assert net.head.weight is net.tok_emb.weight
     assert sorted(muon | set(adamw)) == sorted(names.values()) and len(adamw) == len(set(adamw))  # each once
     decayed, plain = opt.parts["adamw"].param_groups
@@ -116,11 +119,6 @@ def matrix_shapes() -> list[tuple[int, int]]:
     return sorted(shapes)
 
 
-def muons_iteration() -> tuple:
-    settings = torch.optim.Muon([torch.nn.Parameter(torch.zeros(1, 1))]).defaults
-    return settings["ns_coefficients"], settings["ns_steps"], settings["eps"]
-
-
 @pytest.mark.parametrize("shape", matrix_shapes())
 def test_the_orthogonalisation_is_torchs_iteration_batched_in_either_dtype(shape):
     """Against torch.optim.Muon's own `_zeropower_via_newtonschulz` (bf16, one matrix at a time) and the same
@@ -132,14 +130,14 @@ def test_the_orthogonalisation_is_torchs_iteration_batched_in_either_dtype(shape
 
     g = torch.Generator().manual_seed(0)
     updates = [torch.randn(shape, generator=g) for _ in range(3)]
-    exact = orthogonalise([u.double() for u in updates], *muons_iteration(), torch.float64)
-    fp32 = orthogonalise(updates, *muons_iteration(), torch.float32)
-    bf16 = orthogonalise(updates, *muons_iteration(), torch.bfloat16)
-    torchs = [_zeropower_via_newtonschulz(u, *muons_iteration()) for u in updates]
+    exact = orthogonalise([u.double() for u in updates], *torchs_iteration(), torch.float64)
+    fp32 = orthogonalise(updates, *torchs_iteration(), torch.float32)
+    bf16 = orthogonalise(updates, *torchs_iteration(), torch.bfloat16)
+    torchs = [_zeropower_via_newtonschulz(u, *torchs_iteration()) for u in updates]
     assert all((f.double() - e).abs().max() < 1e-5 for f, e in zip(fp32, exact))
     assert all(b.dtype == torch.bfloat16 and (b.double() - t.double()).abs().max() < 5e-2 for b, t in zip(bf16, torchs))
     assert all((t.double() - e).abs().max() < 5e-2 for t, e in zip(torchs, exact))  # (the bound bf16 itself keeps)
-    alone = orthogonalise(updates[1:2], *muons_iteration(), torch.float32)[0]
+    alone = orthogonalise(updates[1:2], *torchs_iteration(), torch.float32)[0]
     assert (alone - fp32[1]).abs().max() < 1e-6
 
 

@@ -64,18 +64,17 @@ def ratio(shapes: list[tuple[int, int]]) -> float:
 
 
 def measure(shapes: list[tuple[int, int]]) -> float:
-    from tinygpt.training.optimizers import orthogonalise
+    from tinygpt.training.optimizers import orthogonalise, torchs_iteration
 
     generator = torch.Generator().manual_seed(0)
     updates = [torch.randn(shape, generator=generator) for shape in shapes]
-    muon = torch.optim.Muon([torch.nn.Parameter(torch.zeros(1, 1))]).defaults  # (its iteration's settings)
-    work = [updates, muon["ns_coefficients"], muon["ns_steps"], muon["eps"]]
-    seconds = {dtype: _best(lambda dtype=dtype: orthogonalise(*work, dtype))
+    seconds = {dtype: best_seconds(lambda dtype=dtype: orthogonalise(updates, *torchs_iteration(), dtype))
                for dtype in (torch.bfloat16, torch.float32)}
     return seconds[torch.bfloat16] / seconds[torch.float32]
 
 
-def _best(work) -> float:
+def best_seconds(work) -> float:
+    """The fastest of a few timed calls of `work`, after one untimed."""
     work()  # (warm-up: the first product of a dtype may load or pick its kernel)
     times = []
     for _ in range(REPEATS):

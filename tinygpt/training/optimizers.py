@@ -46,6 +46,12 @@ def muon_shapes(model: ModelConfig, optim: OptimConfig) -> list[tuple[int, int]]
     return [(3 * c, c), (c, c), (4 * c, c), (c, 4 * c)] * model.n_layer if optim.optimizer == "muon" else None
 
 
+def torchs_iteration() -> tuple[tuple[float, float, float], int, float]:
+    """torch.optim.Muon's own Newton-Schulz settings, (coefficients, steps, eps), read from its defaults."""
+    defaults = torch.optim.Muon([torch.nn.Parameter(torch.zeros(1, 1))]).defaults
+    return defaults["ns_coefficients"], defaults["ns_steps"], defaults["eps"]
+
+
 def orthogonalise(updates: list[torch.Tensor], coefficients: tuple[float, float, float], steps: int, eps: float,
                   dtype: torch.dtype) -> list[torch.Tensor]:
     """Muon's quintic Newton-Schulz iteration on each update, in `dtype`: the operations of torch.optim.Muon's
