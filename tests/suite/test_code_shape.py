@@ -4,6 +4,7 @@ Trainer only trains (what a run tells is narration.py's, what it is built from r
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 
 from tests.support.paths import ROOT
 
@@ -28,3 +29,21 @@ def test_the_trainer_class_is_at_most_250_lines():
     [lines] = [lines for where, node, lines in definitions() if where.startswith("tinygpt/training/trainer.py")
                and node.name == "Trainer" and isinstance(node, ast.ClassDef)]
     assert lines <= MAX_TRAINER_LINES
+
+
+def test_every_file_of_the_package_that_is_not_python_is_installed_with_it():
+    """A wheel carries a package's .py files and only the others pyproject.toml names (package-data): one left
+    out works in a checkout and breaks an installed launcher (submit/step.sh is read as sbatch.py loads)."""
+    import fnmatch
+    import subprocess
+
+    import tomllib
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files", "tinygpt"], capture_output=True, text=True,
+                             check=True).stdout.split()
+    others = [Path(f) for f in tracked if not f.endswith(".py")]
+    assert others, "no file of the package is other than Python: this test holds nothing"
+    missing = [str(f) for f in others
+               if not any(fnmatch.fnmatch(f.name, pattern) for pattern in declared.get(".".join(f.parent.parts), []))]
+    assert missing == []
