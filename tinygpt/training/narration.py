@@ -46,7 +46,7 @@ class Reporter:
         self.say(f"global batch: {cfg.data.batch_size} x {cfg.optim.grad_accum} accum x {world} ranks = "
                  f"{cfg.data.batch_size * cfg.optim.grad_accum * world} sequences "
                  f"({self.meter.tokens_per_step:,} tokens) per step; data {data_source}")
-        # Which dtype Muon orthogonalised in, and why (this CPU's bf16 matmul against fp32's, or the GPU)
+        # Which dtype Muon orthogonalised in, and why (its matrices' time in bf16 against fp32's here, or the GPU)
         muon_path = {"muon_precision": policy.orthogonalise, "muon_precision_why": policy.orthogonalise_why} \
             if policy.orthogonalise else {}
         ranks = dist_mod.gather_objects(provenance.placement(), d)
