@@ -76,6 +76,10 @@ if [ "$MODE" = purge ]; then
   made mariadb-data && rm -rf /var/lib/mysql && echo "down.sh: removed MariaDB's data folder"
   made munge-key && rm -f /etc/munge/munge.key && echo "down.sh: removed the munge key"
   made login-user && userdel "$LOGIN_USER" 2>/dev/null && echo "down.sh: removed the login node's user $LOGIN_USER"
+  for entry in $LOGIN_USERS; do  # (`login-user`, alone: tgstudent, as an earlier up.sh marked it)
+    made "login-user ${entry%%:*}" && userdel "${entry%%:*}" 2>/dev/null \
+      && echo "down.sh: removed the login node's user ${entry%%:*}"
+  done
   made cluster-mount && rmdir "$CLUSTER_MOUNT" 2>/dev/null
   for cmd in $SLURM_COMMANDS; do  # up.sh --slurm's commands of another release (its root stays cached)
     grep -qF "$WRAPPER_MARK" "/usr/local/bin/$cmd" 2>/dev/null && rm -f "/usr/local/bin/$cmd"

@@ -11,6 +11,12 @@ LOGIN_NS=tglogin
 LOGIN_NAME=login
 LOGIN_ADDR=$SUBNET.2
 LOGIN_USER=tgstudent
+# Its other users, USER:SHELL, each logging in with LOGIN_USER's key: a second student (what one user can see of
+# another's work), and one for each login shell a site may give (the laptop's commands under each).
+LOGIN_OTHERS="tgpeer:/bin/bash tgsh:/bin/sh tgbash:/bin/bash tgzsh:/usr/bin/zsh tgfish:/usr/bin/fish
+ tgtcsh:/usr/bin/tcsh tgcsh:/usr/bin/bsd-csh"
+LOGIN_USERS="$LOGIN_USER:/bin/bash $LOGIN_OTHERS"
+LOGIN_SHELL_PACKAGES="zsh fish tcsh csh"  # (Debian's; csh is BSD's csh, /usr/bin/bsd-csh)
 # The cluster's shared file system: this folder, mounted at CLUSTER_MOUNT on the login and compute nodes only.
 CLUSTER_FS=$HOME_DIR/cluster
 CLUSTER_MOUNT=/cluster

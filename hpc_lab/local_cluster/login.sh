@@ -7,9 +7,10 @@
 #   sudo hpc_lab/local_cluster/login.sh python VENV   # the jobs' Python on the cluster: VENV at /cluster/sw/python
 #
 # The host `login` (10.77.0.2) is a network namespace with its own hostname, running OpenSSH's sshd from Debian's
-# openssh-server, which is installed and never started on this machine itself (nothing listens here). Its one
+# openssh-server, which is installed and never started on this machine itself (nothing listens here). Its first
 # user is tgstudent, an ordinary one (the account `tinygpt` with up.sh --accounts), who logs in with the key
-# made here and nothing else (no password; root may not log in):
+# made here and nothing else (no password; root may not log in). Its other users (lib.sh's LOGIN_OTHERS: a second
+# student, and one for each login shell a site may give) log in with the same key:
 #
 #   ssh -i /var/lib/tinygpt-slurm/login/id_ed25519 -o UserKnownHostsFile=/var/lib/tinygpt-slurm/login/known_hosts \
 #       tgstudent@login
@@ -86,20 +87,33 @@ if [ ! -x /usr/sbin/sshd ]; then
     "/tmp/tinygpt-slurm-apt.log" >&2; exit 1; }
 fi
 
-# --- keys; the user's key in its home on the cluster's file system (up.sh made both) ----------------------
-home=$CLUSTER_FS/home/$LOGIN_USER
-id -u "$LOGIN_USER" >/dev/null 2>&1 && [ -d "$home" ] && [ -d "$CLUSTER_MOUNT" ] || { echo "login.sh: no user" \
-  "$LOGIN_USER, $home or $CLUSTER_MOUNT: bring the cluster up with up.sh --nodes 2 --login" >&2; exit 2; }
+# --- the login shells a site may give its users (lib.sh's LOGIN_OTHERS have one each) ---------------------
+# shellcheck disable=SC2086
+if ! dpkg-query -W $LOGIN_SHELL_PACKAGES >/dev/null 2>&1; then
+  echo "login.sh: installing the login shells $LOGIN_SHELL_PACKAGES"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $LOGIN_SHELL_PACKAGES \
+    >>/tmp/tinygpt-slurm-apt.log 2>&1 || { echo "login.sh: apt-get install $LOGIN_SHELL_PACKAGES failed; see" \
+    "/tmp/tinygpt-slurm-apt.log" >&2; exit 1; }
+fi
+
+# --- keys; each user's key in its home on the cluster's file system (up.sh made both) ----------------------
 mkdir -p "$KEYS" "$RUN/login" /run/sshd
 chmod 700 "$KEYS"
 [ -f "$KEYS/id_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -C "$LOGIN_USER@local-cluster" -f "$KEYS/id_ed25519"
 [ -f "$KEYS/ssh_host_ed25519_key" ] || ssh-keygen -q -t ed25519 -N '' -C login -f "$KEYS/ssh_host_ed25519_key"
 # The login node's host key as a known_hosts line, for clients that check it (they all should).
 echo "$LOGIN_NAME,$LOGIN_ADDR $(cut -d' ' -f1-2 "$KEYS/ssh_host_ed25519_key.pub")" >"$KEYS/known_hosts"
-mkdir -p "$home/.ssh"
-cp "$KEYS/id_ed25519.pub" "$home/.ssh/authorized_keys"
-chown -R "$LOGIN_USER:$LOGIN_USER" "$home/.ssh"
-chmod 700 "$home/.ssh" && chmod 600 "$home/.ssh/authorized_keys"
+allowed=""
+for entry in $LOGIN_USERS; do
+  user=${entry%%:*} home=$CLUSTER_FS/home/${entry%%:*}
+  id -u "$user" >/dev/null 2>&1 && [ -d "$home" ] && [ -d "$CLUSTER_MOUNT" ] || { echo "login.sh: no user" \
+    "$user, $home or $CLUSTER_MOUNT: bring the cluster up with up.sh --nodes 2 --login" >&2; exit 2; }
+  mkdir -p "$home/.ssh"
+  cp "$KEYS/id_ed25519.pub" "$home/.ssh/authorized_keys"
+  chown -R "$user:$user" "$home/.ssh"
+  chmod 700 "$home/.ssh" && chmod 600 "$home/.ssh/authorized_keys"
+  allowed+=" $user"
+done
 
 # --- sshd -----------------------------------------------------------------------------------------------------
 cat >"$ETC/sshd_config.new" <<EOF
@@ -108,7 +122,7 @@ ListenAddress $LOGIN_ADDR
 Port 22
 HostKey $KEYS/ssh_host_ed25519_key
 PidFile $PIDFILE
-AllowUsers $LOGIN_USER
+AllowUsers$allowed
 PermitRootLogin no
 PubkeyAuthentication yes
 AuthorizedKeysFile .ssh/authorized_keys

@@ -488,14 +488,17 @@ fi
 # Before the accounts (slurmctld resolves an association's user once, when it loads it) and the nodes (node.sh
 # mounts the file system on each, login.sh on the login node).
 if [ "$LOGIN" = 1 ]; then
-  if ! id -u "$LOGIN_USER" >/dev/null 2>&1; then
-    useradd --no-create-home --home-dir "$CLUSTER_MOUNT/home/$LOGIN_USER" --shell /bin/bash --user-group "$LOGIN_USER" \
-      || die login "" "could not add the user $LOGIN_USER"
-    mark_made login-user
-    usermod -p '*' "$LOGIN_USER"  # no password to log in with, and not locked (sshd refuses a locked account's key)
-  fi
-  mkdir -p "$CLUSTER_FS/home/$LOGIN_USER"
-  chown "$LOGIN_USER:$LOGIN_USER" "$CLUSTER_FS/home/$LOGIN_USER"
+  for entry in $LOGIN_USERS; do
+    user=${entry%%:*} shell=${entry#*:}
+    if ! id -u "$user" >/dev/null 2>&1; then
+      useradd --no-create-home --home-dir "$CLUSTER_MOUNT/home/$user" --shell "$shell" --user-group "$user" \
+        || die login "" "could not add the user $user"
+      mark_made "login-user $user"
+      usermod -p '*' "$user"  # no password to log in with, and not locked (sshd refuses a locked account's key)
+    fi
+    mkdir -p "$CLUSTER_FS/home/$user"
+    chown "$user:$user" "$CLUSTER_FS/home/$user"
+  done
   if [ ! -d "$CLUSTER_MOUNT" ]; then
     mkdir "$CLUSTER_MOUNT"  # (the mount point; on this machine it stays empty)
     mark_made cluster-mount
@@ -505,7 +508,7 @@ fi
 # --- 6b. accounts (--accounts): what the user may charge and how much, enforced ----------------------------
 ACCOUNT_USERS=root
 [ -n "${SUDO_USER:-}" ] && [ "$SUDO_USER" != root ] && ACCOUNT_USERS+=" $SUDO_USER"
-[ "$LOGIN" = 1 ] && ACCOUNT_USERS+=" $LOGIN_USER"
+[ "$LOGIN" = 1 ] && for entry in $LOGIN_USERS; do ACCOUNT_USERS+=" ${entry%%:*}"; done
 has_assoc() {  # has_assoc USER ACCOUNT: accounting holds the association
   [ -n "$(sacctmgr -n -P show assoc cluster="$CLUSTER" user="$1" account="$2" format=account 2>/dev/null)" ]
 }

@@ -4,64 +4,36 @@ the laptop does not have) are real. The README's "From your laptop" commands, wi
 
 import json
 import os
-import signal
+import pwd
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.support.cluster_gate import LOCAL_CLUSTER_HOME
-from tests.support.hermetic import path_without_slurm
-from tests.support.paths import ROOT
-from tests.support.processes import python_env, wait_until
+from tests.support.laptop import (
+    KEYS,
+    REMOTE_DIR,
+    home_there,
+    jobs_named,
+    laptop_for,
+    on_laptop,
+    watch_interrupted_then_cancelled,
+    write_spec,
+)
 from tests.support.slurm import unique_name
 from tinygpt.launch.remote import laptop as remote
 from tinygpt.launch.spec import profiles
 
 pytestmark = pytest.mark.slurm(needs=["login"])
 
-KEYS = LOCAL_CLUSTER_HOME / "login"
-REMOTE_DIR = "tinygpt-hpc-tests"  # in tgstudent's home on the cluster: the README's commands use tinygpt-hpc
-HOME_THERE = LOCAL_CLUSTER_HOME / "cluster" / "home" / "tgstudent"  # (only to set up and to look: not the laptop's)
+HOME_THERE = home_there("tgstudent")
 
 
 @pytest.fixture(scope="module")
 def laptop(tmp_path_factory) -> dict:
-    """The profile the laptop uses (local-login.yaml, in a folder of its own on the cluster), the jobs' Python put
-    on the cluster once (login.sh python), and the laptop's environment: no Slurm, its own wheel cache."""
-    here = tmp_path_factory.mktemp("laptop")
-    profile = yaml.safe_load((ROOT / "hpc_lab" / "clusters" / "local-login.yaml").read_text())
-    profile["login"]["remote_dir"] = REMOTE_DIR
-    (here / "local-login.yaml").write_text(yaml.safe_dump(profile))
-    done = subprocess.run(["bash", str(ROOT / "hpc_lab" / "local_cluster" / "login.sh"), "python", sys.prefix],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    env = {"PATH": path_without_slurm(os.environ["PATH"]), "SLURM_CONF": os.devnull,
-           "XDG_CACHE_HOME": str(here / "cache")}
-    return {"profile": here / "local-login.yaml", "env": env, "dir": here}
-
-
-def on_laptop(laptop: dict, *args: str, cwd: Path, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=timeout, env=python_env(COLUMNS="250", **{**laptop["env"], **env}))
-
-
-def write_spec(folder: Path, name: str, **extra) -> Path:
-    spec = {"name": name, "train": {"dataset": "pydoc", "max_steps": 12, "n_layer": 1, "n_head": 2, "n_embd": 32,
-                                    "block_size": 32, "batch_size": 8, "eval_interval": 6},
-            "grid": {"lr": [0.001, 0.002]}, **extra}
-    path = folder / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
-
-
-def squeue_names(name: str) -> list[str]:
-    """What the cluster knows of jobs of that name (the test sees Slurm; the laptop does not)."""
-    out = subprocess.run(["sacct", "-X", "-n", "-P", "--name", name, "-o", "JobID", "-S", "now-1hour"],
-                         capture_output=True, text=True, timeout=60)
-    return out.stdout.split()
+    return laptop_for("tgstudent", tmp_path_factory.mktemp("laptop"))
 
 
 def test_a_sweep_launched_from_the_laptop_runs_there_and_its_report_comes_back(laptop, tmp_path):
@@ -104,31 +76,9 @@ def test_ctrl_c_on_the_laptop_stops_the_watch_there_and_a_held_sweep_is_cancelle
     out = on_laptop(laptop, str(spec), "--cluster", str(laptop["profile"]), "--hold", *args, cwd=tmp_path)
     try:
         assert out.returncode == 0, out.stderr
-        _watch_interrupted_then_cancelled(laptop, spec, args, tmp_path)
+        watch_interrupted_then_cancelled(laptop, spec, args, tmp_path)
     finally:  # (held jobs never end by themselves)
         subprocess.run(["scancel", "--name", name], timeout=60)
-
-
-def _watch_interrupted_then_cancelled(laptop: dict, spec: Path, args: list[str], tmp_path: Path) -> None:
-    commands = HOME_THERE / REMOTE_DIR / "commands"
-    before = set(commands.iterdir())
-    watch = subprocess.Popen([sys.executable, str(ROOT / "launch.py"), "status", str(spec), "--watch", *args],
-                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=python_env(COLUMNS="250", **laptop["env"]))
-    try:  # (piped, not a terminal, the watch shows its table when it ends: wait for the command there instead)
-        started = wait_until(lambda: [c for c in set(commands.iterdir()) - before if (c / "keeper").exists()],
-                             timeout=120, what="the watch started on the login node")
-        watch.send_signal(signal.SIGINT)
-        assert watch.wait(timeout=60) == 130, watch.stderr.read()
-    finally:
-        watch.kill()
-    assert (started[0] / "status").read_text() == "130"  # (the watch there ended: Ctrl-C reached it)
-    assert "PENDING" in on_laptop(laptop, "status", str(spec), *args, cwd=tmp_path).stdout
-
-    cancelled = on_laptop(laptop, "cancel", str(spec), *args, cwd=tmp_path)
-    assert cancelled.returncode == 0 and "cancelled" in cancelled.stdout, cancelled.stderr
-    wait_until(lambda: "CANCELLED" in on_laptop(laptop, "status", str(spec), *args, cwd=tmp_path).stdout,
-               timeout=60, what="the sweep shown cancelled from the laptop")
 
 
 def test_a_second_launch_sends_only_the_files_that_changed(laptop, tmp_path):
@@ -180,7 +130,7 @@ def test_each_way_the_login_node_cannot_be_used_is_one_message_and_nothing_is_su
                         str(folder), cwd=folder)
         assert (out.returncode, out.stderr.count("error: ")) == (status, 1), (case, out.stderr)
         assert said in out.stderr and "Traceback" not in out.stderr, (case, out.stderr)
-        assert not (folder / "jobs").exists() and not squeue_names(name), case
+        assert not (folder / "jobs").exists() and not jobs_named(name), case
         assert not (HOME_THERE / REMOTE_DIR / "jobs" / name).exists(), case
 
 
@@ -190,7 +140,9 @@ def test_a_full_disk_on_the_login_node_is_said_and_nothing_is_submitted(laptop, 
     small = HOME_THERE.relative_to(LOCAL_CLUSTER_HOME / "cluster")
     where = f"/cluster/{small}/small-disk"
     (HOME_THERE / "small-disk").mkdir(exist_ok=True)
-    mount = ["nsenter", "-t", sshd, "-m", "mount", "-t", "tmpfs", "-o", "size=256k,uid=1001,gid=1001", "tmpfs", where]
+    user = pwd.getpwnam("tgstudent")
+    mount = ["nsenter", "-t", sshd, "-m", "mount", "-t", "tmpfs", "-o",
+             f"size=256k,mode=0700,uid={user.pw_uid},gid={user.pw_gid}", "tmpfs", where]
     subprocess.run(mount, check=True, timeout=30)
     try:
         name = unique_name("laptop-full")
@@ -198,7 +150,7 @@ def test_a_full_disk_on_the_login_node_is_said_and_nothing_is_submitted(laptop, 
         profile = _profile_with(laptop, tmp_path, remote_dir="small-disk")
         out = on_laptop(laptop, str(spec), "--cluster", str(profile), "--workdir", str(tmp_path), cwd=tmp_path)
         assert out.returncode == 1 and "disk (or your quota) is full" in out.stderr, out.stderr
-        assert "Traceback" not in out.stderr and not squeue_names(name)
+        assert "Traceback" not in out.stderr and not jobs_named(name)
         assert not (tmp_path / "jobs").exists()
     finally:
         subprocess.run(["nsenter", "-t", sshd, "-m", "umount", where], timeout=30)

@@ -5,6 +5,7 @@ as ssh would run it there. cluster/test_login_node.py runs it all over SSH again
 import hashlib
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -20,26 +21,55 @@ from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.remote import laptop
 from tinygpt.launch.spec import profiles
 
-SHELLS = [shell for shell in ("/bin/sh", "/bin/bash") if Path(shell).exists()]
 # What a hostile spec name, path or option may hold: every character a shell reads specially, and any other.
 HOSTILE = st.text(st.sampled_from("$()`;&|<>'\"\\\n\t *?[]{}~#!=%^") | st.characters(exclude_characters="\0"),
                   max_size=12)
+# The characters no login shell (sh, bash, zsh, fish, tcsh, csh) reads specially outside quotes, but space.
+PLAIN = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789/._+- ")
 
 
-@pytest.mark.parametrize("shell", SHELLS)
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(words=st.lists(HOSTILE, min_size=1, max_size=4))
-def test_the_login_nodes_shell_reads_back_exactly_the_words_sent(shell, words, tmp_path):
-    """ssh hands the remote side one string, which its shell parses again: each word arrives as it left, and
-    nothing in it runs (no file appears, whatever `$(...)`, backticks or `;` it holds)."""
+def test_the_words_of_a_request_arrive_exactly_and_the_login_shell_sees_none_of_them(words, tmp_path):
+    """The login shell is handed `PYTHON -` alone; the command's words travel in the program it reads, and arrive
+    as they left: nothing in them runs (no file appears, whatever `$(...)`, backticks or `;` they hold)."""
     marker = tmp_path / "ran"
     words = [w.replace("MARK", str(marker)) for w in words] + [f"$(touch {marker})", f"`touch {marker}`",
                                                                f"; touch {marker}"]
-    out = subprocess.run([shell, "-c", "printf '%s\\0' " + laptop.remote_text(words)], capture_output=True,
-                         cwd=tmp_path, timeout=30)
+    conn = laptop.Connection(profiles.Login(host="login", python="/usr/bin/python3"))
+    assert set(conn.argv()[-1]) <= PLAIN and conn.argv()[-1] == "/usr/bin/python3 -"
+    conn.root = str(tmp_path / "root")
+    echo = [sys.executable, "-c", "import sys; sys.stdout.write('\\0'.join(sys.argv[1:]))", *words]
+    out = side_request(conn, "run", str(tmp_path), "--", *echo)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.decode("utf-8", "surrogateescape").split("\0")[:-1] == words
+    assert out.stdout.split(b"\n", 1)[1].decode("utf-8", "surrogateescape").split("\0") == words
     assert not marker.exists()
+
+
+def test_what_the_login_shells_startup_files_print_is_not_read_as_the_answer(tmp_path):
+    """A banner on stdout and stderr before the answer (as a .bashrc that echoes prints it) is dropped."""
+    conn = laptop.Connection(profiles.Login(host="login"))
+    conn.root = str(tmp_path / "root")
+    program, marker = conn.request("hello")
+    banner = "echo 'Welcome to login'; echo '*** maintenance on Friday ***' >&2; "
+    out = subprocess.run(["bash", "-c", banner + "python3 -"], input=program, capture_output=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.startswith(b"Welcome to login\n")
+    assert json.loads(laptop.answer(out.stdout, marker))["root"] == conn.root
+    assert laptop.answer(out.stderr, marker) == b""
+    refused = conn.failure(1, b"*** maintenance ***\n" + marker + b"\nerror: the disk is full\n", marker)
+    assert str(refused) == "cluster: on the login node login: the disk is full"
+
+
+@pytest.mark.parametrize("said, shown", [
+    ("dash: 1: python9: not found", "has no `python9` (its login shell said: dash: 1: python9: not found)"),
+    ("fish: Unknown command: python9\nfish:\npython9 -\n^~~~~~^", "its login shell said: fish: Unknown command"),
+    ("python9: Command not found.", "has no `python9` (its login shell said: python9: Command not found.)"),
+    ("This account is currently not available.", "did not run `python9 -` (This account is currently not "
+                                                  "available.): a login shell that runs no commands"),
+], ids=["dash", "fish", "tcsh", "nologin"])
+def test_a_login_shell_that_never_started_the_login_side_is_named_with_its_fix(said, shown):
+    failed = laptop.Connection(profiles.Login(host="login", python="python9")).failure(1, said.encode(), b"M")
+    assert shown in str(failed) and "Traceback" not in str(failed)
 
 
 LAPTOP_COMMANDS = [
@@ -96,7 +126,7 @@ def test_a_profiles_login_section_is_checked_field_by_field(tmp_path):
 def test_what_ssh_says_of_a_failed_connection_is_a_host_away_or_a_refusal(said, answer):
     """ssh's own failures (exit 255), as ssh words them: a host that does not answer now is exit 75, try again
     later; a login or a host it will not accept is 255, with the fix."""
-    failed = laptop.Connection(profiles.Login(host="login", user="ann")).failure(255, said)
+    failed = laptop.Connection(profiles.Login(host="login", user="ann")).failure(255, said.encode(), b"M")
     assert type(failed) is answer and failed.exit_status == (75 if answer is laptop.LoginAway else 255)
     assert "login" in str(failed) and "nothing was sent" in str(failed)
 
@@ -111,9 +141,33 @@ def yaml_profile(folder: Path, login: dict) -> Path:
 # The login node's half, as a process here
 
 
+def side_request(conn: laptop.Connection, command: str, *args: str, stdin: bytes = b"",
+                 **kw) -> subprocess.CompletedProcess:
+    """What ssh does with a request: `PYTHON -` reads it; stdout and stderr as the laptop takes them (the marker
+    line and what comes before it dropped)."""
+    program, marker = conn.request(command, *args, stdin=stdin)
+    out = subprocess.run([sys.executable, "-"], input=program, capture_output=True, timeout=60, **kw)
+    return subprocess.CompletedProcess(out.args, out.returncode, laptop.answer(out.stdout, marker),
+                                       laptop.answer(out.stderr, marker))
+
+
 def side(root: Path, command: str, *args: str, stdin: bytes = b"", **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", laptop.SOURCE, command, str(root), *args], input=stdin,
-                          capture_output=True, timeout=60, **kw)
+    conn = laptop.Connection(profiles.Login(host="login"))
+    conn.root = str(root)
+    return side_request(conn, command, *args, stdin=stdin, **kw)
+
+
+def driving(root: Path, *args: str) -> subprocess.Popen:
+    """login_side's `run` started as ssh starts it, streaming; its stdout's first line is the command's id."""
+    conn = laptop.Connection(profiles.Login(host="login"))
+    conn.root = str(root)
+    program, marker = conn.request("run", *args)
+    driver = subprocess.Popen([sys.executable, "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+    driver.stdin.write(program)
+    driver.stdin.close()
+    assert driver.stdout.readline() == marker + b"\n" and driver.stderr.readline() == marker + b"\n"
+    return driver
 
 
 def payload(*contents: bytes) -> bytes:
@@ -164,8 +218,7 @@ def test_a_command_streams_its_output_and_status_and_outlives_a_dropped_connecti
 
     go, ended = tmp_path / "go", tmp_path / "ended"
     waits = f"while [ ! -e {go} ]; do sleep 0.05; done; touch {ended}"
-    driver = subprocess.Popen([sys.executable, "-c", laptop.SOURCE, "run", str(root), str(tmp_path), "--", "sh", "-c",
-                               waits], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    driver = driving(root, str(tmp_path), "--", "sh", "-c", waits)
     ident = driver.stdout.readline().decode().strip()
     driver.kill()  # (the connection drops: sshd's end of it, the streaming process, is gone)
     driver.wait(timeout=30)
@@ -181,10 +234,8 @@ def test_a_command_streams_its_output_and_status_and_outlives_a_dropped_connecti
 def test_ctrl_c_on_the_laptop_reaches_the_command(tmp_path):
     root = tmp_path / "root"
     started = tmp_path / "started"
-    driver = subprocess.Popen([sys.executable, "-c", laptop.SOURCE, "run", str(root), str(tmp_path), "--",
-                               sys.executable, "-c", f"import time, pathlib; pathlib.Path({str(started)!r}).touch(); "
-                                                     f"time.sleep(600)"], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE)
+    driver = driving(root, str(tmp_path), "--", sys.executable, "-c",
+                     f"import time, pathlib; pathlib.Path({str(started)!r}).touch(); time.sleep(600)")
     ident = driver.stdout.readline().decode().strip()
     deadline = time.monotonic() + 60
     while not started.exists():
@@ -204,12 +255,12 @@ def test_a_login_node_without_the_launchers_python_is_told_what_failed(tmp_path)
 
 
 def test_the_source_sent_runs_on_the_standard_library_alone(tmp_path):
-    """login_side is sent as the text of `python3 -c`: it may import nothing but the standard library (-S: no
+    """login_side is the program `python3 -` reads: it may import nothing but the standard library (-S: no
     site-packages)."""
-    out = subprocess.run([sys.executable, "-I", "-S", "-c", laptop.SOURCE, "hello", str(tmp_path / "root")],
-                         capture_output=True, timeout=60)
+    program, marker = laptop.request("hello", str(tmp_path / "root"), marker="M"), b"M"
+    out = subprocess.run([sys.executable, "-I", "-S", "-"], input=program, capture_output=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["root"] == str(tmp_path / "root")
+    assert json.loads(laptop.answer(out.stdout, marker))["root"] == str(tmp_path / "root")
 
 
 def test_a_relative_path_that_names_a_laptop_file_is_refused_before_the_login_node_is_asked(tmp_path, monkeypatch):
@@ -226,3 +277,49 @@ def test_a_relative_path_that_names_a_laptop_file_is_refused_before_the_login_no
     assert code == 1 and "train.data_file: corpus.txt is a relative path, and names a file on this laptop" in err
     assert "grid.data_dir" not in err  # (`data` is no file here, and /cluster/data is absolute: the cluster's)
     assert "give the cluster's absolute path" in err and not (tmp_path / "jobs").exists()
+
+
+def test_what_the_launcher_makes_on_the_login_node_is_the_users_alone(tmp_path):
+    root = tmp_path / "root"
+    assert side(root, "hello").returncode == 0
+    side(root, "receive", stdin=payload(b"code\n"))
+    digest = hashlib.sha256(b"code\n").hexdigest()
+    listing = {"files": [["a.py", "file", digest], ["run", "exec", digest]], "record": {"digest": "t"}}
+    side(root, "tree", "t", stdin=json.dumps(listing).encode())
+    side(root, "run", str(root), "--", "sh", "-c", "mkdir -p runs/s && echo x > runs/s/out")
+    modes = {str(p.relative_to(root)): stat.S_IMODE(p.lstat().st_mode) for p in root.rglob("*")}
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    assert {m for p, m in modes.items() if (root / p).is_dir()} == {0o700}
+    assert modes["objects/" + digest] == 0o400 and modes["trees/t/run"] == 0o500
+    assert {m for p, m in modes.items() if p.startswith(("runs/", "commands/")) and (root / p).is_file()} == {0o600}
+
+
+@pytest.mark.parametrize("where, mode, trusted, refused", [
+    ("", 0o777, True, "can be changed by every user of the login node (mode 0777)"),
+    ("", 0o770, False, "can be changed by group"),
+    ("", 0o770, True, None),
+    ("trees", 0o757, True, "trees can be changed by every user of the login node"),
+    ("objects", 0o775, False, "objects can be changed by group"),
+], ids=["world", "group", "group-trusted", "world-trees", "group-objects"])
+def test_a_remote_dir_that_others_can_write_is_refused_before_anything_is_read(tmp_path, where, mode, trusted,
+                                                                                 refused):
+    root = tmp_path / "root"
+    (root / (where or "objects")).mkdir(parents=True)
+    (root / where).chmod(mode)
+    conn = laptop.Connection(profiles.Login(host="login", trust_group=trusted))
+    conn.root = str(root)
+    out = side_request(conn, "missing", stdin=b'["' + b"0" * 64 + b'"]')
+    if refused is None:
+        assert out.returncode == 0, out.stderr
+        return
+    assert out.returncode == 1 and refused in out.stderr.decode(), out.stderr
+    assert "nothing was sent" in out.stderr.decode() and out.stdout == b""
+
+
+def test_a_link_planted_among_the_launchers_folders_is_refused(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir(mode=0o700)
+    (tmp_path / "theirs").mkdir()
+    (root / "venvs").symlink_to(tmp_path / "theirs")
+    out = side(root, "hello")
+    assert out.returncode == 1 and b"venvs is a symbolic link, which the launcher never makes" in out.stderr

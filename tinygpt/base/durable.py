@@ -52,10 +52,13 @@ def replacing(path: str | Path, mode: str = "wb", sync_dir: bool = True) -> Iter
         fsync_dir(path.parent)
 
 
-def write(path: str | Path, data: str | bytes) -> None:
-    """Replace `path` with `data` (text is written as UTF-8)."""
+def write(path: str | Path, data: str | bytes, executable: bool = False) -> None:
+    """Replace `path` with `data` (text is written as UTF-8); `executable`: a script its owner may run (and whom
+    the umask lets, as for any file made)."""
     with replacing(path, "wb") as fh:
         fh.write(data.encode() if isinstance(data, str) else data)
+        if executable:
+            os.fchmod(fh.fileno(), 0o777 & ~_UMASK)
 
 
 def append_line(path: str | Path, line: str) -> None:

@@ -12,7 +12,10 @@ cluster, so that `status`, `logs`, `cancel`, `resubmit`, `report`, `sync` and `p
   torch) are downloaded here for its Python and platform, sent as wheels, and installed once into a venv under
   remote_dir. `report` draws with torch, so it runs with the profile's `python`, the jobs' own.
 - One SSH connection per command (OpenSSH's ControlMaster), never a prompt (BatchMode), with timeouts; the
-  user's ~/.ssh/config applies. Every word sent is quoted for the login node's shell, which parses it again.
+  user's ~/.ssh/config applies. The login shell, whichever it is (sh, bash, zsh, fish, tcsh, csh), is handed one
+  command line, `PYTHON -`, made of characters none of them reads specially; the request itself (login_side's
+  text, the command's words and payload) travels on standard input, as Python, and its answer follows a marker
+  line, so that what the login shell's startup files print is dropped.
 - Paths in the spec are the cluster's (relative ones start at remote_dir); a relative path that names a file
   here is refused, as the user likely meant this one. `--workdir` is the laptop's: where the record is kept.
 """
@@ -20,15 +23,17 @@ cluster, so that `status`, `logs`, `cancel`, `resubmit`, `report`, `sync` and `p
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import json
 import os
-import shlex
+import secrets
 import socket
 import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,7 +44,7 @@ from tinygpt.launch.console import SPEC_AS
 from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.layout import REPO_ROOT, SweepDirs
 from tinygpt.launch.remote import login_side
-from tinygpt.launch.remote.socket_folder import socket_folder
+from tinygpt.launch.remote.private_folders import socket_folder, wheel_cache
 from tinygpt.launch.submit import snapshot
 
 if TYPE_CHECKING:
@@ -137,9 +142,18 @@ def _read_record(path: Path) -> dict[str, Any]:
 # The connection
 
 
-def remote_text(words: list[str]) -> str:
-    """The one string ssh hands the login node's shell, which parses it back into exactly `words`."""
-    return " ".join(shlex.quote(w) for w in words)
+def request(command: str, root: str, args: tuple[str, ...] = (), stdin: bytes = b"", trust_group: bool = False,
+            marker: str = "") -> bytes:
+    """What `PYTHON -` reads on the login node: login_side's text, then the call of its `main` with the command's
+    words and payload as Python literals (repr: whatever characters they hold, none is read by a shell)."""
+    call = f"\nmain({[command, root, *args]!r}, {base64.b64encode(stdin).decode()!r}, {marker!r}, {trust_group!r})\n"
+    return (SOURCE + call).encode()
+
+
+def answer(output: bytes, marker: bytes) -> bytes | None:
+    """What login_side said after its marker line (before it: the login shell's banners), or None: it never ran."""
+    before, found, after = output.partition(marker + b"\n")
+    return after if found else None
 
 
 class Connection:
@@ -166,82 +180,115 @@ class Connection:
     def where(self) -> str:
         return f"{self.login.user + '@' if self.login.user else ''}{self.login.host}"
 
-    def argv(self, words: list[str]) -> list[str]:
-        return ["ssh", *self.options, "--", self.login.host, remote_text(words)]
+    def argv(self) -> list[str]:
+        """ssh's command: the login shell there runs `PYTHON -` (the profile allows no other characters in it)."""
+        return ["ssh", *self.options, "--", self.login.host, f"{self.login.python} -"]
 
     def close(self) -> None:
         """End the shared connection, if one is open (the next command opens and checks a new one)."""
         subprocess.run(["ssh", *self.options, "-O", "exit", "--", self.login.host], capture_output=True, timeout=60)
 
-    def side(self, command: str, *args: str) -> list[str]:
-        """The words that run login_side's COMMAND on the login node with the Python it has."""
-        return [self.login.python, "-c", SOURCE, command, self.root, *args]
+    def request(self, command: str, *args: str, stdin: bytes = b"") -> tuple[bytes, bytes]:
+        """login_side's COMMAND as `PYTHON -` reads it, and the marker its answer follows."""
+        marker = f"tinygpt-login-side-{secrets.token_hex(8)}"
+        return request(command, self.root, args, stdin, self.login.trust_group, marker), marker.encode()
 
     def call(self, command: str, *args: str, stdin: bytes = b"") -> bytes:
         """login_side's COMMAND's output; a LaunchError that says what went wrong, and how to fix it, if it failed."""
+        program, marker = self.request(command, *args, stdin=stdin)
         try:
-            done = subprocess.run(self.argv(self.side(command, *args)), input=stdin, capture_output=True,
-                                  timeout=CALL_TIMEOUT_S)
+            done = subprocess.run(self.argv(), input=program, capture_output=True, timeout=CALL_TIMEOUT_S)
         except FileNotFoundError:
             raise LaunchError("cluster: working from a laptop needs OpenSSH's client (`ssh`), which is not "
                               "installed here; install it (Debian/Ubuntu: openssh-client)") from None
         except subprocess.TimeoutExpired:
             raise LaunchError(f"cluster: {self.where} did not finish `{command}` in {CALL_TIMEOUT_S} s; nothing was "
                               f"submitted: check the connection and try again") from None
-        if done.returncode != 0:
-            raise self.failure(done.returncode, done.stderr.decode(errors="replace"))
-        return done.stdout
+        said = answer(done.stdout, marker)
+        if done.returncode != 0 or said is None:
+            raise self.failure(done.returncode, done.stderr, marker)
+        return said
 
-    def failure(self, status: int, said: str) -> LaunchError:
+    def failure(self, status: int, stderr: bytes, marker: bytes) -> LaunchError:
         """What a failed exchange means, as one message with its fix."""
-        lines = [line for line in said.strip().splitlines() if line.strip()]
-        last = lines[-1] if lines else f"exit status {status}"
-        host = self.login.host
-        if status == 255:
-            if "REMOTE HOST IDENTIFICATION HAS CHANGED" in said:
-                return SshRefused(
-                    f"cluster: the login node {host}'s host key has CHANGED since this laptop last connected: "
-                    f"either the site reinstalled it or someone is in between. Nothing was sent. Check the new "
-                    f"key's fingerprint with the site's documentation or its admins; only then remove the old one "
-                    f"(ssh-keygen -R {host}) and connect once by hand (ssh {self.where})")
-            if "Host key verification failed" in said or "No ED25519 host key is known" in said:
-                return SshRefused(
-                    f"cluster: the login node {host}'s host key is not known on this laptop, and a command never "
-                    f"waits on a question: nothing was sent. Compare its fingerprint with the one the site "
-                    f"publishes and accept it once by hand: ssh {self.where} (answer yes)")
-            if "Permission denied" in said or "Too many authentication failures" in said:
-                return SshRefused(
-                    f"cluster: {host} refused the login of {self.login.user or 'your user'} ({last}); nothing was "
-                    f"sent. Check login.user and login.identity_file in the profile (or ssh-add the key), and that "
-                    f"`ssh {self.where}` works by hand")
-            if "Could not resolve hostname" in said:
-                return SshRefused(f"cluster: login.host {host!r} is not a known host name ({last}); nothing was "
-                                   f"sent. Check it, or a Host of that name in ~/.ssh/config")
-            if any(s in said for s in ("Connection refused", "timed out", "No route to host", "unreachable",
-                                       "Connection closed", "Connection reset", "banner exchange")):
-                # ("banner exchange": the connection broke before ssh's greeting was answered, as when sshd is
-                # throttling new connections (MaxStartups) or a ProxyCommand ends at once)
-                return LoginAway(f"cluster: cannot reach the login node {host} ({last}); nothing was sent. Is it "
-                                   f"up, and the host and port right (a VPN or ProxyJump needed)? Try again later")
-            return SshRefused(f"cluster: ssh {self.where} failed ({last}); nothing was sent")
-        if status == 127 and self.login.python in said:
-            return LaunchError(f"cluster: the login node has no `{self.login.python}` ({last}); set login.python in "
-                               f"the profile to a Python 3 there (e.g. /usr/bin/python3, or a module's)")
-        problem = last.removeprefix("error: ")
-        return LaunchError(f"cluster: on the login node {host}: {problem}")
+        ours = answer(stderr, marker)
+        if ours is not None:  # (login_side ran, and said what went wrong on its last line)
+            lines = [line for line in ours.decode(errors="replace").splitlines() if line.strip()]
+            problem = lines[-1].removeprefix("error: ") if lines else f"exit status {status}"
+            return LaunchError(f"cluster: on the login node {self.login.host}: {problem}")
+        said = stderr.decode(errors="replace")
+        return self.ssh_failure(said) if status == 255 else self.never_ran(status, said)
 
-    def stream(self, words: list[str]) -> int:
-        """Run `words` on the login node apart from this connection, its output shown as it comes; Ctrl-C here
+    def ssh_failure(self, said: str) -> LaunchError:
+        """What ssh's own failure (its exit status 255) means."""
+        last = _last_line(said, "exit status 255")
+        host = self.login.host
+        if "REMOTE HOST IDENTIFICATION HAS CHANGED" in said:
+            return SshRefused(
+                f"cluster: the login node {host}'s host key has CHANGED since this laptop last connected: "
+                f"either the site reinstalled it or someone is in between. Nothing was sent. Check the new "
+                f"key's fingerprint with the site's documentation or its admins; only then remove the old one "
+                f"(ssh-keygen -R {host}) and connect once by hand (ssh {self.where})")
+        if "Host key verification failed" in said or "No ED25519 host key is known" in said:
+            return SshRefused(
+                f"cluster: the login node {host}'s host key is not known on this laptop, and a command never "
+                f"waits on a question: nothing was sent. Compare its fingerprint with the one the site "
+                f"publishes and accept it once by hand: ssh {self.where} (answer yes)")
+        if "Permission denied" in said or "Too many authentication failures" in said:
+            return SshRefused(
+                f"cluster: {host} refused the login of {self.login.user or 'your user'} ({last}); nothing was "
+                f"sent. Check login.user and login.identity_file in the profile (or ssh-add the key), and that "
+                f"`ssh {self.where}` works by hand")
+        if "Could not resolve hostname" in said:
+            return SshRefused(f"cluster: login.host {host!r} is not a known host name ({last}); nothing was "
+                               f"sent. Check it, or a Host of that name in ~/.ssh/config")
+        if any(s in said for s in ("Connection refused", "timed out", "No route to host", "unreachable",
+                                   "Connection closed", "Connection reset", "banner exchange")):
+            # ("banner exchange": the connection broke before ssh's greeting was answered, as when sshd is
+            # throttling new connections (MaxStartups) or a ProxyCommand ends at once)
+            return LoginAway(f"cluster: cannot reach the login node {host} ({last}); nothing was sent. Is it "
+                               f"up, and the host and port right (a VPN or ProxyJump needed)? Try again later")
+        return SshRefused(f"cluster: ssh {self.where} failed ({last}); nothing was sent")
+
+    def never_ran(self, status: int, said: str) -> LaunchError:
+        """Why login_side never started: the login shell found no such Python, or would not run a command."""
+        python, last = self.login.python, _last_line(said, f"exit status {status}")
+        shells_say = ("not found", "unknown command", "no such file")  # (sh, bash, zsh; fish; tcsh, csh)
+        if missing := [line for line in said.splitlines() if python in line and any(s in line.lower()
+                                                                                    for s in shells_say)]:
+            return LaunchError(f"cluster: the login node has no `{python}` (its login shell said: {missing[0]}); set "
+                               f"login.python in the profile to a Python 3 there (e.g. /usr/bin/python3)")
+        return LaunchError(
+            f"cluster: the login shell of {self.where} did not run `{python} -` ({last}): a login shell that runs "
+            f"no commands (nologin, a menu, a restricted shell) cannot serve the launcher. Ask the site for a "
+            f"shell that runs commands (any of sh, bash, zsh, fish, tcsh, csh), or check that `ssh {self.where} "
+            f"{python} -V` works by hand")
+
+    def stream(self, command: str, *args: str) -> int:
+        """login_side's COMMAND (`run`) apart from this connection, its output shown as it comes; Ctrl-C here
         interrupts it there. Returns its exit status."""
-        proc = subprocess.Popen(self.argv(words), stdout=subprocess.PIPE, start_new_session=True)
+        program, marker = self.request(command, *args)
+        proc = subprocess.Popen(self.argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)
         # (a session of its own: the terminal's Ctrl-C reaches this process, not ssh, which must keep streaming)
-        ident, interrupted = None, False
+        errors = _Relay(proc.stderr, marker)
+        try:
+            proc.stdin.write(program)
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass  # (ssh ended at once: its status and words say why, below)
+        started, ident, interrupted = False, None, False
         while True:
             try:
-                if ident is None:  # (the first line: the command's id there)
-                    ident = proc.stdout.readline().decode(errors="replace").strip()
-                    if interrupted and ident:
-                        self.call("signal", ident)
+                if ident is None:  # (the marker line, then the command's id there)
+                    line = proc.stdout.readline()
+                    if not line:
+                        break
+                    if started:
+                        ident = line.decode(errors="replace").strip()
+                        if interrupted:
+                            self.call("signal", ident)
+                    started = started or line == marker + b"\n"
                     continue
                 chunk = proc.stdout.read1(65536)
                 if not chunk:
@@ -249,18 +296,47 @@ class Connection:
                 sys.stdout.buffer.write(chunk)
                 sys.stdout.buffer.flush()
             except KeyboardInterrupt:
-                if interrupted or ident == "":  # (a second Ctrl-C: stop waiting for it to end there)
+                if interrupted:  # (a second Ctrl-C: stop waiting for it to end there)
                     proc.kill()
                     break
                 interrupted = True
                 if ident:
                     self.call("signal", ident)
         status = proc.wait()
+        errors.join(timeout=CONNECT_TIMEOUT_S)
+        if ident is None and not errors.started:  # (login_side never ran; when it did, it said why itself)
+            raise self.failure(status, errors.held, marker)
         if status == 255:
             command = f" (its output: {self.root}/commands/{ident})" if ident else ""
             raise SshRefused(f"cluster: the connection to {self.login.host} was lost; what it was doing goes on "
                               f"there{command}, and `launch.py status` tells how the sweep stands")
         return 130 if interrupted and status == 0 else status
+
+
+def _last_line(said: str, otherwise: str) -> str:
+    lines = [line for line in said.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else otherwise
+
+
+class _Relay(threading.Thread):
+    """Copies what follows the marker line on `source` (ssh's stderr) to this stderr as it comes; keeps what
+    precedes it (a banner of the login shell's, or its complaint when login_side never ran)."""
+
+    def __init__(self, source: Any, marker: bytes):
+        super().__init__(daemon=True)
+        self.source, self.marker, self.held, self.started = source, marker + b"\n", b"", False
+        self.start()
+
+    def run(self) -> None:
+        while not self.started:
+            line = self.source.readline()
+            if not line:
+                return
+            self.held += line
+            self.started = line == self.marker
+        while chunk := self.source.read1(65536):
+            sys.stderr.buffer.write(chunk)
+            sys.stderr.buffer.flush()
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -315,7 +391,7 @@ def _wheels(hello: dict[str, Any], requirements: list[str]) -> list[Path]:
     platforms += [f"manylinux2014_{machine}", f"linux_{machine}"]
     wanted = ["pip", *requirements]  # (pip installs them there from its wheel: the login node needs no ensurepip)
     key = hashlib.sha256(json.dumps([wanted, version, platforms]).encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tinygpt-hpc" / "wheels" / key
+    cache = wheel_cache() / "wheels" / key
     if not (cache / "complete").is_file():
         cache.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--only-binary",
@@ -371,7 +447,7 @@ def run_there(conn: Connection, python: str, code: str, arguments: list[str], sp
     """`launch.py ARGUMENTS` on the login node, in remote_dir, with the code sent as `code`: its exit status."""
     env = [f"{SPEC_AS}={spec_as}"] if spec_as else []
     words = [python, f"{conn.root}/trees/{code}/launch.py", *arguments]
-    return conn.stream(conn.side("run", conn.root, *env, *_terminal(), "--", *words))
+    return conn.stream("run", conn.root, *env, *_terminal(), "--", *words)
 
 
 def forward(target_: Target, top: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -469,17 +545,21 @@ def _check_paths(spec_path: str, target_: Target) -> None:
 
 def fetch(conn: Connection, patterns: list[str]) -> dict[str, bytes]:
     """The files under remote_dir that match the glob `patterns`: {path: contents}."""
+    program, marker = conn.request("pack", *patterns)
     with tempfile.TemporaryFile() as archive:
         try:
-            done = subprocess.run(conn.argv(conn.side("pack", *patterns)), stdout=archive, stderr=subprocess.PIPE,
+            done = subprocess.run(conn.argv(), input=program, stdout=archive, stderr=subprocess.PIPE,
                                   timeout=CALL_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             raise LaunchError(f"cluster: {conn.login.host} did not send the files in {CALL_TIMEOUT_S} s") from None
-        if done.returncode != 0:
-            raise conn.failure(done.returncode, done.stderr.decode(errors="replace"))
         archive.seek(0)
-        with tarfile.open(fileobj=archive, mode="r:gz") as tar:
-            return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+        head = archive.read(1 << 20)  # (the marker line, after whatever the login shell printed first)
+        found = head.find(marker + b"\n")
+        if done.returncode != 0 or found < 0:
+            raise conn.failure(done.returncode, done.stderr, marker)
+        archive.seek(found + len(marker) + 1)
+        with tarfile.open(fileobj=archive, mode="r|gz") as tar:
+            return {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}
 
 
 def _pull(conn: Connection, spec_path: str, workdir: str, checkpoints: bool) -> int:

@@ -1,29 +1,41 @@
 """The login node's half of working from a laptop (laptop.py is the laptop's half): one program, the standard
-library only, that the laptop sends as `python3 -c SOURCE COMMAND ...` over SSH, so that a login node needs
-nothing but a Python 3 to start with.
+library only, that a login node with nothing but a Python 3 runs.
+
+The laptop sends it as the standard input of `PYTHON -`, the one command line the user's login shell parses
+(sh, bash, zsh, fish, tcsh and csh all read those words alike), with a last line that calls `main`: the command
+and its arguments, and what the command reads (a payload), as Python literals. Nothing of a request ever meets
+a shell. Its output follows a line the laptop chose (the marker), on stdout and on stderr, so that what the
+login shell's startup files print (a banner) is told apart and dropped.
 
     hello ROOT                  makes ROOT; says the Python, the platform and the home the laptop must know
-    missing ROOT                of the hashes on stdin (JSON), those whose contents ROOT/objects lacks
-    receive ROOT                contents from stdin (`HASH SIZE` lines, each followed by its bytes), checked, stored
-    tree ROOT NAME              ROOT/trees/NAME from stdin's JSON {files: [[path, kind, hash or link]], record}
+    missing ROOT                of the hashes in the payload (JSON), those whose contents ROOT/objects lacks
+    receive ROOT                contents from the payload (`HASH SIZE` lines, each followed by its bytes), stored
+    tree ROOT NAME              ROOT/trees/NAME from the payload's JSON {files: [[path, kind, hash or link]], record}
     venv ROOT WHEELS REQ...     ROOT/venvs/WHEELS: a venv with REQ installed from the wheels in ROOT/trees/WHEELS
                                 (says nothing when neither is there yet)
     run ROOT CWD [K=V...] -- ARGV...   ARGV run apart from this connection; its output and status streamed back
     signal ROOT ID              SIGINT to command ID's process group (Ctrl-C on the laptop)
     pack ROOT PATTERN...        a tar.gz of the files under ROOT that match the glob PATTERNs, on stdout
 
+ROOT and what the launcher makes in it are the user's alone (umask 077); a ROOT, or a folder of the launcher's
+in it, that another user can write is refused before anything is read or written (a planted object or tree would
+run in the user's jobs), a group-writable one unless the profile trusts the group (login.trust_group).
+
 Everything it writes takes its name only once complete (a temporary name, then a rename), so an interrupted
 transfer leaves nothing that a later one would trust. A command started by `run` lives in a session of its own,
 its output in files: a dropped connection stops only the streaming, never the command.
 """
 
+import base64
 import errno
 import glob
 import hashlib
+import io
 import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -33,6 +45,8 @@ import time
 
 FULL = (errno.ENOSPC, errno.EDQUOT)
 RECORD = "SNAPSHOT.json"  # (snapshot.RECORD: a code tree's record, which makes it a snapshot the launcher reuses)
+OURS = ("objects", "trees", "venvs", "commands", "jobs", "runs", "logs", "data")  # (the launcher's folders in ROOT)
+ROOT, PAYLOAD, TRUST_GROUP = "", b"", False  # (the request's: main sets them)
 
 
 class Refused(Exception):
@@ -65,6 +79,10 @@ def _commit(tmp, final):
 
 def hello(args):
     os.makedirs(os.path.join(ROOT, "objects"), exist_ok=True)
+    for name in OURS:  # (those an earlier launcher made open to all: its own, so made private)
+        path = os.path.join(ROOT, name)
+        if os.path.isdir(path) and os.lstat(path).st_uid == os.getuid() and not TRUST_GROUP:
+            os.chmod(path, 0o700)
     libc = os.confstr("CS_GNU_LIBC_VERSION") if "CS_GNU_LIBC_VERSION" in os.confstr_names else ""
     json.dump({"python": "{}.{}".format(*sys.version_info[:2]), "implementation": sys.implementation.name,
                "platform": sysconfig.get_platform(), "glibc": libc.split()[-1] if libc else None,
@@ -72,13 +90,13 @@ def hello(args):
 
 
 def missing(args):
-    wanted = json.load(sys.stdin)
+    wanted = json.loads(PAYLOAD)
     json.dump([h for h in wanted if not os.path.exists(os.path.join(ROOT, "objects", h))], sys.stdout)
 
 
 def receive(args):
     objects = os.path.join(ROOT, "objects")
-    stream = sys.stdin.buffer
+    stream = io.BytesIO(PAYLOAD)
     count = 0
     while True:
         header = stream.readline()
@@ -93,7 +111,7 @@ def receive(args):
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, 0o444)
+        os.chmod(tmp, 0o400)
         _commit(tmp, os.path.join(objects, digest))
         count += 1
     print(count)
@@ -105,7 +123,7 @@ def tree(args):
     final = _within(trees, name)
     if os.path.isdir(final):
         return
-    spec = json.load(sys.stdin)
+    spec = json.loads(PAYLOAD)
     os.makedirs(trees, exist_ok=True)
     tmp = tempfile.mkdtemp(dir=trees, prefix=".in-")
     for path, kind, what in spec["files"]:
@@ -132,7 +150,7 @@ def _stored(digest, kind):
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(plain), prefix=".in-")
         os.close(fd)
         shutil.copyfile(plain, tmp)
-        os.chmod(tmp, 0o555)
+        os.chmod(tmp, 0o500)
         _commit(tmp, plain + ".x")
     return plain + ".x"
 
@@ -159,9 +177,19 @@ def venv(args):
             said = done.stdout.decode(errors="replace").strip().splitlines()[-3:]
             raise Refused("could not set up the launcher's Python on the login node ({}: {})".format(
                 " ".join(step[:4]), " / ".join(said) or "no output"))
+    _private(tmp)
     # (a venv finds its packages from where its python is, so the finished one may take its final name)
     _commit(tmp, final)
     print(final)
+
+
+def _private(top):
+    """What pip installed with the wheels' own modes (files 0644), for the user alone, as the rest of ROOT."""
+    for folder, names, files in os.walk(top):
+        for name in names + files:
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):
+                os.chmod(path, stat.S_IMODE(os.lstat(path).st_mode) & 0o700)
 
 
 def run(args):
@@ -246,9 +274,42 @@ def pack(args):
 COMMANDS = {"hello": hello, "missing": missing, "receive": receive, "tree": tree, "venv": venv, "run": run,
             "signal": signal_command, "pack": pack}
 
-if __name__ == "__main__":
-    command, ROOT, rest = sys.argv[1], os.path.abspath(os.path.expanduser(sys.argv[2])), sys.argv[3:]
+
+def _guard():
+    """Refuse ROOT, or a folder of the launcher's in it, that another user could write; None when all is well."""
+    for name in ("", *OURS):
+        path = os.path.join(ROOT, name) if name else ROOT
+        try:  # (ROOT may be a link to the user's folder elsewhere; a folder in it that is a link was planted)
+            st = os.stat(path) if not name else os.lstat(path)
+        except FileNotFoundError:
+            continue
+        where = f"{path} (login.remote_dir)" if not name else path
+        if name and stat.S_ISLNK(st.st_mode):
+            raise Refused(f"{where} is a symbolic link, which the launcher never makes: someone else may have "
+                          f"put it there. Nothing was sent; remove it if it is yours, else tell your admins")
+        mine = st.st_uid in (os.getuid(), 0) or (TRUST_GROUP and st.st_gid in os.getgroups())
+        if st.st_mode & 0o002 or not mine or (st.st_mode & 0o020 and not TRUST_GROUP):
+            who = ("every user of the login node" if st.st_mode & 0o002 else
+                   f"its owner, uid {st.st_uid}" if not mine else f"group {st.st_gid}")
+            trust = "" if st.st_mode & 0o002 or not mine else (
+                ", or, if that group is your lab's and it is shared on purpose, set login.trust_group: true in the "
+                "profile")
+            raise Refused(f"{where} can be changed by {who} (mode {stat.S_IMODE(st.st_mode):04o}): code planted "
+                          f"there would run in your jobs, so nothing was sent. Make it yours alone (chmod 700 "
+                          f"{path}), or choose another login.remote_dir{trust}")
+
+
+def main(argv, payload, marker, trust_group=False):
+    """Run COMMAND ROOT ARGS... (argv), with what it reads (payload, base64), after the marker line."""
+    global ROOT, PAYLOAD, TRUST_GROUP
+    os.umask(0o077)  # (what the launcher makes here is the user's alone)
+    for stream in (sys.stdout, sys.stderr):
+        stream.write(marker + "\n")
+        stream.flush()
+    command, ROOT, rest = argv[0], os.path.abspath(os.path.expanduser(argv[1])), argv[2:]
+    PAYLOAD, TRUST_GROUP = base64.b64decode(payload), trust_group
     try:
+        _guard()
         COMMANDS[command](rest)
     except Refused as problem:
         sys.stderr.write(f"error: {problem}\n")

@@ -36,7 +36,7 @@ from pydantic import BeforeValidator, Field, PrivateAttr, ValidationInfo, field_
 
 from tinygpt.base import schema
 from tinygpt.base.config import PREEMPT_SIGNALS
-from tinygpt.base.schema import Int, OptInt, OptText, Text
+from tinygpt.base.schema import Bool, Int, OptInt, OptText, Text
 from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.layout import PROFILE_DIR
 from tinygpt.launch.spec import passthrough
@@ -98,7 +98,12 @@ class Login(schema.Schema):
     remote_dir: Text = Field("tinygpt-hpc", description=(
         "the folder on the cluster that holds the code sent, the launcher's Python, and every sweep's jobs/, "
         "logs/ and runs/ (relative: to the home there)"))
-    python: Text = Field("python3", description="a Python 3 on the login node, which sets up the launcher's own")
+    python: Text = Field("python3", pattern=r"^[A-Za-z0-9_+./][A-Za-z0-9_+./-]*$", description=(
+        "a Python 3 on the login node, which sets up the launcher's own: a path or a name on PATH there, of letters, "
+        "digits and /._+- only (the one word any login shell reads alike)"))
+    trust_group: Bool = Field(False, description=(
+        "whether remote_dir may be writable by its group (a lab's project folder, shared on purpose); one writable "
+        "by every user is always refused"))
     options: dict[Annotated[str, Field(pattern=SSH_OPTION)], Text] = Field(
         default_factory=dict, description="more ssh -o options, e.g. {ProxyJump: gateway.example.edu}")
 
@@ -109,7 +114,7 @@ class Login(schema.Schema):
             raise ValueError(f"{host!r} starts with '-', which ssh would read as an option; give a host name")
         return host
 
-    @field_validator("remote_dir", "python", "identity_file")
+    @field_validator("remote_dir", "identity_file")
     @classmethod
     def _one_line(cls, value: str | None) -> str | None:
         if value is not None and (not value.strip() or any(c in value for c in "\n\r\0")):

@@ -93,7 +93,6 @@ def _write_scripts(sweep: Sweep, code: Path) -> list[Script]:
             python=sweep.profile.interpreter, pythonpath=str(code), resources=sweep.resources,
             profile=sweep.profile, worker=sweep.search is not None, pack=pack, runs=count,
         )
-        durable.write(path, render(params))
-        path.chmod(0o755)
+        durable.write(path, render(params), executable=True)
         scripts.append(Script(path, array, indices[0], indices))
     return scripts

@@ -1,7 +1,7 @@
-"""The shared SSH connection's socket folder is the user's own, or nothing is sent: a folder another user planted
-(world-writable, or a link to one of theirs) is refused with its path and the fix, before ssh is ever run. The
-tests point the folder elsewhere ($TINYGPT_SSH_SOCKETS), so that a planted folder never meets another test's
-command."""
+"""The laptop's private folders (the shared SSH connection's sockets, the wheel cache) are the user's own, or
+nothing is sent: a folder another user planted (world-writable, or a link to one of theirs) is refused with its
+path and the fix, before ssh is ever run. The tests point the folders elsewhere ($TINYGPT_SSH_SOCKETS,
+$XDG_CACHE_HOME), so that a planted folder never meets another test's command."""
 
 import os
 import shutil
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tinygpt.launch.errors import LaunchError
-from tinygpt.launch.remote import laptop, socket_folder
+from tinygpt.launch.remote import laptop, private_folders
 from tinygpt.launch.spec import profiles
 
 NOBODY = 65534
@@ -40,7 +40,7 @@ def someone_elses(folder: Path) -> Path:
 
 
 def connect_through(folder: Path, monkeypatch) -> laptop.Connection:
-    monkeypatch.setenv(socket_folder.ENV, str(folder))
+    monkeypatch.setenv(private_folders.ENV, str(folder))
     return laptop.Connection(profiles.Login(host="login", user="ann"))
 
 
@@ -65,14 +65,31 @@ def test_a_link_to_another_users_folder_is_refused(tmp_path, monkeypatch):
         connect_through(link, monkeypatch)
 
 
-def test_a_folder_of_ones_own_open_to_others_is_refused_and_a_private_one_is_used(short, monkeypatch):
+def test_a_folder_of_ones_own_others_can_write_is_refused_and_one_they_can_only_read_is_made_private(
+        short, monkeypatch):
     own = short / "own"
     own.mkdir()
     own.chmod(0o777)
-    with pytest.raises(LaunchError, match=r"is open to other users \(mode 0777\)"):
+    with pytest.raises(LaunchError, match=r"can be written by other users \(mode 0777\)"):
         connect_through(own, monkeypatch)
-    own.chmod(0o700)
+    own.chmod(0o755)  # (nothing could have been planted: only reading it is taken away)
     assert f"ControlPath={own}/%C" in connect_through(own, monkeypatch).options
+    assert stat.S_IMODE(own.stat().st_mode) == 0o700
+
+
+def test_the_wheel_cache_is_the_users_alone(tmp_path, monkeypatch):
+    """What the login node's launcher installs comes from this cache: one another user could write is refused."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    made = private_folders.wheel_cache()
+    assert made == tmp_path / "cache" / "tinygpt-hpc" and stat.S_IMODE(made.stat().st_mode) == 0o700
+    made.chmod(0o775)
+    with pytest.raises(LaunchError, match=r"the cache of the launcher's packages for login nodes, can be written by "
+                                          r"other users \(mode 0775\): another user could change the code"):
+        private_folders.wheel_cache()
+    made.rmdir()
+    made.symlink_to(someone_elses(tmp_path / "theirs"))
+    with pytest.raises(LaunchError, match=r"is a symbolic link"):
+        private_folders.wheel_cache()
 
 
 def test_a_missing_folder_is_made_private_and_the_runtime_folder_is_taken_when_it_is_the_users_alone(
@@ -80,13 +97,13 @@ def test_a_missing_folder_is_made_private_and_the_runtime_folder_is_taken_when_i
     made = short / "new"
     connect_through(made, monkeypatch)
     assert stat.S_IMODE(made.stat().st_mode) == 0o700 and made.stat().st_uid == os.getuid()
-    monkeypatch.delenv(socket_folder.ENV)
+    monkeypatch.delenv(private_folders.ENV)
     runtime = short / "run"
     runtime.mkdir(mode=0o700)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
-    assert socket_folder.socket_folder() == runtime / "tinygpt-ssh"
+    assert private_folders.socket_folder() == runtime / "tinygpt-ssh"
     runtime.chmod(0o755)  # (not the user's alone: /tmp's own folder instead)
-    assert socket_folder.socket_folder() == Path("/tmp") / f"tinygpt-ssh-{os.getuid()}"
+    assert private_folders.socket_folder() == Path("/tmp") / f"tinygpt-ssh-{os.getuid()}"
     with pytest.raises(LaunchError, match=r"has a path longer than 49 characters, too long for ssh's sockets"):
         connect_through(short / ("x" * 40), monkeypatch)
 
@@ -97,7 +114,7 @@ def test_a_planted_folder_stops_a_command_from_the_laptop_with_one_message(tmp_p
     profile = tmp_path / "remote.yaml"
     profile.write_text((ROOT / "hpc_lab" / "clusters" / "local-login.yaml").read_text())
     (tmp_path / "s.yaml").write_text(f"name: s\ncluster: {profile}\n")
-    env = {**os.environ, socket_folder.ENV: str(planted), "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, private_folders.ENV: str(planted), "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, str(ROOT / "launch.py"), "check", str(tmp_path / "s.yaml")],
                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
