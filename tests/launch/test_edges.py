@@ -1,6 +1,6 @@
 """Every option and key at its edges, derived from the parsers and the schema, not listed: every option of every
 command of launch.py, every key of a spec (the trainer's too) and of a cluster profile, each given, by its type,
-0, -1, a tiny positive, NaN, +-inf, a huge value, an empty or blank text, a non-UTF-8 byte, a 10,000-character
+0, 1, -1, a tiny positive, NaN, +-inf, a huge value, an empty or blank text, a non-UTF-8 byte, a 10,000-character
 text and paths that do not exist or cannot be written. An option or key added later is covered without anyone
 remembering to.
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import re
 from pathlib import Path
 
 import pytest
@@ -27,9 +28,11 @@ from tinygpt.launch.commands import cli
 from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.spec import profiles
 from tinygpt.launch.spec import sweep as spec_mod
+from tinygpt.launch.spec.resources import parse_time_min, size_mb
+from tinygpt.launch.submit import slurm_options
 
 # The values, by what they stand for; paths are added per case (they need the test's folder).
-EDGES = {"zero": "0", "minus one": "-1", "tiny": "1e-45", "nan": "nan", "inf": "inf", "-inf": "-inf",
+EDGES = {"zero": "0", "one": "1", "minus one": "-1", "tiny": "1e-45", "nan": "nan", "inf": "inf", "-inf": "-inf",
          "1e308": "1e308", "2**63": str(2**63), "empty": "", "blank": "   ", "non-UTF-8": "\udcff",
          "10,000 characters": "x" * 10_000, "missing path": "{tmp}/missing/x",
          "unwritable path": "/proc/tinygpt/x"}  # (as root, a permission bit stops nothing; /proc takes no folder)
@@ -43,16 +46,46 @@ def files(folder: Path) -> set[str]:
     return {str(p.relative_to(folder)) for p in folder.rglob("*")} if folder.exists() else set()
 
 
-def judge(code: int, err: str, baseline: tuple[int, str], names: tuple[str, ...], written: bool) -> str | None:
+def judge(code: int, err: str, baseline: tuple[int, str], names: tuple[str, ...], written: bool,
+          given: object = None) -> str | None:
     """None when the outcome is one of the two allowed, else what is wrong."""
     if "Traceback" in err or code not in (0, 1, 2, 75):  # (75: a host or Slurm that does not answer, try later)
         return f"exit {code}: {err.strip()[-300:]}"
+    if code != 0 and (untrue := untrue_advice(err) or missing_path_blamed_on_contents(err, given)):
+        return untrue
     if (code, err) == baseline or code == 0:
         return None  # accepted: the command did with it what it does with a valid value
     if not err.startswith(("error: ", "usage: ")) or not any(n in err for n in names):
         return f"the message names none of {names}: {err.strip()[:300]}"
     if written:
         return f"refused ({err.strip()[:120]}) but wrote files"
+    return None
+
+
+# A message must not tell the user something untrue. Two ways it does, found in every message of every case:
+# advice that names an amount nobody can ask for ("ask for at most 0 ... and more nodes instead": at most 0 is
+# none, and no count of nodes makes it more), and a path that does not exist blamed on what it would hold ("no
+# valid checkpoint in DIR/checkpoints" for a DIR that is not there: a typo, most likely).
+ADVICE = re.compile(r"\b(?:at most|no more than|up to) (-?\d+)\b")
+
+
+def untrue_advice(err: str) -> str | None:
+    """What is wrong with an advice in `err` that leaves no amount to ask for (at most 0, or less), if any."""
+    if bad := [m.group(0) for m in ADVICE.finditer(err) if int(m.group(1)) < 1]:
+        return f"advises {bad[0]!r}, which leaves nothing to ask for: {err.strip()[:300]}"
+    return None
+
+
+def missing_path_blamed_on_contents(err: str, given: object) -> str | None:
+    """When `given` is a path that does not exist: the message must name that path itself, or the first of its
+    folders that is missing (not only a path under it, as though it were there and what it holds the problem)."""
+    if not isinstance(given, str) or not given.startswith("/") or "/missing/" not in given or Path(given).exists():
+        return None
+    if any(re.search(re.escape(str(p)) + r"(?![/\w])", err) for p in (Path(given), *Path(given).parents)
+           if not p.exists()):
+        return None
+    if given in err:
+        return f"blames what {given} would hold, not that it is missing: {err.strip()[:300]}"
     return None
 
 
@@ -107,7 +140,7 @@ def test_every_option_of_every_command_at_its_edges(launched, tmp_path, monkeypa
             # positional by its name or, for a path, by the path it was given)
             shown = value.encode(errors="surrogateescape").decode(errors="backslashreplace")[:50]
             names = (*action.option_strings, action.dest, shown or action.dest)
-            if problem := judge(code, err, baseline, names, written):
+            if problem := judge(code, err, baseline, names, written, value):
                 failures.append(f"{command} {action.option_strings or action.dest} = {label}: {problem}")
     assert not failures, "\n".join(failures)
 
@@ -131,7 +164,7 @@ def _with(command: str, argv: list[str], action: argparse.Action, value: str | N
 # ---- every key of a spec (the trainer's keys under `train`), of a cluster profile, and the trainer's flags -------
 
 # Each edge as YAML holds it: numbers as numbers, the rest as text (a non-UTF-8 byte makes the file unreadable).
-YAML_EDGES = {"zero": 0, "minus one": -1, "tiny": 1e-45, "nan": float("nan"), "inf": float("inf"),
+YAML_EDGES = {"zero": 0, "one": 1, "minus one": -1, "tiny": 1e-45, "nan": float("nan"), "inf": float("inf"),
               "-inf": float("-inf"), "1e308": 1e308, "2**63": 2**63, "empty": "", "blank": "   ",
               "10,000 characters": "x" * 10_000, "missing path": "{tmp}/missing/x",
               "unwritable path": "/proc/tinygpt/x"}
@@ -162,6 +195,30 @@ def set_key(data: dict, keys: tuple[str, ...], value) -> dict:
     return data
 
 
+def slurm_reads_otherwise(sweep) -> str | None:
+    """A value accepted must reach sbatch as Slurm reads it with the meaning the launcher gave it: each option
+    that carries a resource, read as sbatch reads it (its man page), against what the launcher took. Slurm's
+    special readings (a time of 0 is no limit, a memory of 0 all of a node's) are where the two part; an option
+    left out is read as the partition's default."""
+    r = sweep.resources
+    written = slurm_options.sbatch_options(r, sweep.profile, sweep.workdir)
+    taken = {"time": r.time_min, "mem": r.mem_mb, "nodes": r.nodes, "cpus-per-task": r.cpus_per_task,
+             "ntasks-per-node": r.tasks_per_node}
+    for option, value in taken.items():
+        if value is not None and option not in written:
+            return f"the launcher took {option} {value}, and sbatch gets none (the partition's default)"
+        read = SLURM_READS[option](written[option]) if option in written else None
+        if read != value:
+            return f"the launcher took {option} {value}; sbatch reads --{option}={written[option]} as {read}"
+    return None
+
+
+# How sbatch reads each option's value (sbatch(1)): a time or memory of 0 has a meaning of its own.
+SLURM_READS = {"time": lambda t: "no time limit" if parse_time_min(t) == 0 else parse_time_min(t),
+               "mem": lambda m: "all of each node's memory" if size_mb(m) == 0 else size_mb(m),
+               "nodes": int, "cpus-per-task": int, "ntasks-per-node": int}
+
+
 @pytest.mark.parametrize("kind", ["spec", "profile"])
 def test_every_key_of_a_spec_and_a_profile_at_its_edges(tmp_path, monkeypatch, kind):
     monkeypatch.chdir(tmp_path)
@@ -190,7 +247,8 @@ def test_every_key_of_a_spec_and_a_profile_at_its_edges(tmp_path, monkeypatch, k
             except Exception as crash:  # noqa: BLE001 (a traceback is what this test looks for)
                 code, err = 99, f"Traceback: {crash!r}"
             names = (keys[-1], *keys)
-            if problem := judge(code, err, (0, ""), names, written=code != 0 and work.exists()):
+            if problem := judge(code, err, (0, ""), names, written=code != 0 and work.exists(), given=value) or (
+                    code == 0 and keys[0] == "resources" and slurm_reads_otherwise(spec_mod.load(spec, work))):
                 failures.append(f"{'.'.join(keys)} = {label}: {problem}")
     assert not failures, "\n".join(failures)
 
@@ -256,7 +314,7 @@ def test_every_option_of_sample_and_data_at_its_edges(tmp_path, monkeypatch, mod
             code, err = main_status(main, argv)
             shown = value.encode(errors="surrogateescape").decode(errors="backslashreplace")[:50]
             names = (*action.option_strings, action.dest, shown or action.dest)
-            if problem := judge(code, err, baseline, names, written=False):
+            if problem := judge(code, err, baseline, names, written=False, given=value):
                 failures.append(f"{module} {action.option_strings or action.dest} = {label}: {problem}")
     assert not failures, "\n".join(failures)
 
@@ -272,3 +330,33 @@ def test_sbatch_variables_of_the_submitting_shell_are_said(launched, monkeypatch
         assert cli.main([str(spec), "--dry-run", "--no-snapshot", "--workdir", str(work)]) == 0
     assert "note: sbatch reads SBATCH_PARTITION='x\\ny', SBATCH_TIMELIMIT='1-00:00:00' from this shell, over the " \
            "scripts' #SBATCH lines" in out.getvalue(), out.getvalue()
+
+
+def test_values_with_a_meaning_of_their_own_in_slurm_and_impossible_advice_are_said_as_they_are(tmp_path):
+    """The cases the rules above were written from: each message now says what is true."""
+    (tmp_path / "corpus.txt").write_text(TINY_TEXT)
+
+    def refusal(resources: dict, cluster: str = "local") -> str:
+        spec = tmp_path / "s.yaml"
+        spec.write_text(yaml.safe_dump({"name": "s", "cluster": cluster, "resources": resources,
+                                        "train": {"data_file": str(tmp_path / "corpus.txt"), **tiny_train()}}))
+        with pytest.raises(LaunchError) as err:
+            spec_mod.load(spec, tmp_path / "work")
+        return str(err.value)
+
+    for mem in ("0", 0, "0G", "100K"):
+        assert "Slurm reads a memory request of 0 as all of each node's memory" in refusal({"mem": mem})
+    assert "the nodes of cluster profile `local` have no GPUs; set gpus_per_node: 0" in refusal({"gpus_per_node": 1})
+    assert "at most 0" not in refusal({"gpus_per_node": 1})
+    from tinygpt.launch.commands.resubmit import parse_changes
+
+    with pytest.raises(LaunchError, match=r"--mem: '0' is less than 1 MB, and Slurm reads"):
+        parse_changes(None, "0", [])
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump({"name": "p", "partitions": {"debug": {"max_time": "0"}}}))
+    with pytest.raises(LaunchError, match=r"max_time: '0' is a time of 0, which Slurm reads as no time limit"):
+        profiles.from_file(tmp_path / "p.yaml")
+
+    from tinygpt import sample
+
+    code, err = main_status(sample.main, ["--run", str(tmp_path / "runs" / "typo")])
+    assert code == 1 and f"--run: {tmp_path / 'runs' / 'typo'} does not exist" in err and "checkpoints;" not in err

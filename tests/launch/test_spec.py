@@ -65,7 +65,7 @@ resources: {gpus_per_node: 2, time: "99:00:00:00", nodes: 0}
     assert "`out_dir` is set by the launcher" in text
     assert "lr: must be in (0, 1]" in text
     assert "run `dropout=1.5`: dropout: must be in [0, 1), got 1.5" in text
-    assert "resources.gpus_per_node: 2 GPUs asked, but a node of cluster profile `local` has 0" in text
+    assert "resources.gpus_per_node: 2 GPUs asked, but the nodes of cluster profile `local` have no GPUs" in text
     assert "resources.time" in text and "resources.nodes" in text
     assert len(err.value.problems) >= 8
 

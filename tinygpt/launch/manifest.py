@@ -11,6 +11,7 @@ half-read.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -259,6 +260,10 @@ def load(path: Path) -> Manifest:
     try:
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:
+        absent = next(p for p in [*reversed(Path(path).parents), Path(path)] if not os.path.exists(p))
+        if absent != Path(path).parent:  # (a folder above the sweep's is missing: a --workdir or name mistyped)
+            raise LaunchError(f"{path}: no manifest, as {absent} does not exist; check --workdir (the folder the "
+                              f"sweep was launched from) and the spec's name") from None
         raise LaunchError(f"{path}: no manifest; launch the spec first (or with --dry-run)") from None
     except OSError as err:
         raise LaunchError(f"{str(path)[:300]}: the manifest cannot be read ({err.strerror or err}); check --workdir "

@@ -16,7 +16,7 @@ from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.manifest import BACKENDS, Life, Manifest
 from tinygpt.launch.read.run_states import RESUBMIT_CHOICES, Row, collect, read_progress
 from tinygpt.launch.slurm.slurm_cli import RETRY, SlurmAway
-from tinygpt.launch.spec.resources import format_time, parse_mem_mb, parse_time_min
+from tinygpt.launch.spec.resources import format_time, mem_problem, parse_mem_mb, parse_time_min
 
 BAD_NODE_STATES = ("NODE_FAIL", "HUNG")  # what --exclude-failed-nodes keeps away from
 
@@ -55,7 +55,7 @@ def parse_changes(time: str | None, mem: str | None, exclude: list[str]) -> Chan
         try:
             options["mem"] = f"{parse_mem_mb(mem)}M"
         except ValueError:
-            raise LaunchError(f"--mem: {mem!r} is not a memory size; use e.g. 8G or 500M") from None
+            raise LaunchError(f"--mem: {mem_problem(mem)}") from None
     nodes = [n for n in exclude if n]
     for node in nodes:
         if any(ch.isspace() or ch in "\x00'\"$;|&" for ch in node):

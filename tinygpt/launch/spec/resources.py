@@ -86,9 +86,10 @@ MAX_MEM_MB = 2**40  # (a million terabytes) the most a request may name: no node
 
 
 def parse_mem_mb(value: Any) -> int:
-    """A memory request in whole megabytes (what `--mem=<N>M` carries), at most MAX_MEM_MB. Raises ValueError."""
+    """A memory request in whole megabytes (what `--mem=<N>M` carries), from 1 MB to MAX_MEM_MB: Slurm reads a
+    request of 0 as all of each node's memory, which is not the size the user wrote. Raises ValueError."""
     mb = size_mb(value)
-    if not 0 <= mb <= MAX_MEM_MB:
+    if not 1 <= mb <= MAX_MEM_MB:
         raise ValueError(value)
     return int(mb)
 
@@ -109,17 +110,33 @@ def tres(text: str) -> dict[str, str]:
 
 def _minutes(value: Any) -> int | None:
     try:
-        return parse_time_min(value)
+        minutes = parse_time_min(value)
     except ValueError:
         raise ValueError(f"{value!r} is not a Slurm time; use HH:MM:SS, D-HH:MM:SS, minutes or INFINITE") from None
+    if minutes == 0:  # (to Slurm, a time limit of 0 is none at all)
+        raise ValueError(f"{value!r} is a time of 0, which Slurm reads as no time limit; write INFINITE if you mean "
+                         f"that, else a time of at least a minute (e.g. 00:30:00)")
+    return minutes
 
 
 def _megabytes(value: Any) -> int | None:
     try:
         return None if value is None else parse_mem_mb(value)
     except ValueError:
-        raise ValueError(f"{value!r} is not a memory size; use e.g. 4G, 500M or 2048 (MB), at most "
-                         f"{MAX_MEM_MB // 2**20:,}T") from None
+        raise ValueError(mem_problem(value)) from None
+
+
+def mem_problem(value: Any) -> str:
+    """Why `value` is not a memory request parse_mem_mb takes, with the fix."""
+    try:
+        below_one = size_mb(value) < 1
+    except ValueError:
+        below_one = False
+    if below_one:
+        return (f"{value!r} is less than 1 MB, and Slurm reads a memory request of 0 as all of each node's memory "
+                f"(--mem=0); ask for the size you mean (e.g. 4G; a node's whole memory by its size), or leave it "
+                f"out for the partition's default")
+    return f"{value!r} is not a memory size; use e.g. 4G, 500M or 2048 (MB), at most {MAX_MEM_MB // 2**20:,}T"
 
 
 _TIME_SCHEMA = {"type": ["string", "integer", "null"],

@@ -189,7 +189,11 @@ def _check_limits(r: Resources, profile: Profile, problems: list[str]) -> None:
     """Refuse before submission what the cluster could never give: the profile's node and partition limits."""
     where = f"cluster profile `{profile.name}`"
     node = profile.node
-    if r.gpus_per_node > node.gpus:
+    if r.gpus_per_node > node.gpus == 0:
+        problems.append(f"resources.gpus_per_node: {r.gpus_per_node} GPUs asked, but the nodes of {where} have no "
+                        f"GPUs; set gpus_per_node: 0 to train on CPUs, or use the profile of a cluster with GPUs "
+                        f"(--cluster)")
+    elif r.gpus_per_node > node.gpus:
         problems.append(f"resources.gpus_per_node: {r.gpus_per_node} GPUs asked, but a node of {where} has "
                         f"{node.gpus}; ask for at most {node.gpus} and more nodes instead")
     if node.cpus and r.tasks_per_node * r.cpus_per_task > node.cpus:

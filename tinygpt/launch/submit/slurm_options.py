@@ -32,7 +32,7 @@ def sbatch_options(r: Resources, prof: Profile, workdir: Path) -> dict[str, str 
         "signal": f"{prof.signal}@{prof.signal_lead_s}",
         "chdir": str(workdir),
     }
-    if r.mem_mb:
+    if r.mem_mb is not None:  # (never 0, which Slurm reads as a whole node's: refused when the spec is read)
         opts["mem"] = f"{r.mem_mb}M"
     for key in ("partition", "qos", "account", "constraint", "exclude"):
         if getattr(r, key):
