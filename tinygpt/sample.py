@@ -70,11 +70,11 @@ def main(argv: list[str] | None = None) -> int:
 
     run = Path(args.run)
     try:
+        device = pick_device(args.device)
         if not args.checkpoint and not run.is_dir():
             print(f"error: --run: {run} {'is not a folder' if run.exists() else 'does not exist'}; give a run's "
                   f"folder (runs/<sweep>/<run>, the one that holds checkpoints/)", file=sys.stderr)
             return 1
-        device = pick_device(args.device)
         if args.checkpoint:
             checkpoint = ckpt.load(args.checkpoint, required=("model",))
         else:

@@ -173,7 +173,9 @@ def test_a_stopped_rank_ends_its_two_node_job_as_hung_and_resubmit_finishes_the_
     log = (work / "logs" / "hang" / f"{ids[1]}.out").read_text()
     assert "error: rank 1 on node2: no step, evaluation or checkpoint has completed for 3 s" in log, log[-3000:]
     assert "no answer from rank(s) 0 (node1)" in log and "(most recent call first)" in log
-    hung = read_metrics(work / "runs" / "hang" / "stopped")[-1]
+    # (the newest hung record, not the last line: Slurm wakes the stopped rank 0 (SIGCONT) to end it, and it may
+    # write one more line of its step before its SIGKILL comes)
+    hung = [r for r in read_metrics(work / "runs" / "hang" / "stopped") if r.get("event") == "hung"][-1]
     assert (hung["event"], hung["rank"], hung["silent_ranks"], hung["silent_nodes"]) == ("hung", 1, [0], ["node1"])
     status = launch("status", str(spec), "--workdir", str(work)).stdout
     assert f"HUNG at step {hung['step']}" in status and "no step, evaluation or checkpoint" in status, status

@@ -253,6 +253,9 @@ def test_cli_help_errors_and_sample(tmp_path, tiny_corpus):
     again = warm("tinygpt.sample", "--run", str(out), "--prompt", "JULIET:", "--tokens", "30",
                  "--top-k", "5", "--seed", "1")
     assert again.stdout == sample.stdout
+    missing = warm("tinygpt.sample", "--run", str(tmp_path / "nothing"))
+    assert missing.returncode == 1 and f"--run: {tmp_path / 'nothing'} does not exist" in missing.stderr
+    (tmp_path / "nothing").mkdir()
     empty = warm("tinygpt.sample", "--run", str(tmp_path / "nothing"))
     assert empty.returncode == 1 and "no valid checkpoint" in empty.stderr
 
