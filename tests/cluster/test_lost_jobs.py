@@ -27,8 +27,7 @@ from tests.support.slurm import (
     manifest_of,
     reference,
     run_to_completion,
-    sbatch,
-    unique_name,
+    take_every_node,
     wait,
     wait_until,
 )
@@ -75,12 +74,6 @@ def training(run_dir: Path, lines: int = 5) -> bool:
 
 def logs(work: Path) -> str:
     return "\n".join(p.read_text(errors="replace") for p in sorted((work / "logs").rglob("*.out")))
-
-
-def take_every_node() -> str:
-    """A job of partition `high` that needs every CPU of both nodes: Slurm preempts whatever runs there."""
-    return sbatch("-p", "high", "-N", "2", "--ntasks-per-node", "1", "-c", "2", "-J", unique_name("high"),
-                  "-o", "/dev/null", "--wrap", "sleep 1")
 
 
 def status_of(work: Path, name: str, want: str, source: str | None = None) -> run_states.Row:

@@ -75,6 +75,13 @@ def queued(name: str) -> list[str]:
     return out.stdout.split()
 
 
+def take_every_node() -> str:
+    """A job of partition `high` that needs every CPU of both nodes: Slurm preempts whatever runs there (the local
+    cluster's `up.sh --preemption`: `low` is requeued, `low-cancel` cancelled)."""
+    return sbatch("-p", "high", "-N", "2", "--ntasks-per-node", "1", "-c", "2", "-J", unique_name("high"),
+                  "-o", "/dev/null", "--wrap", "sleep 1")
+
+
 def scontrol_state(job_id: str) -> str | None:
     out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, timeout=30)
     if out.returncode != 0:

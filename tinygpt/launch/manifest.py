@@ -110,6 +110,28 @@ class SearchRecord(_Record):
     budget_s: float | None = None  # the seconds of training after which a trial stops
 
 
+class CommandRecord(_Record):
+    """A program of the user's that the sweep's runs start (spec/command.py; node/supervise.py reads it)."""
+
+    argv: list[str]  # with `{key}` placeholders (checked at launch: each has a value)
+    project: str  # the snapshot of the user's project: the program's working directory
+    stop_signal: str  # the profile's: what the program is sent before the time limit
+    heartbeat_s: int | None = None
+    max_requeues: int
+
+    def words(self, values: dict[str, Any]) -> list[str]:
+        """The words a run starts: each placeholder given its value, `{{` and `}}` made braces."""
+        given = {k: word_of(v) for k, v in values.items()}
+        return [word.format_map(given) if "{" in word or "}" in word else word for word in self.argv]
+
+
+def word_of(value: Any) -> str:
+    """A value as a program's word: numbers as Python writes them, true/false, text as it is."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value) if isinstance(value, float) else str(value)
+
+
 class ManifestHead(_Record):
     """A manifest but for its runs: what a new sweep's manifest is written from, with its runs' records beside."""
 
@@ -125,6 +147,7 @@ class ManifestHead(_Record):
     code: dict
     base: dict
     search: SearchRecord | None = None
+    command: CommandRecord | None = None
     submissions: list[Submission]
 
     @property

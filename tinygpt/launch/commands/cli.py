@@ -254,7 +254,11 @@ def _report(args) -> int:
     """`launch.py report SPEC`: runs/<sweep>/report.md over every run of the sweep's manifest."""
     from tinygpt.launch.read import sweep_report
 
-    return sweep_report.make(_launched(args), args.prompt)
+    manifest = _launched(args)
+    if manifest.command is not None:
+        raise LaunchError(f"report: draws the trainer's curves and samples, not yet a command's runs; their "
+                          f"metrics.jsonl are in {manifest.dirs.runs} (`status` shows each run's last step)")
+    return sweep_report.make(manifest, args.prompt)
 
 
 def _sync(args) -> int:

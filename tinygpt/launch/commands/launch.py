@@ -86,7 +86,11 @@ def _refuse_local_problems(sweep: Sweep, args: argparse.Namespace) -> None:
     problems = unwritable(sweep)
     if args.hold and (args.local or (sweep.backend != "sbatch" and not args.chain)):
         problems.append("--hold: only for submissions with the sbatch backend (or the data step of --chain)")
-    if not problems and (args.command == "check" or not (args.dry_run or args.local or args.chain)):
+    if sweep.command is not None:
+        problems += [f"{flag}: {why}; not yet for a spec with command:" for flag, why, given in (
+            ("--local", "runs the trainer here", args.local), ("--chain", "prepares the trainer's corpus first",
+                                                                 args.chain)) if given]
+    elif not problems and (args.command == "check" or not (args.dry_run or args.local or args.chain)):
         problems = corpora.prepare_data(sweep)[1]  # (read by every task: a corpus that fails stops us here)
     if problems:
         raise LaunchError(problems, str(args.spec))
@@ -98,7 +102,8 @@ def _launch_locked(sweep: Sweep, args: argparse.Namespace, cluster: LiveCluster 
         previous = manifest_mod.load(manifest_path)
         _refuse_if_live(previous, sweep.name, args.spec)
         _refuse_changed_search(previous, sweep)
-    plan = plan_mod.build(sweep, None if args.local else _snapshot(sweep, args.no_snapshot))
+    plan = plan_mod.build(sweep, None if args.local else _snapshot(sweep, args.no_snapshot),
+                          _project(sweep, args.no_snapshot) if sweep.command is not None else None)
     if not args.local:
         _say_steering_variables()
     steps = {}
@@ -172,6 +177,21 @@ def _snapshot(sweep: Sweep, live: bool) -> Snapshot | None:
     if snap.untracked:
         print(f"warning: not in the snapshot, as git does not track them: {', '.join(snap.untracked)}; `git add` "
               f"them if the jobs need them", file=sys.stderr)
+    return snap
+
+
+def _project(sweep: Sweep, live: bool) -> Snapshot | None:
+    """The snapshot of the user's project that a command's runs start in (None with --no-snapshot), said."""
+    if live:
+        print(f"project: the live folder {sweep.project} (--no-snapshot)")
+        return None
+    limit = sweep.snapshot_max_file_mb
+    snap = snapshot.take(sweep.project, sweep.dirs.jobs / "project", None if limit is None else int(limit * 1e6),
+                         everything=True)
+    what = f"git {snap.commit[:10]}{' with uncommitted changes' if snap.dirty else ''}" if snap.commit \
+        else "not a git work tree: every file"
+    print(f"project: snapshot {snap.digest} of {sweep.project} ({what}), {snap.files} files, {snap.bytes / 1e6:.2f} "
+          f"MB, {'reused' if snap.reused else 'taken'}")
     return snap
 
 

@@ -88,6 +88,8 @@ def read_progress(run_dir: Path) -> dict:
         if "lr" in rec:
             info.update(step=rec["step"], train_loss=rec.get("train_loss"), tokens_per_s=rec.get("tokens_per_s"),
                         elapsed_s=rec.get("elapsed_s"))
+        elif not event and isinstance(rec.get("step"), int):  # (a program of the user's: any named values)
+            info["step"] = max(info.get("step", 0), rec["step"])
         if rec.get("val_loss") is not None:
             info["val_loss"] = rec["val_loss"]
             info["step"] = max(info.get("step", 0), rec["step"])

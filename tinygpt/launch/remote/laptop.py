@@ -96,6 +96,10 @@ def target(args: argparse.Namespace) -> Target | None:
             return None
         if profile is None or profile.login is None or _is_here(profile.login.host):
             return None
+        if _spec_has_command(args.spec):
+            raise LaunchError(f"{args.spec}: a spec with command: is not yet launched from a laptop (its project "
+                              f"would have to travel too); copy it to the login node {profile.login.host} and "
+                              f"launch it there")
         return Target(profile, _record_path(args), None)
     if Path(args.spec).name == "manifest.json":
         return None
@@ -112,6 +116,13 @@ def _spec_cluster(spec_path: str) -> str | None:
     data = schema.load_yaml(Path(spec_path), LaunchError)
     cluster = data.get("cluster") if isinstance(data, dict) else None
     return cluster if isinstance(cluster, str) else None
+
+
+def _spec_has_command(spec_path: str) -> bool:
+    from tinygpt.base import schema
+
+    data = schema.load_yaml(Path(spec_path), LaunchError)
+    return isinstance(data, dict) and "command" in data
 
 
 def _is_here(host: str) -> bool:

@@ -4,6 +4,7 @@
     cluster: local                # a profile in hpc_lab/clusters/, or auto
     backend: sbatch               # or submitit
     train: {max_steps: 2000, ...} # the base trainer config: the trainer's own keys
+    command: {argv: [...], ...}   # instead of train: a program of yours (see command.py)
     grid:                         # cartesian product; keys flat (n_layer) or dotted (model.n_layer)
       n_layer: [2, 4]
       n_embd: [64, 128]
@@ -42,7 +43,9 @@ from tinygpt.base.schema import OptFloat, OptInt, OptText
 from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.layout import SweepDirs, check_safe_name, name_problem, unwritable_dir
 from tinygpt.launch.manifest import BACKENDS
+from tinygpt.launch.spec import command as command_mod
 from tinygpt.launch.spec import passthrough, search, sweep_runs
+from tinygpt.launch.spec.command import CommandSpec
 from tinygpt.launch.spec.resources import MemMB, Resources, SlurmTime, format_time
 from tinygpt.launch.spec.search import Search
 from tinygpt.launch.spec.sweep_runs import Run, run_name
@@ -95,6 +98,8 @@ class SpecFile(schema.Schema):
                                                "(default: local)")
     backend: Literal[BACKENDS] | None = Field(None, description="sbatch (default) or submitit")
     train: dict[str, Any] | None = Field(None, description="the base trainer config: the trainer's own keys")
+    command: CommandSpec | None = Field(None, description="instead of train: a program of yours, each run's values "
+                                                          "in its words")
     grid: dict[str, Any] | None = Field(None, description="trainer keys and their lists of values: every "
                                                           "combination is a run")
     search: Search | None = Field(None, description="instead of a grid: random or Optuna search")
@@ -129,6 +134,8 @@ class Sweep:
     search: dict[str, Any] | None = None  # an Optuna search's settings (search.py); its runs are the workers
     pack: int = 1  # runs at once in each array task: they share its CPUs and split its GPUs
     snapshot_max_file_mb: float | None = None  # the code snapshot refuses a tracked file larger than this
+    command: CommandSpec | None = None  # a program of the user's instead of the trainer
+    project: Path | None = None  # the folder whose files a command's jobs run
 
     @property
     def dirs(self) -> SweepDirs:
@@ -251,6 +258,9 @@ def load(path: str | Path, workdir: str | Path = ".", cluster: str | None = None
         profile = profiles.load(str(cluster or spec.cluster or "local"))
     except LaunchError as err:  # (a profile's own problems are named with its file)
         problems.extend(f"cluster profile {err.source}: {p}" if err.source else p for p in err.problems)
+    if spec.command is not None or "command" in data:
+        forced = {key: command_mod.from_text(value) for key, value in (set_values or {}).items()}
+        return _command_sweep(spec, path, name, profile, backend, workdir, forced, problems)
     base = _base(spec.train, profile, problems)
     forced = _check_keys(set_values or {}, "--set", problems)
     inputs = {"data_dir": str(workdir / "data"), **base}  # (under each run's own; the launcher's keys over them)
@@ -268,6 +278,59 @@ def load(path: str | Path, workdir: str | Path = ".", cluster: str | None = None
         raise LaunchError(unique_problems, str(path))
     return Sweep(name, path, profile, backend, resources, spec.array_parallelism, workdir, runs, varying, optuna,
                  pack, spec.snapshot_max_file_mb)
+
+
+def _command_sweep(spec: SpecFile, path: Path, name: str, profile: Profile | None, backend: str, workdir: Path,
+                   forced: dict[str, Any], problems: list[str]) -> Sweep:
+    """A sweep of a program of the user's (`command:`): its runs' values checked as the spec declares them."""
+    command = spec.command
+    if spec.train is not None:
+        problems.append("train: a spec runs the trainer (train:) or a program of yours (command:), not both; "
+                        "remove one")
+    if spec.search is not None and spec.search.method == "optuna":
+        problems.append("search: an Optuna search is of the trainer's runs, not yet of a command's; use method: "
+                        "random")
+    if backend != "sbatch":
+        problems.append("backend: a command runs with the sbatch backend; remove `backend: submitit`")
+    if (spec.pack or 1) > 1:
+        problems.append("pack: packing is for the trainer's runs, not yet for a command; remove pack")
+    runs = []
+    if command is not None:
+        points, grid_size = _command_points(spec, problems)
+        varying = sweep_runs.name_keys(points, command.values)
+        runs = sweep_runs.make_plain(points, grid_size, varying, command.values, forced,
+                                     str(SweepDirs(workdir, name).runs), problems)
+        for run in runs:
+            problems.extend(command_mod.check_run(command, {**run.shared, **run.own}, f"run {run.name}"))
+    resources = _resources(spec.resources, profile, problems) if profile is not None else None
+    if unique := list(dict.fromkeys(problems)):
+        raise LaunchError(unique, str(path))
+    return Sweep(name, path, profile, backend, resources, spec.array_parallelism, workdir, runs,
+                 sweep_runs.name_keys([(None, r.own) for r in runs], {}), None, 1, spec.snapshot_max_file_mb,
+                 command, command_mod.project_root(command, path))
+
+
+def _command_points(spec: SpecFile, problems: list[str]) -> tuple[list[tuple[str | None, dict[str, Any]]], int]:
+    """A command sweep's points (keys as the spec writes them): the grid's or a random search's, then `runs`."""
+    points: list[tuple[str | None, dict[str, Any]]] = []
+    if spec.grid is not None:
+        if not spec.grid or any(isinstance(v, list) and not v for v in spec.grid.values()):
+            problems.append("grid: is empty, or a key has no values; give each key a list of values")
+        else:
+            lists = {k: v if isinstance(v, list) else [v] for k, v in spec.grid.items()}
+            points += [(None, dict(zip(lists, combo))) for combo in itertools.product(*lists.values())]
+    if spec.search is not None and spec.search.method != "optuna":
+        drawn = search.points(spec.search.settings())
+        width = len(str(len(drawn) - 1))
+        points += [(f"trial={t:0{width}d},{run_name(p)}", p) for t, p in enumerate(drawn)]
+    grid_size = len(points)
+    for entry in spec.runs or []:
+        entry = dict(entry)
+        given = entry.pop("name", None)
+        points.append((str(given) if given is not None else None, entry))
+    if spec.grid is None and spec.search is None and spec.runs is None:
+        points.append((None, {}))
+    return points, grid_size
 
 
 def _spec_file(data: dict, problems: list[str]) -> SpecFile:

@@ -33,7 +33,7 @@ class Run:
     own: dict[str, Any]  # its trainer inputs that differ between the sweep's runs
     shared: dict[str, Any]  # the trainer inputs every run of the sweep has (one dict for all of them)
     out_dir: str
-    max_steps: int  # (validated: what status and reports measure progress against)
+    max_steps: int | None  # (validated: what status and reports measure progress against; None: not ours)
 
     @property
     def inputs(self) -> dict[str, Any]:
@@ -97,6 +97,19 @@ def make(points: list[tuple[str | None, dict[str, Any]]], grid_size: int, varyin
         if max_steps is not None:
             runs.append(Run(index, label, point, own, shared, out_dir, max_steps))
     return runs
+
+
+def make_plain(points: list[tuple[str | None, dict[str, Any]]], grid_size: int, varying: list[str],
+               base: dict[str, Any], forced: dict[str, Any], runs_dir: str, problems: list[str]) -> list[Run]:
+    """`make` for a program that is not the trainer: each point named and given its values (`base` < point <
+    `forced`), which the caller checks as the spec declares them."""
+    labelled = _labelled(points, grid_size, varying, len(points) == 1, problems)
+    own_keys = [k for k in dict.fromkeys(k for _, _, p in labelled for k in p) if k not in forced
+                and _differs((repr(p.get(k, MISSING)) for _, _, p in labelled))]
+    shared = {**base, **{k: v for k, v in (labelled[0][2] if labelled else {}).items() if k not in own_keys},
+              **forced}
+    return [Run(index, label, point, {k: point[k] for k in own_keys if k in point}, shared, f"{runs_dir}/{label}",
+                None) for index, label, point in labelled]
 
 
 def _labelled(points, grid_size: int, varying: list[str], alone: bool, problems: list[str]

@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from tinygpt.base import durable
 from tinygpt.launch import manifest as manifest_mod
 from tinygpt.launch.layout import REPO_ROOT
-from tinygpt.launch.manifest import ManifestHead, SearchRecord
+from tinygpt.launch.manifest import CommandRecord, ManifestHead, SearchRecord
 from tinygpt.launch.slurm import slurm_cli
+from tinygpt.launch.spec.command import DEFAULT_MAX_REQUEUES
 from tinygpt.launch.submit.sbatch import ScriptParams, render
 
 if TYPE_CHECKING:
@@ -45,13 +46,19 @@ class Plan:
         return self.sweep.profile.interpreter
 
 
-def build(sweep: Sweep, snapshot: Snapshot | None = None) -> Plan:
+def build(sweep: Sweep, snapshot: Snapshot | None = None, project: Snapshot | None = None) -> Plan:
     """Write the manifest and the batch scripts (the sbatch backend's). Submits nothing. The jobs run the code
-    of `snapshot`, or the live checkout without one."""
+    of `snapshot`, or the live checkout without one; a command's runs start in `project`, the user's."""
     dirs = sweep.dirs
     dirs.logs.mkdir(parents=True, exist_ok=True)
     previous = manifest_mod.load(dirs.manifest).submissions if dirs.manifest.exists() else []
-    manifest_mod.create(dirs.manifest, _head(sweep, snapshot, previous), _records(sweep))
+    head = _head(sweep, snapshot, previous)
+    if sweep.command is not None:
+        c = sweep.command
+        head.command = CommandRecord(argv=c.argv, project=str(project.path if project else sweep.project),
+                                     stop_signal=sweep.profile.signal, heartbeat_s=c.heartbeat_s,
+                                     max_requeues=DEFAULT_MAX_REQUEUES if c.max_requeues is None else c.max_requeues)
+    manifest_mod.create(dirs.manifest, head, _records(sweep))
     code = snapshot.path if snapshot else REPO_ROOT
     scripts = _write_scripts(sweep, code) if sweep.backend == "sbatch" else []
     return Plan(sweep, sweep.workdir, dirs.jobs, dirs.logs, dirs.manifest, scripts, code)
@@ -92,6 +99,7 @@ def _write_scripts(sweep: Sweep, code: Path) -> list[Script]:
             script_path=str(path), log_dir=str(sweep.dirs.logs), workdir=str(sweep.workdir),
             python=sweep.profile.interpreter, pythonpath=str(code), resources=sweep.resources,
             profile=sweep.profile, worker=sweep.search is not None, pack=pack, runs=count,
+            command=sweep.command is not None,
         )
         durable.write(path, render(params), executable=True)
         scripts.append(Script(path, array, indices[0], indices))

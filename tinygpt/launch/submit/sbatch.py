@@ -49,6 +49,7 @@ class ScriptParams:
     worker: bool = False  # an Optuna worker (tinygpt.launch.node.search_worker) instead of one run's trainer
     pack: int = 1  # runs at once in each task: task t runs offset + t*pack ... (+pack-1)
     runs: int = 0  # how many runs the sweep has (the last task may hold fewer than `pack`)
+    command: bool = False  # a program of the user's, started by node/supervise.py, instead of the trainer
 
 
 def render(p: ScriptParams) -> str:
@@ -92,6 +93,7 @@ def _trainer(p: ScriptParams) -> str:
     q = shlex.quote
     srun_extra = "".join(f"{q(a)} " for a in p.resources.srun_args)
     entry = ('tinygpt.launch.node.search_worker "$MANIFEST" "$RUN_INDEX"' if p.worker
+             else 'tinygpt.launch.node.supervise "$MANIFEST" "$RUN_INDEX"' if p.command
              else 'tinygpt.train --config "$CONFIG"')
     return f'{srun_extra}{container_prefix(p.profile)}"$PYTHON" -m {entry}'
 
@@ -107,7 +109,7 @@ def _single(p: ScriptParams) -> list[str]:
     """One run (or one search worker) per task, on every node and task the run asked for."""
     return [
         f"RUN_INDEX=$(( {p.offset} + ${{SLURM_ARRAY_TASK_ID:-0}} ))",
-        'CONFIG="search worker $RUN_INDEX"' if p.worker else CONFIG_LINE,
+        'CONFIG="search worker $RUN_INDEX"' if p.worker else 'CONFIG="command"' if p.command else CONFIG_LINE,
         LIFE_LINE,
         "status=0",
         f"step srun --kill-on-bad-exit=1 --cpus-per-task={p.resources.cpus_per_task} {_trainer(p)} || status=$?",

@@ -56,9 +56,17 @@ def _git(root: Path, *args: str) -> str | None:
     return out.stdout.decode("utf-8", "surrogateescape") if out.returncode == 0 else None
 
 
-def source_files(root: Path) -> tuple[list[str], str | None, bool | None]:
-    """(relative paths to copy, commit, dirty): git's tracked files, or the package without git."""
+LEFT_OUT = ("jobs", "runs", "logs", "__pycache__")  # (a folder without git: what sweeps write there, and caches)
+
+
+def source_files(root: Path, everything: bool = False) -> tuple[list[str], str | None, bool | None]:
+    """(relative paths to copy, commit, dirty): git's tracked files; without git, the package (or `everything`
+    under `root`: a user's project, less hidden files and what LEFT_OUT names)."""
     listed = _git(root, "ls-files", "-z")  # (relative to root, also when root is inside a larger repository)
+    if not listed and everything:
+        files = [str(p.relative_to(root)) for p in sorted(root.rglob("*")) if (p.is_file() or p.is_symlink())
+                 and not any(part.startswith(".") or part in LEFT_OUT for part in p.relative_to(root).parts)]
+        return files, None, None
     if not listed:
         files = [str(p.relative_to(root)) for p in sorted((root / "tinygpt").rglob("*.py"))]
         files += [name for name in ("launch.py", "pyproject.toml") if (root / name).is_file()]
@@ -129,10 +137,10 @@ class Code:
                 "files": len(self.contents), "bytes": self.bytes, "taken_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
-def read(root: Path, max_file_bytes: int | None = None) -> Code:
+def read(root: Path, max_file_bytes: int | None = None, everything: bool = False) -> Code:
     """The code under `root`, named by a hash of its paths, kinds and contents; a tracked file over
     `max_file_bytes` (default MAX_FILE_BYTES) is refused."""
-    files, commit, dirty = source_files(root)
+    files, commit, dirty = source_files(root, everything)
     contents = _contents(root, files, MAX_FILE_BYTES if max_file_bytes is None else max_file_bytes)
     untracked = tuple(f for f in (_git(root, "ls-files", "-z", "--others", "--exclude-standard", "--", "*.py")
                                   or "").split("\0") if f)
@@ -160,12 +168,13 @@ def received(root: Path) -> Snapshot | None:
         return None
 
 
-def take(root: Path, dest_dir: Path, max_file_bytes: int | None = None) -> Snapshot:
+def take(root: Path, dest_dir: Path, max_file_bytes: int | None = None, everything: bool = False) -> Snapshot:
     """Snapshot the code under `root` into `dest_dir/<digest>/` (or reuse the one there); a tracked file over
-    `max_file_bytes` (default MAX_FILE_BYTES) is refused. Code that a laptop sent is its own snapshot."""
+    `max_file_bytes` (default MAX_FILE_BYTES) is refused. Code that a laptop sent is its own snapshot.
+    `everything`: a user's project, all its files when it is no git work tree (source_files)."""
     if (already := received(root)) is not None:
         return already
-    code = read(root, max_file_bytes)
+    code = read(root, max_file_bytes, everything)
     target = dest_dir / code.digest
     snap = Snapshot(target, code.digest, code.commit, code.dirty, len(code.contents), code.bytes,
                     (target / RECORD).is_file(), code.untracked)

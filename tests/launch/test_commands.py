@@ -1,0 +1,170 @@
+"""A spec's `command:` (spec/command.py) and the process beside the program on the node (node/supervise.py), without
+Slurm: the words each run starts, the values checked as the spec declares them, one clear message for each
+hostile input, and the run contract kept (environment, exit statuses, requeue cap) with the programs of
+tests/support/foreign, which know nothing of this project. cluster/test_commands.py runs them on the cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support.paths import ROOT
+from tests.support.processes import python_env, run_cli, wait_until
+from tinygpt.launch.manifest import load
+from tinygpt.launch.spec import sweep as spec_mod
+
+FOREIGN = ROOT / "tests" / "support" / "foreign"
+ECHO = [sys.executable, "-c", "import json, os, sys; print(json.dumps([sys.argv[1:], dict((k, v) for k, v in "
+                              "os.environ.items() if k.startswith(('TINYGPT_', 'RANK')))]))"]  # (no brace: {{ }})
+
+
+def write(folder: Path, command: dict, **extra) -> Path:
+    spec = folder / "s.yaml"
+    spec.write_text(yaml.safe_dump({"name": "s", "command": command, "resources": {"time": "00:05:00"}, **extra}))
+    return spec
+
+
+def refused(spec: Path, *args: str) -> str:
+    code, err = run_cli([str(spec), "--dry-run", "--workdir", str(spec.parent / "work"), *args])
+    assert code == 1 and err.count("error: ") == 1 and "Traceback" not in err, err
+    assert not (spec.parent / "work" / "jobs").exists()
+    return err
+
+
+def test_each_run_starts_its_own_words_whatever_its_values_hold(tmp_path):
+    """Placeholders take the run's values (grid over `values`, runs, the launcher's own); a value with spaces,
+    quotes or `$(...)` stays one word, as the program is started without a shell."""
+    hostile = "a b; $(touch pwned) 'q' \"d\""
+    spec = write(tmp_path, {"argv": [*ECHO, "--lr={lr}", "{note}", "{{literal}}", "{run_name}@{sweep}"],
+                            "values": {"note": hostile, "lr": 0.5}, "project": str(tmp_path)},
+                 grid={"lr": [0.1, 2]}, runs=[{"name": "extra", "note": "x"}])
+    sweep = spec_mod.load(spec, tmp_path / "work")
+    assert [r.name for r in sweep.runs] == ["lr=0.1", "lr=2", "extra"]
+    code, err = run_cli([str(spec), "--dry-run", "--workdir", str(tmp_path / "work")])
+    assert code == 0, err
+    manifest = tmp_path / "work" / "jobs" / "s" / "manifest.json"
+    said = [json.loads(supervise(manifest, i).stdout) for i in range(3)]
+    assert [s[0][:4] for s in said] == [["--lr=0.1", hostile, "{literal}", "lr=0.1@s"],
+                                        ["--lr=2", hostile, "{literal}", "lr=2@s"],
+                                        ["--lr=0.5", "x", "{literal}", "extra@s"]]
+    env = said[0][1]
+    assert env["TINYGPT_RUN_DIR"] == str(tmp_path / "work" / "runs" / "s" / "lr=0.1")
+    assert (env["TINYGPT_RUN_NAME"], env["TINYGPT_SWEEP"], env["TINYGPT_STOP_SIGNAL"], env["TINYGPT_REQUEUE_EXIT"]) \
+        == ("lr=0.1", "s", "SIGUSR2", "75")
+    assert not (tmp_path / "pwned").exists()
+
+
+def supervise(manifest: Path, index: int, **env: str) -> subprocess.CompletedProcess:
+    """The node's process beside the program, as srun starts it (here, without Slurm)."""
+    return subprocess.run([sys.executable, "-m", "tinygpt.launch.node.supervise", str(manifest), str(index)],
+                          capture_output=True, text=True, timeout=120, env=python_env(**env))
+
+
+@pytest.mark.parametrize("command, extra, said", [
+    ({"argv": ["prog", "{lr"]}, {}, "argv[1]: '{lr': expected '}' before end of string"),
+    ({"argv": ["prog", "{0}"]}, {}, "{0} is not a placeholder"),
+    ({"argv": ["prog", "{a.b}"]}, {}, "{a.b} is not a placeholder"),
+    ({"argv": ["prog", "{lr!r}"]}, {}, "is not a placeholder"),
+    ({"argv": ["{prog}"]}, {}, "argv[0] is the program"),
+    ({"argv": []}, {}, "command.argv"),
+    ({"argv": ["prog", "{lr}"]}, {}, "no value for {lr} in command.argv"),
+    ({"argv": ["prog"], "values": {"run_dir": "/x"}}, {}, "`run_dir` is set by the launcher"),
+    ({"argv": ["prog"], "values": {"lr": [1, 2]}}, {}, "lr: [1, 2] is not a word a program can be given"),
+    ({"argv": ["prog", "{lr}"], "params": {"lr": {"type": "float", "max": 1}}}, {"grid": {"lr": [0.5, 3]}},
+     "run lr=3: lr: must be <= 1, got 3"),
+    ({"argv": ["prog", "{n}"], "params": {"n": {"type": "int"}}}, {"grid": {"n": [1, "two"]}},
+     "n: expected int, got 'two'"),
+    ({"argv": ["prog", "{opt}"], "params": {"opt": {"choices": ["adam", "sgd"]}}}, {"runs": [{"opt": "adm"}]},
+     "opt: 'adm' is not one of 'adam', 'sgd'"),
+    ({"argv": ["prog"]}, {"train": {"max_steps": 5}}, "train: a spec runs the trainer (train:) or a program of "
+                                                       "yours (command:), not both"),
+    ({"argv": ["prog"]}, {"backend": "submitit"}, "backend: a command runs with the sbatch backend"),
+    ({"argv": ["prog"]}, {"pack": 2, "resources": {"time": "00:05:00", "cpus_per_task": 2}},
+     "pack: packing is for the trainer's runs"),
+    ({"argv": ["prog"], "heartbeat_s": 1}, {}, "command.heartbeat_s"),
+    ({"argv": ["prog"], "lr": 1}, {}, "command.lr"),
+], ids=lambda v: None)
+def test_a_hostile_command_section_is_one_clear_message_and_nothing_is_written(tmp_path, command, extra, said):
+    spec = write(tmp_path, command, **extra)
+    assert said in refused(spec)
+
+
+@pytest.mark.parametrize("flag", ["--local", "--chain"])
+def test_what_does_not_apply_to_a_command_yet_is_said(tmp_path, flag):
+    spec = write(tmp_path, {"argv": ["prog"]})
+    code, err = run_cli([str(spec), flag, "--workdir", str(tmp_path / "work")])
+    assert code == 1 and f"{flag}: " in err and "not yet for a spec with command:" in err, err
+
+
+def test_the_users_project_is_what_the_jobs_run_as_it_was_at_launch(tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text("print('first')\n")
+    (project / "runs").mkdir()  # (what sweeps write there is left out)
+    (project / "runs" / "big.bin").write_bytes(b"x" * 1000)
+    spec = write(tmp_path, {"argv": [sys.executable, "train.py"], "project": "project"})
+    assert run_cli([str(spec), "--dry-run", "--workdir", str(tmp_path / "work")])[0] == 0
+    (project / "train.py").write_text("print('edited after the launch')\n")
+    manifest = tmp_path / "work" / "jobs" / "s" / "manifest.json"
+    snapshot = Path(load(manifest).command.project)
+    assert snapshot != project and sorted(p.name for p in snapshot.iterdir()) == ["SNAPSHOT.json", "train.py"]
+    assert supervise(manifest, 0).stdout == "first\n"
+
+
+def test_the_requeue_status_passes_through_until_the_cap_and_a_crash_is_not_requeued(tmp_path):
+    """count.sh (not Python) saves on the stop signal, which this process passes on, and asks for a requeue (75);
+    past command.max_requeues the run ends FAILED (1) with why; a program that crashes ends with its own status
+    (fit_with_helper.py, given a learning rate that is no number), which the batch script never requeues."""
+    spec = write(tmp_path, {"argv": ["./count.sh", "{goal}"], "values": {"goal": 1000}, "project": str(FOREIGN),
+                            "max_requeues": 2}, runs=[{"name": "count"}])
+    assert run_cli([str(spec), "--dry-run", "--workdir", str(tmp_path / "work")])[0] == 0
+    manifest = tmp_path / "work" / "jobs" / "s" / "manifest.json"
+    run_dir = tmp_path / "work" / "runs" / "s" / "count"
+    for restarts, status, said in (("1", 75, "asks to be requeued (1 so far)"),
+                                   ("2", 1, "the most command.max_requeues allows; not requeued")):
+        stopped = stopped_once_counting(manifest, run_dir, SLURM_RESTART_COUNT=restarts)
+        assert stopped.returncode == status and said in stopped.stderr, stopped.stderr
+    assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == \
+        list(range(1, int((run_dir / "count").read_text()) + 1))  # (each step once, across both lives)
+    crashing = write(tmp_path, {"argv": [sys.executable, "fit_with_helper.py", "--lr=x", "--steps=3"],
+                                "project": str(FOREIGN)})
+    assert run_cli([str(crashing), "--dry-run", "--workdir", str(tmp_path / "crash")])[0] == 0
+    crashed = supervise(tmp_path / "crash" / "jobs" / "s" / "manifest.json", 0)
+    assert crashed.returncode == 2 and "--lr: invalid float value: 'x'" in crashed.stderr
+
+
+def stopped_once_counting(manifest: Path, run_dir: Path, **env: str) -> subprocess.CompletedProcess:
+    """Run 0 started as srun starts it; once it counts, the stop signal (as Slurm sends it before the time limit)."""
+    seen = len((run_dir / "metrics.jsonl").read_text().splitlines()) if (run_dir / "metrics.jsonl").exists() else 0
+    proc = subprocess.Popen([sys.executable, "-m", "tinygpt.launch.node.supervise", str(manifest), "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env(**env))
+    try:
+        wait_until(lambda: (run_dir / "metrics.jsonl").exists() and
+                   len((run_dir / "metrics.jsonl").read_text().splitlines()) > seen, timeout=60, what="counting")
+        proc.send_signal(signal.SIGUSR2)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_a_program_that_does_not_exist_is_named(tmp_path):
+    spec = write(tmp_path, {"argv": ["./no-such-program", "x"], "project": str(tmp_path)})
+    assert run_cli([str(spec), "--dry-run", "--workdir", str(tmp_path / "work")])[0] == 0
+    out = supervise(tmp_path / "work" / "jobs" / "s" / "manifest.json", 0)
+    assert out.returncode == 127 and "cannot start ./no-such-program in" in out.stderr and "check command.argv" \
+        in out.stderr
+
+
+def test_the_helper_needs_nothing_but_the_standard_library():
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+                          "from tinygpt import job; print(job.REQUEUE_EXIT)", str(ROOT)], capture_output=True,
+                         text=True, timeout=60, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert out.stdout == "75\n", out.stderr

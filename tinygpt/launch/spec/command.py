@@ -1,0 +1,152 @@
+"""A spec's `command:`: a training program of the user's instead of ours, each run's values put into its words.
+
+    command:
+      argv: [python, train.py, --lr, "{lr}", --epochs, "{epochs}", --out, "{run_dir}"]
+      values: {epochs: 3}                      # every run's values (grid, runs and search over them)
+      params:                                  # how a value is checked (none: taken as written)
+        lr: {type: float, min: 0, max: 1}
+        epochs: {type: int, min: 1}
+      project: .                               # the folder whose files the jobs run (default: see below)
+      heartbeat_s: 600                         # a run whose heartbeat is older than this is hung
+      max_requeues: 20                         # a run asks to be requeued at most this many times
+
+`{name}` in a word is the run's value of `name` (a word may hold several, and text around them; `{{` and `}}`
+are braces); `{run_dir}`, `{run_name}` and `{sweep}` are the launcher's. A word stays one word whatever the
+value holds: the program is started with these words, never through a shell. The keys are the user's, checked as
+`params` declares them. `project` defaults to the git work tree that holds the spec, else the spec's folder; its
+files as they are at launch are what the jobs run (node/supervise.py says how a run starts and what it is told).
+"""
+
+from __future__ import annotations
+
+import math
+import string
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, field_validator
+
+from tinygpt.base import schema
+from tinygpt.base.schema import OptFloat, OptInt, OptText, Text
+
+LAUNCHER_VALUES = {"run_dir": "the run's directory", "run_name": "the run's name", "sweep": "the sweep's name"}
+DEFAULT_MAX_REQUEUES = 20
+TYPES = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+class Param(schema.Schema):
+    """How one of the program's values is checked."""
+
+    type: Literal["int", "float", "str", "bool"] | None = Field(None, description="int, float, str or bool")
+    min: OptFloat = Field(None, description="the smallest value allowed")
+    max: OptFloat = Field(None, description="the largest value allowed")
+    choices: list[Any] | None = Field(None, min_length=1, description="the values allowed, and no other")
+
+
+class CommandSpec(schema.Schema):
+    """A program of the user's that each run starts, with its values in its words."""
+
+    argv: list[Text] = Field(min_length=1, description=(
+        "the program and its arguments; `{key}` puts a run's value in, `{run_dir}` its directory"))
+    values: dict[str, Any] = Field(default_factory=dict, description="every run's values, under grid, runs and "
+                                                                     "search's")
+    params: dict[str, Param] = Field(default_factory=dict, description="how each value is checked: type, min, "
+                                                                       "max, choices")
+    project: OptText = Field(None, description=(
+        "the folder whose files the jobs run, as they are at launch (default: the git work tree that holds the "
+        "spec, else the spec's folder)"))
+    heartbeat_s: OptInt = Field(None, ge=10, description=(
+        "a run whose heartbeat file ($TINYGPT_HEARTBEAT) is older than this many seconds is hung, and stopped"))
+    max_requeues: OptInt = Field(None, ge=0, le=10_000, description=(
+        f"how many times a run may ask to be requeued (exit status 75) (default {DEFAULT_MAX_REQUEUES})"))
+
+    @field_validator("argv")
+    @classmethod
+    def _words(cls, argv: list[str]) -> list[str]:
+        for i, word in enumerate(argv):
+            if "\0" in word:
+                raise ValueError(f"argv[{i}] holds a NUL character, which no program can be given")
+            names(word, f"argv[{i}]")
+        if not argv[0].strip() or "{" in argv[0]:
+            raise ValueError("argv[0] is the program: a name or path, without placeholders")
+        return argv
+
+
+def names(word: str, where: str) -> list[str]:
+    """The placeholders in `word`; a ValueError naming `where` for a brace that opens none."""
+    try:
+        parts = list(string.Formatter().parse(word))
+    except ValueError as err:
+        raise ValueError(f"{where}: {word!r}: {err} (a placeholder is a name in braces, {{lr}}; write {{{{ and "
+                         f"}}}} for a brace)") from None
+    found = []
+    for _, name, spec, conversion in parts:
+        if name is None:
+            continue
+        if not name.isidentifier() or spec or conversion:
+            raise ValueError(f"{where}: {{{name}{'!' + conversion if conversion else ''}{':' + spec if spec else ''}}}"
+                             f" is not a placeholder; write a value's name in braces, e.g. {{lr}}")
+        found.append(name)
+    return found
+
+
+def placeholders(argv: list[str]) -> set[str]:
+    return {name for i, word in enumerate(argv) for name in names(word, f"argv[{i}]")}
+
+
+def from_text(text: str) -> Any:
+    """A value given on the command line (`--set lr=0.1`) as YAML reads it (0.1, a number), a text otherwise."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    return value if isinstance(value, (int, float, bool, str)) else text
+
+
+def check_run(command: CommandSpec, values: dict[str, Any], where: str) -> list[str]:
+    """What is wrong with one run's values: a placeholder without a value, a value its `params` refuse."""
+    problems = [f"{where}: `{key}` is set by the launcher ({why}); remove it" for key, why in LAUNCHER_VALUES.items()
+                if key in values]
+    missing = sorted(placeholders(command.argv) - values.keys() - LAUNCHER_VALUES.keys())
+    if missing:
+        problems.append(f"{where}: no value for {', '.join('{' + m + '}' for m in missing)} in command.argv; give it "
+                        f"in command.values, the grid or the run")
+    for key, value in values.items():
+        if key in command.params and (why := refusal(value, command.params[key])):
+            problems.append(f"{where}: {key}: {why}")
+        elif not isinstance(value, (str, int, float, bool)) or isinstance(value, float) and not math.isfinite(value):
+            problems.append(f"{where}: {key}: {value!r} is not a word a program can be given; give a number, a "
+                            f"truth value or a text")
+    return problems
+
+
+def refusal(value: Any, param: Param) -> str | None:
+    """Why `param` refuses `value`, or None."""
+    if param.type is not None:
+        wanted = TYPES[param.type]
+        ok = isinstance(value, wanted) and not (wanted is not bool and isinstance(value, bool))
+        if wanted is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not ok:
+            return f"expected {param.type}, got {value!r}"
+    if param.choices is not None and value not in param.choices:
+        return f"{value!r} is not one of {', '.join(map(repr, param.choices))}"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if param.min is not None and value < param.min:
+            return f"must be >= {param.min:g}, got {value!r}"
+        if param.max is not None and value > param.max:
+            return f"must be <= {param.max:g}, got {value!r}"
+    return None
+
+
+def project_root(command: CommandSpec, spec_path: Path) -> Path:
+    """The folder whose files the jobs run: `project` (relative to the spec's folder), else the git work tree
+    that holds the spec, else the spec's folder."""
+    here = spec_path.resolve().parent
+    if command.project is not None:
+        return (here / Path(command.project).expanduser()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / ".git").exists():
+            return folder
+    return here
