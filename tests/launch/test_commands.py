@@ -168,3 +168,18 @@ def test_the_helper_needs_nothing_but_the_standard_library():
                           "from tinygpt import job; print(job.REQUEUE_EXIT)", str(ROOT)], capture_output=True,
                          text=True, timeout=60, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert out.stdout == "75\n", out.stderr
+
+
+def test_the_readmes_example_program_runs_as_written(tmp_path):
+    """hpc_lab/05_own_program: the dry run the README shows, then its first run as a task starts it."""
+    spec = ROOT / "hpc_lab" / "05_own_program" / "sweep.yaml"
+    code, err = run_cli([str(spec), "--dry-run", "--workdir", str(tmp_path)])
+    assert code == 0, err
+    manifest = load(tmp_path / "jobs" / "own-program" / "manifest.json")
+    assert [r.name for r in manifest.runs] == ["lr=0.05", "lr=0.1", "lr=0.2"]
+    assert sorted(p.name for p in Path(manifest.command.project).iterdir()) == ["SNAPSHOT.json", "sweep.yaml",
+                                                                                 "train.py"]
+    done = supervise(manifest.path, 2)
+    assert done.returncode == 0 and "after 200 steps" in done.stdout, done.stderr
+    assert json.loads((tmp_path / "runs" / "own-program" / "lr=0.2" / "metrics.jsonl").read_text().splitlines()[-1]
+                      )["step"] == 200
