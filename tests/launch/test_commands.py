@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from tests.support.paths import ROOT
-from tests.support.processes import python_env, run_cli, wait_until
+from tests.support.processes import launch, python_env, run_cli, wait_until
 from tinygpt.launch.manifest import load
 from tinygpt.launch.spec import sweep as spec_mod
 
@@ -59,6 +59,8 @@ def test_each_run_starts_its_own_words_whatever_its_values_hold(tmp_path):
     assert (env["TINYGPT_RUN_NAME"], env["TINYGPT_SWEEP"], env["TINYGPT_STOP_SIGNAL"], env["TINYGPT_REQUEUE_EXIT"]) \
         == ("lr=0.1", "s", "SIGUSR2", "75")
     assert not (tmp_path / "pwned").exists()
+    shown = launch("status", str(spec), "--workdir", str(tmp_path / "work"))
+    assert shown.returncode == 0 and "no run of this program has written a metrics.jsonl" in shown.stdout, shown
 
 
 def supervise(manifest: Path, index: int, **env: str) -> subprocess.CompletedProcess:
@@ -183,3 +185,5 @@ def test_the_readmes_example_program_runs_as_written(tmp_path):
     assert done.returncode == 0 and "after 200 steps" in done.stdout, done.stderr
     assert json.loads((tmp_path / "runs" / "own-program" / "lr=0.2" / "metrics.jsonl").read_text().splitlines()[-1]
                       )["step"] == 200
+    shown = launch("status", str(spec), "--workdir", str(tmp_path))
+    assert shown.returncode == 0 and "│  200 │" in shown.stdout and "no run of this program" not in shown.stdout, shown

@@ -31,7 +31,7 @@ def cells(r: Row) -> dict[str, str]:
     return {
         "#": str(r.index), "run": r.name, "job": r.job_id, "state": r.state,
         "from": r.source, "restarts": "-" if r.restarts is None else str(r.restarts),
-        "step": "-" if r.step is None else f"{r.step}/{r.max_steps}",
+        "step": "-" if r.step is None else str(r.step) if r.max_steps is None else f"{r.step}/{r.max_steps}",
         "train": "-" if r.train_loss is None else f"{r.train_loss:.4f}",
         "val": "-" if r.val_loss is None else f"{r.val_loss:.4f}",
         "tok/s": "-" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}",
@@ -156,9 +156,7 @@ def show(manifest: Manifest, watch: bool = False, interval: float = 5.0, console
         console.print(chain, soft_wrap=True, markup=False)
     if not watch:
         console.print(view(rows, title, console.width, every_row))
-        _print_unheard(rows, console)
-        _print_failures(manifest, rows, console)
-        _print_trials(manifest, console)
+        _print_notes(manifest, rows, console)
         return rows
     from rich.live import Live
 
@@ -168,10 +166,19 @@ def show(manifest: Manifest, watch: bool = False, interval: float = 5.0, console
             manifest = manifest_mod.load(manifest.path)  # (a resubmission may have added jobs meanwhile)
             rows = collect(manifest)
             live.update(view(rows, title, console.width, every_row))
+    _print_notes(manifest, rows, console)
+    return rows
+
+
+def _print_notes(manifest: Manifest, rows: Rows, console) -> None:
+    """Under the table: what it cannot say by itself."""
     _print_unheard(rows, console)
+    if manifest.command is not None and all(r.step is None for r in rows):
+        console.print("note: no run of this program has written a metrics.jsonl in its run directory: the states "
+                      "are Slurm's alone (`launch.py logs SPEC RUN` shows what a run printed)", soft_wrap=True,
+                      markup=False)
     _print_failures(manifest, rows, console)
     _print_trials(manifest, console)
-    return rows
 
 
 def _print_unheard(rows: Rows, console) -> None:
