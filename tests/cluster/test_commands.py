@@ -17,7 +17,7 @@ from tests.support.paths import ROOT
 from tests.support.processes import launch, wait_until
 from tests.support.slurm import (
     cancel,
-    launched,
+    manifest_of,
     python,
     run_to_completion,
     take_every_node,
@@ -33,13 +33,15 @@ FOREIGN = ROOT / "tests" / "support" / "foreign"
 FAR = 10**6  # a goal no machine reaches before the test sets the real one
 
 
-def launch_command(tmp_path: Path, command: dict, **extra) -> tuple[Path, Path, manifest_mod.Manifest]:
+def launch_command(tmp_path: Path, command: dict, *flags: str, **extra) -> tuple[Path, Path, manifest_mod.Manifest]:
     name = unique_name("command")
     spec = tmp_path / f"{name}.yaml"
     spec.write_text(yaml.safe_dump({"name": name, "command": {"project": str(FOREIGN), **command},
                                     "resources": {"time": "00:05:00"}, **extra}))
     work = tmp_path / "work"
-    return spec, work, launched(spec, work)
+    out = launch(str(spec), "--workdir", str(work), *flags)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return spec, work, manifest_of(work, name)
 
 
 def lines(run_dir: Path) -> list[dict]:
@@ -164,3 +166,34 @@ def _goal(manifest: manifest_mod.Manifest, steps: int) -> None:
     text = manifest.path.read_text()
     assert text.count(f'"steps": {FAR}') == 1
     manifest.path.write_text(text.replace(f'"steps": {FAR}', f'"steps": {steps}'))
+
+
+@pytest.mark.shares_cluster
+def test_two_runs_of_a_program_packed_in_one_task_each_count_in_their_own_log(tmp_path):
+    _, work, manifest = launch_command(tmp_path, {"argv": ["./count.sh", "{goal}"]}, grid={"goal": [2, 3]}, pack=2,
+                                       resources={"time": "00:05:00", "cpus_per_task": 2})
+    ids = manifest.task_job_ids()
+    assert ids[0] == ids[1]  # (one task holds both)
+    try:
+        assert wait(ids[0], timeout=120) == "COMPLETED"
+    finally:
+        cancel(ids[0])
+    for run in manifest.runs:
+        assert (Path(run.out_dir) / "count").read_text() == f"{run.own['goal']}\n"
+    packed = sorted((work / "logs").rglob("*run*.out"))
+    assert len(packed) == 2 and ["counted to 2" in p.read_text() for p in packed].count(True) == 1, packed
+
+
+@pytest.mark.shares_cluster
+def test_a_chain_of_a_program_runs_its_array_then_its_report_without_a_data_step(tmp_path):
+    _, work, manifest = launch_command(tmp_path, {"argv": ["python3", "train.py", "--lr", "{lr}", "--steps", "20"],
+                                                  "project": str(ROOT / "hpc_lab" / "05_own_program")},
+                                       "--chain", grid={"lr": [0.1, 0.2]})
+    assert [s.role for s in manifest.submissions] == [None, "report"]
+    report = manifest.submissions[-1].job_id
+    try:
+        assert wait(report, timeout=180) == "COMPLETED"
+    finally:
+        cancel(report)
+    text = (work / "runs" / manifest.name / "report.md").read_text()
+    assert "![loss](loss.png)" in text and "| lr=0.2 | 0.2 | 20 |" in text

@@ -22,6 +22,7 @@ from tests.support.laptop import (
     watch_interrupted_then_cancelled,
     write_spec,
 )
+from tests.support.paths import ROOT
 from tests.support.slurm import unique_name
 from tinygpt.launch.remote import laptop as remote
 from tinygpt.launch.spec import profiles
@@ -191,3 +192,22 @@ def test_a_profile_written_from_the_laptop_reaches_the_login_node_it_asked(lapto
     dry = on_laptop(laptop, str(spec), "--cluster", str(tmp_path / "fromlaptop.yaml"), "--dry-run", "--workdir",
                     str(tmp_path), cwd=tmp_path)
     assert dry.returncode == 0 and "dry run: nothing submitted" in dry.stdout, dry.stderr
+
+
+def test_a_program_of_the_users_launched_from_the_laptop_runs_its_project_there(laptop, tmp_path):
+    """command: with a project folder of the laptop's (tests/support/foreign, which the cluster does not have):
+    the project travels as a snapshot, and the run counts there."""
+    name = unique_name("laptop-command")
+    spec = tmp_path / f"{name}.yaml"
+    spec.write_text(yaml.safe_dump({"name": name, "resources": {"time": "00:05:00"}, "command": {
+        "argv": ["./count.sh", "{goal}"], "values": {"goal": 2}, "project": str(ROOT / "tests/support/foreign")}}))
+    args = ["--workdir", str(tmp_path)]
+    out = on_laptop(laptop, str(spec), "--cluster", str(laptop["profile"]), *args, cwd=tmp_path)
+    assert out.returncode == 0 and "submitted 1 run(s)" in out.stdout, out.stderr
+    assert f"({ROOT / 'tests/support/foreign'}): 3 files" in out.stderr, out.stderr  # (the project, sent)
+    watched = on_laptop(laptop, "status", str(spec), "--watch", "--interval", "1", *args, cwd=tmp_path)
+    assert "COMPLETED" in watched.stdout.rsplit(f"sweep {name}", 1)[-1], watched
+    logs = on_laptop(laptop, "logs", str(spec), "base", *args, cwd=tmp_path)
+    assert logs.returncode == 0 and "counted to 2" in logs.stdout, logs
+    trees = HOME_THERE / REMOTE_DIR / "trees"
+    assert any((tree / "count.sh").is_file() and (tree / "fit.py").is_file() for tree in trees.iterdir())

@@ -88,9 +88,11 @@ def supervise(manifest: Path, index: int, **env: str) -> subprocess.CompletedPro
     ({"argv": ["prog"]}, {"train": {"max_steps": 5}}, "train: a spec runs the trainer (train:) or a program of "
                                                        "yours (command:), not both"),
     ({"argv": ["prog"]}, {"backend": "submitit"}, "backend: a command runs with the sbatch backend"),
-    ({"argv": ["prog"]}, {"pack": 2, "resources": {"time": "00:05:00", "cpus_per_task": 2}},
-     "pack: packing is for the trainer's runs"),
+    ({"argv": ["prog"]}, {"pack": 2, "grid": {"a": [1, 2]}}, "pack: 2 runs at once would share 1 CPU(s)"),
     ({"argv": ["prog"], "heartbeat_s": 1}, {}, "command.heartbeat_s"),
+    ({"argv": ["./missing.sh"]}, {}, "command.argv[0]: ./missing.sh is not a file of the project"),
+    ({"argv": ["prog"], "project": "nowhere"}, {}, "nowhere is not a folder; name the folder of your program"),
+    ({"argv": ["python3", str(FOREIGN / "fit.py")]}, {}, "fit.py is outside the project"),
     ({"argv": ["prog"], "lr": 1}, {}, "command.lr"),
 ], ids=lambda v: None)
 def test_a_hostile_command_section_is_one_clear_message_and_nothing_is_written(tmp_path, command, extra, said):
@@ -98,11 +100,22 @@ def test_a_hostile_command_section_is_one_clear_message_and_nothing_is_written(t
     assert said in refused(spec)
 
 
-@pytest.mark.parametrize("flag", ["--local", "--chain"])
-def test_what_does_not_apply_to_a_command_yet_is_said(tmp_path, flag):
+def test_what_does_not_apply_to_a_command_is_said(tmp_path):
     spec = write(tmp_path, {"argv": ["prog"]})
-    code, err = run_cli([str(spec), flag, "--workdir", str(tmp_path / "work")])
-    assert code == 1 and f"{flag}: " in err and "not yet for a spec with command:" in err, err
+    code, err = run_cli([str(spec), "--local", "--nproc", "2", "--workdir", str(tmp_path / "work")])
+    assert code == 1 and "--nproc: starts the trainer's ranks under torchrun" in err, err
+
+
+def test_local_runs_each_run_of_a_command_as_a_plain_process_here(tmp_path):
+    """--local (--chain: the runs, then the report), the smoke test before a cluster: count.sh (not Python, so
+    never in the warm fork server) per run."""
+    spec = write(tmp_path, {"argv": ["./count.sh", "{goal}"], "project": str(FOREIGN)}, grid={"goal": [1, 2]})
+    out = launch(str(spec), "--local", "--chain", "--workdir", str(tmp_path / "work"), cwd=tmp_path)
+    assert out.returncode == 0 and "2/2 run(s) finished" in out.stdout, out.stdout + out.stderr
+    assert "counted to 1" in out.stdout and "counted to 2" in out.stdout
+    assert (tmp_path / "work" / "runs" / "s" / "goal=2" / "count").read_text() == "2\n"
+    assert "=== chain, data" not in out.stdout and "(1 metric(s) drawn)" not in out.stdout  # (count.sh: steps only)
+    assert "No run wrote a metrics.jsonl with named values" in (tmp_path / "work/runs/s/report.md").read_text()
 
 
 def test_the_users_project_is_what_the_jobs_run_as_it_was_at_launch(tmp_path):
@@ -158,11 +171,13 @@ def stopped_once_counting(manifest: Path, run_dir: Path, **env: str) -> subproce
 
 
 def test_a_program_that_does_not_exist_is_named(tmp_path):
-    spec = write(tmp_path, {"argv": ["./no-such-program", "x"], "project": str(tmp_path)})
+    """By a path in the project: refused at launch (a hostile case above); by a name that the node's PATH lacks:
+    said by the task, exit 127."""
+    spec = write(tmp_path, {"argv": ["no-such-program-anywhere", "x"], "project": str(tmp_path)})
     assert run_cli([str(spec), "--dry-run", "--workdir", str(tmp_path / "work")])[0] == 0
     out = supervise(tmp_path / "work" / "jobs" / "s" / "manifest.json", 0)
-    assert out.returncode == 127 and "cannot start ./no-such-program in" in out.stderr and "check command.argv" \
-        in out.stderr
+    assert out.returncode == 127 and "cannot start no-such-program-anywhere in" in out.stderr
+    assert "check command.argv" in out.stderr
 
 
 def test_the_helper_needs_nothing_but_the_standard_library():
@@ -187,3 +202,17 @@ def test_the_readmes_example_program_runs_as_written(tmp_path):
                       )["step"] == 200
     shown = launch("status", str(spec), "--workdir", str(tmp_path))
     assert shown.returncode == 0 and "│  200 │" in shown.stdout and "no run of this program" not in shown.stdout, shown
+
+
+def test_the_report_of_a_program_draws_each_named_metric_and_says_what_has_no_meaning(tmp_path):
+    spec = write(tmp_path, {"argv": [sys.executable, "train.py", "--lr", "{lr}", "--steps", "20"],
+                            "project": str(ROOT / "hpc_lab" / "05_own_program")}, grid={"lr": [0.1, 0.2]})
+    assert run_cli([str(spec), "--dry-run", "--workdir", str(tmp_path / "work")])[0] == 0
+    manifest = tmp_path / "work" / "jobs" / "s" / "manifest.json"
+    assert [supervise(manifest, i).returncode for i in (0, 1)] == [0, 0]
+    out = launch("report", str(spec), "--workdir", str(tmp_path / "work"))
+    assert out.returncode == 0 and "(1 metric(s) drawn)" in out.stdout, out.stderr
+    report = (tmp_path / "work" / "runs" / "s" / "report.md").read_text()
+    assert "![loss](loss.png)" in report and "| lr=0.2 | 0.2 | 20 |" in report
+    assert "Samples and attention maps are the TinyGPT trainer's" in report
+    assert (tmp_path / "work" / "runs" / "s" / "loss.png").stat().st_size > 1000

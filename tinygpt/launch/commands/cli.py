@@ -256,8 +256,9 @@ def _report(args) -> int:
 
     manifest = _launched(args)
     if manifest.command is not None:
-        raise LaunchError(f"report: draws the trainer's curves and samples, not yet a command's runs; their "
-                          f"metrics.jsonl are in {manifest.dirs.runs} (`status` shows each run's last step)")
+        from tinygpt.launch.read import command_report
+
+        return command_report.make(manifest, sweep_report.efficiency_section(manifest))
     return sweep_report.make(manifest, args.prompt)
 
 

@@ -87,9 +87,9 @@ def _refuse_local_problems(sweep: Sweep, args: argparse.Namespace) -> None:
     if args.hold and (args.local or (sweep.backend != "sbatch" and not args.chain)):
         problems.append("--hold: only for submissions with the sbatch backend (or the data step of --chain)")
     if sweep.command is not None:
-        problems += [f"{flag}: {why}; not yet for a spec with command:" for flag, why, given in (
-            ("--local", "runs the trainer here", args.local), ("--chain", "prepares the trainer's corpus first",
-                                                                 args.chain)) if given]
+        if args.local and args.nproc > 1:
+            problems.append("--nproc: starts the trainer's ranks under torchrun; a command runs one process per run "
+                            "here")
     elif not problems and (args.command == "check" or not (args.dry_run or args.local or args.chain)):
         problems = corpora.prepare_data(sweep)[1]  # (read by every task: a corpus that fails stops us here)
     if problems:
@@ -103,7 +103,8 @@ def _launch_locked(sweep: Sweep, args: argparse.Namespace, cluster: LiveCluster 
         _refuse_if_live(previous, sweep.name, args.spec)
         _refuse_changed_search(previous, sweep)
     plan = plan_mod.build(sweep, None if args.local else _snapshot(sweep, args.no_snapshot),
-                          _project(sweep, args.no_snapshot) if sweep.command is not None else None)
+                          _project(sweep, args.no_snapshot) if sweep.command is not None and not args.local
+                          else None)
     if not args.local:
         _say_steering_variables()
     steps = {}
@@ -123,8 +124,9 @@ def _launch_locked(sweep: Sweep, args: argparse.Namespace, cluster: LiveCluster 
         return _chain_here(plan, backend, args.spec)
     if steps:
         ids = chain.submit(plan, steps, lambda dependency: backend.submit(plan, False, dependency), args.hold)
-        print(f"submitted the chain: data job {ids[0]}, training array {', '.join(ids[1:-1])}, report job {ids[-1]}; "
-              f"follow with `python launch.py status {shown(args.spec)}`")
+        data = f"data job {ids['data'][0]}, " if "data" in ids else ""
+        print(f"submitted the chain: {data}training array {', '.join(ids['training'])}, report job "
+              f"{ids['report'][0]}; follow with `python launch.py status {shown(args.spec)}`")
         return 0
     ids = backend.submit(plan, args.hold, None)
     if args.local:
@@ -146,17 +148,20 @@ def _say_steering_variables() -> None:
 
 def _chain_here(plan: Plan, backend: backends.Backend, spec: str) -> int:
     """--local --chain: the data first, then every run, then the report (after the runs, whatever they did)."""
-    prepared, problems = corpora.prepare_data(plan.sweep)
-    if problems:
-        raise LaunchError(problems, spec)
-    print(f"=== chain, data: prepared {', '.join(prepared)}")
+    if plan.sweep.command is None:
+        prepared, problems = corpora.prepare_data(plan.sweep)
+        if problems:
+            raise LaunchError(problems, spec)
+        print(f"=== chain, data: prepared {', '.join(prepared)}")
     try:
         backend.submit(plan)
     finally:
         print("=== chain, report:")
-        from tinygpt.launch.read import sweep_report
+        from tinygpt.launch.read import command_report, sweep_report
 
-        reported = sweep_report.make(manifest_mod.load(plan.manifest_path), None)
+        manifest = manifest_mod.load(plan.manifest_path)
+        reported = sweep_report.make(manifest, None) if manifest.command is None else \
+            command_report.make(manifest, None)
     print(f"see `python launch.py status {shown(spec)}`")
     return reported
 

@@ -23,7 +23,7 @@ def make(manifest: Manifest, prompt: str | None) -> int:
     out_dir = manifest.dirs.runs
     runs = [(Path(r.out_dir), r.name) for r in manifest.runs]
     varying = sorted({k for r in manifest.runs for k in r.own})
-    sections = [_efficiency_section(manifest)]
+    sections = [efficiency_section(manifest)]
     if manifest.search:  # an Optuna search: its trials are the runs
         trials = study.trials(manifest)
         runs = [(Path(t["run dir"]), f"trial={t['trial']}") for t in trials if t["run dir"]]
@@ -34,7 +34,7 @@ def make(manifest: Manifest, prompt: str | None) -> int:
                                  "\n".join(s for s in sections if s) or None)
 
 
-def _efficiency_section(manifest: Manifest) -> str | None:
+def efficiency_section(manifest: Manifest) -> str | None:
     """The report's efficiency table, when the sweep ran on Slurm and accounting answers."""
     if not manifest.slurm_submissions():
         return None

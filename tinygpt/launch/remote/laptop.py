@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
 from tinygpt.base import durable
 from tinygpt.base.config import PATH_KEYS
 from tinygpt.launch.console import SPEC_AS
@@ -96,10 +98,6 @@ def target(args: argparse.Namespace) -> Target | None:
             return None
         if profile is None or profile.login is None or _is_here(profile.login.host):
             return None
-        if _spec_has_command(args.spec):
-            raise LaunchError(f"{args.spec}: a spec with command: is not yet launched from a laptop (its project "
-                              f"would have to travel too); copy it to the login node {profile.login.host} and "
-                              f"launch it there")
         return Target(profile, _record_path(args), None)
     if Path(args.spec).name == "manifest.json":
         return None
@@ -116,13 +114,6 @@ def _spec_cluster(spec_path: str) -> str | None:
     data = schema.load_yaml(Path(spec_path), LaunchError)
     cluster = data.get("cluster") if isinstance(data, dict) else None
     return cluster if isinstance(cluster, str) else None
-
-
-def _spec_has_command(spec_path: str) -> bool:
-    from tinygpt.base import schema
-
-    data = schema.load_yaml(Path(spec_path), LaunchError)
-    return isinstance(data, dict) and "command" in data
 
 
 def _is_here(host: str) -> bool:
@@ -442,6 +433,28 @@ def send_code(conn: Connection) -> tuple[str, int]:
     return code.digest, sent
 
 
+def _spec_there(conn: Connection, spec: Path) -> bytes:
+    """The spec as the login node reads it: as it is, but for a command's project (a folder of this laptop's),
+    which is sent as a snapshot and named there by its path."""
+    from tinygpt.base import schema
+    from tinygpt.launch.spec.command import project_root
+
+    data = schema.load_yaml(spec, LaunchError)
+    command = data.get("command") if isinstance(data, dict) else None
+    if not isinstance(command, dict) or not isinstance(command.get("project"), (str, type(None))):
+        return spec.read_bytes()  # (the login node's check names what is wrong with the section)
+    root = project_root(command.get("project"), spec)
+    if not root.is_dir():
+        raise LaunchError(f"{spec}: command.project: {root} is not a folder on this laptop; name the folder of "
+                          f"your program (relative to the spec's)")
+    project = snapshot.read(root, everything=True)
+    sent = send_tree(conn, project.digest, project.contents, project.record(f"{socket.gethostname()}:{root}"))
+    print(f"project {project.digest} ({root}): {len(project.contents)} files, {sent:,} bytes sent to "
+          f"{conn.login.host}", file=sys.stderr)
+    command["project"] = f"{conn.root}/trees/{project.digest}"
+    return yaml.safe_dump(data, sort_keys=False).encode()
+
+
 def launcher_python(conn: Connection, hello: dict[str, Any]) -> str:
     """The launcher's Python on the login node: a venv of this project's dependencies, made there once, named by
     its wheels' file names (a wheel's name says its version and build: PyPI never changes one's contents)."""
@@ -469,7 +482,7 @@ def forward(target_: Target, top: argparse.ArgumentParser, args: argparse.Namesp
     record = target_.record
     if record is None:
         code, _ = send_code(conn)
-        inputs = [(Path(args.spec).name, Path(args.spec).read_bytes(), "file"),
+        inputs = [(Path(args.spec).name, _spec_there(conn, Path(args.spec)), "file"),
                   (Path(target_.profile.path).name, Path(target_.profile.path).read_bytes(), "file")]
         name = f"inputs-{snapshot.digest(inputs)}"
         send_tree(conn, name, inputs)

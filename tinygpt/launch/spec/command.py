@@ -140,13 +140,34 @@ def refusal(value: Any, param: Param) -> str | None:
     return None
 
 
-def project_root(command: CommandSpec, spec_path: Path) -> Path:
+def project_root(project: str | None, spec_path: Path) -> Path:
     """The folder whose files the jobs run: `project` (relative to the spec's folder), else the git work tree
     that holds the spec, else the spec's folder."""
     here = spec_path.resolve().parent
-    if command.project is not None:
-        return (here / Path(command.project).expanduser()).resolve()
+    if project is not None:
+        return (here / Path(project).expanduser()).resolve()
     for folder in (here, *here.parents):
         if (folder / ".git").exists():
             return folder
     return here
+
+
+SCRIPTS = (".py", ".sh", ".bash")  # a word naming one of these is code the job runs, not data it reads
+
+
+def project_problems(argv: list[str], root: Path) -> list[str]:
+    """What is wrong with the project and the program in it: a folder that is not there, a program given by a
+    path that is not in it, a script outside it (the jobs would run it as it is when they start)."""
+    if not root.is_dir():
+        return [f"command.project: {root} is not a folder; name the folder of your program (relative to the spec's)"]
+    problems = []
+    if "/" in argv[0] and not Path(argv[0]).is_absolute() and not (root / argv[0]).is_file():
+        problems.append(f"command.argv[0]: {argv[0]} is not a file of the project {root}; give the program's path "
+                        f"in it, or a name on the nodes' PATH")
+    for i, word in enumerate(argv[1:], 1):
+        path = Path(word)
+        if path.is_absolute() and path.suffix in SCRIPTS and path.is_file() and root not in path.resolve().parents:
+            problems.append(f"command.argv[{i}]: {word} is outside the project {root}: the jobs would run it as it "
+                            f"is when each starts, not as it was at launch; move it into the project, or set "
+                            f"command.project to its folder")
+    return problems

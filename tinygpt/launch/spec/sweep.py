@@ -292,10 +292,9 @@ def _command_sweep(spec: SpecFile, path: Path, name: str, profile: Profile | Non
                         "random")
     if backend != "sbatch":
         problems.append("backend: a command runs with the sbatch backend; remove `backend: submitit`")
-    if (spec.pack or 1) > 1:
-        problems.append("pack: packing is for the trainer's runs, not yet for a command; remove pack")
     runs = []
     if command is not None:
+        problems.extend(command_mod.project_problems(command.argv, command_mod.project_root(command.project, path)))
         points, grid_size = _command_points(spec, problems)
         varying = sweep_runs.name_keys(points, command.values)
         runs = sweep_runs.make_plain(points, grid_size, varying, command.values, forced,
@@ -303,11 +302,12 @@ def _command_sweep(spec: SpecFile, path: Path, name: str, profile: Profile | Non
         for run in runs:
             problems.extend(command_mod.check_run(command, {**run.shared, **run.own}, f"run {run.name}"))
     resources = _resources(spec.resources, profile, problems) if profile is not None else None
+    pack = _pack(spec.pack or 1, backend, None, resources, problems)
     if unique := list(dict.fromkeys(problems)):
         raise LaunchError(unique, str(path))
     return Sweep(name, path, profile, backend, resources, spec.array_parallelism, workdir, runs,
-                 sweep_runs.name_keys([(None, r.own) for r in runs], {}), None, 1, spec.snapshot_max_file_mb,
-                 command, command_mod.project_root(command, path))
+                 sweep_runs.name_keys([(None, r.own) for r in runs], {}), None, pack, spec.snapshot_max_file_mb,
+                 command, command_mod.project_root(command.project, path) if command else None)
 
 
 def _command_points(spec: SpecFile, problems: list[str]) -> tuple[list[tuple[str | None, dict[str, Any]]], int]:

@@ -214,6 +214,8 @@ class Local(Backend):
         runs = manifest.runs
         if manifest.search:
             return self._workers(plan, runs, env)
+        if manifest.command is not None:
+            return self._commands(plan, runs, env)
         failed, pack = 0, plan.sweep.pack
         for first in range(0, len(runs), pack):
             procs = []
@@ -226,6 +228,18 @@ class Local(Backend):
                 if proc.wait() != 0:
                     failed += 1
                     self.say(f"=== run {run.name} failed with exit status {proc.returncode}")
+        return failed
+
+    def _commands(self, plan: Plan, runs: list[RunRecord], env: dict) -> int:
+        """A program of the user's: each run started as on a node (node/supervise.py), a plain process each."""
+        failed = 0
+        for run in runs:
+            self.say(f"=== run {run.index + 1}/{len(runs)}: {run.name} -> {run.out_dir}")
+            code = subprocess.call([sys.executable, "-m", "tinygpt.launch.node.supervise", str(plan.manifest_path),
+                                    str(run.index)], env=env, cwd=plan.workdir)
+            if code != 0:
+                failed += 1
+                self.say(f"=== run {run.name} failed with exit status {code}")
         return failed
 
     def _workers(self, plan: Plan, runs: list[RunRecord], env: dict) -> int:

@@ -1,6 +1,7 @@
 """A job chain from one call (`launch.py SPEC --chain`): data, then training, then the report.
 
-    <sweep>-data     one small task: prepares each distinct corpus of the sweep (tinygpt.data prepare)
+    <sweep>-data     one small task: prepares each distinct corpus of the sweep (tinygpt.data prepare); a
+                     program of the user's (`command:`) brings its own data: its chain has no data step
     <sweep>          the training array, with --dependency=afterok:<data job>
     <sweep>-report   one small task after the whole array (afterany): writes runs/<sweep>/report.md
 
@@ -49,6 +50,8 @@ def write_scripts(plan: Plan) -> dict[str, Path]:
     python = f'{container_prefix(sweep.profile)}"$PYTHON"'
     commands = {"data": data_commands(plan, python),
                 "report": [f"{python} -m tinygpt.launch.commands.cli report {shlex.quote(str(plan.manifest_path))}"]}
+    if sweep.command is not None:  # (a program of the user's brings its own data: nothing to prepare)
+        del commands["data"]
     paths = {}
     for step, lines in commands.items():
         path = sweep.dirs.step_script(step)
@@ -59,13 +62,16 @@ def write_scripts(plan: Plan) -> dict[str, Path]:
     return paths
 
 
-def submit(plan: Plan, scripts: dict[str, Path], submit_training, hold: bool) -> list[str]:
-    """Submit data -> training -> report; `submit_training(dependency)` submits the array and returns its ids."""
-    data_id = slurm_cli.sbatch(str(scripts["data"]), ["--hold"] if hold else None)
-    manifest_mod.record_submission(plan.manifest_path, "sbatch", data_id, [], role="data",
-                                   script=str(scripts["data"]))
-    train_ids = submit_training(f"afterok:{data_id}")
+def submit(plan: Plan, scripts: dict[str, Path], submit_training, hold: bool) -> dict[str, list[str]]:
+    """Submit data -> training -> report (a command's chain has no data step); `submit_training(dependency)`
+    submits the array and returns its ids. The ids of each step."""
+    ids = {}
+    if "data" in scripts:
+        ids["data"] = [slurm_cli.sbatch(str(scripts["data"]), ["--hold"] if hold else None)]
+        manifest_mod.record_submission(plan.manifest_path, "sbatch", ids["data"][0], [], role="data",
+                                       script=str(scripts["data"]))
+    train_ids = submit_training(f"afterok:{ids['data'][0]}" if ids else None)
     report_id = slurm_cli.sbatch(str(scripts["report"]), [f"--dependency=afterany:{':'.join(train_ids)}"])
     manifest_mod.record_submission(plan.manifest_path, "sbatch", report_id, [], role="report",
                                    script=str(scripts["report"]))
-    return [data_id, *train_ids, report_id]
+    return {**ids, "training": train_ids, "report": [report_id]}

@@ -103,13 +103,14 @@ LIFE_LINE = ('echo "tinygpt: run $RUN_INDEX ($CONFIG), job ${SLURM_ARRAY_JOB_ID:
              '${SLURM_NTASKS_PER_NODE:-1} task(s), GPUs/node: ${SLURM_GPUS_ON_NODE:-0}, restart '
              '${SLURM_RESTART_COUNT:-0}"')
 CONFIG_LINE = 'CONFIG=$("$PYTHON" -m tinygpt.launch.node.run_config "$MANIFEST" "$RUN_INDEX") || exit 1'
+COMMAND_LINE = 'CONFIG="command"'  # (a program of the user's: node/supervise.py reads its words from the manifest)
 
 
 def _single(p: ScriptParams) -> list[str]:
     """One run (or one search worker) per task, on every node and task the run asked for."""
     return [
         f"RUN_INDEX=$(( {p.offset} + ${{SLURM_ARRAY_TASK_ID:-0}} ))",
-        'CONFIG="search worker $RUN_INDEX"' if p.worker else 'CONFIG="command"' if p.command else CONFIG_LINE,
+        'CONFIG="search worker $RUN_INDEX"' if p.worker else COMMAND_LINE if p.command else CONFIG_LINE,
         LIFE_LINE,
         "status=0",
         f"step srun --kill-on-bad-exit=1 --cpus-per-task={p.resources.cpus_per_task} {_trainer(p)} || status=$?",
@@ -129,7 +130,7 @@ def _packed(p: ScriptParams) -> list[str]:
         "pids=()",
         f'for RUN_INDEX in $(seq "$FIRST" $(( FIRST + {p.pack - 1} ))); do',
         f'  [ "$RUN_INDEX" -lt {p.runs} ] || break',
-        f"  {CONFIG_LINE}",
+        "  " + (COMMAND_LINE if p.command else CONFIG_LINE),
         f"  LOG={q(p.log_dir)}/{PACKED_RUN_LOG.format(task=task_log, index='$RUN_INDEX')}",
         f"  {LIFE_LINE} | tee -a \"$LOG\"",
         f'  {preemption.REQUEUE_ENV}=script {PACK_SLOT_ENV}="$(( RUN_INDEX - FIRST ))/{p.pack}" '
