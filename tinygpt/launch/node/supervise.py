@@ -94,17 +94,17 @@ def supervise(manifest: Path, index: int) -> int:
 
 
 def _wait(program: subprocess.Popen, heartbeat_s: int | None, run_dir: Path) -> int:
-    """The program's exit status (128 + N for a signal N); with a heartbeat, EXIT_HUNG once it has gone silent."""
+    """The program's exit status (128 + N for a signal N); with a heartbeat, EXIT_HUNG once it has gone silent.
+    Without one it blocks (a signal's handler still runs); with one it looks once a second."""
     started = time.time()
-    while True:
-        try:
-            code = program.wait(timeout=1.0)
-            return 128 - code if code < 0 else code
-        except subprocess.TimeoutExpired:
-            pass
-        if heartbeat_s and (silent := time.time() - _last_beat(run_dir, started)) > heartbeat_s:
+    code = program.wait() if not heartbeat_s else None
+    while code is None:
+        time.sleep(1.0)
+        code = program.poll()
+        if code is None and (silent := time.time() - _last_beat(run_dir, started)) > heartbeat_s:
             _hung(program, run_dir, silent)
             return EXIT_HUNG
+    return 128 - code if code < 0 else code
 
 
 def _last_beat(run_dir: Path, started: float) -> float:
