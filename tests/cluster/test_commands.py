@@ -62,7 +62,7 @@ def test_a_pytorch_script_of_its_own_stopped_by_the_signal_resumes_to_an_uninter
     """fit.py, argparse and torch.save of its own: `scancel -s USR2` (what Slurm sends before the time limit)
     stops it mid-training; it saves and exits 75, the task is requeued, and the next life ends with the weights
     of the same script run here without a stop."""
-    argv = [python(), "fit.py", "--lr", "{lr}", "--steps", "60", "--step-s", "0.25", "--out", "{run_dir}"]
+    argv = [python(), "fit.py", "--lr", "{lr}", "--steps", "40", "--step-s", "0.2", "--out", "{run_dir}"]
     _, work, manifest = launch_command(tmp_path, {"argv": argv, "values": {"lr": 0.05}})
     job, run_dir = manifest.task_job_ids()[0], Path(manifest.runs[0].out_dir)
     try:
@@ -73,13 +73,13 @@ def test_a_pytorch_script_of_its_own_stopped_by_the_signal_resumes_to_an_uninter
         cancel(job)
     assert (state, restarts) == ("COMPLETED", 1), logs(work)
     assert "resumed at step" in logs(work) and "saved and asks to be requeued" in logs(work)
-    assert [r["step"] for r in lines(run_dir)] == list(range(1, 61))  # (every step once, across both lives)
+    assert [r["step"] for r in lines(run_dir)] == list(range(1, 41))  # (every step once, across both lives)
     reference = tmp_path / "reference"
     reference.mkdir()
-    subprocess.run([python(), str(FOREIGN / "fit.py"), "--lr", "0.05", "--steps", "60", "--out", str(reference)],
+    subprocess.run([python(), str(FOREIGN / "fit.py"), "--lr", "0.05", "--steps", "40", "--out", str(reference)],
                    check=True, timeout=120, capture_output=True)
     assert (run_dir / "weights.json").read_text() == (reference / "weights.json").read_text()
-    assert (row(manifest).state.name, row(manifest).step) == ("COMPLETED", 60)
+    assert (row(manifest).state.name, row(manifest).step) == ("COMPLETED", 40)
 
 
 @pytest.mark.shares_cluster
@@ -102,7 +102,7 @@ def test_the_time_limit_stops_a_shell_program_which_is_requeued_and_counts_every
 
 @pytest.mark.shares_cluster
 def test_a_program_whose_heartbeat_stops_is_stopped_as_hung_and_not_requeued(tmp_path):
-    _, work, manifest = launch_command(tmp_path, {"argv": ["./count.sh", "100", "hang"], "heartbeat_s": 10})
+    _, work, manifest = launch_command(tmp_path, {"argv": ["./count.sh", "100", "hang"], "heartbeat_s": 3})
     job = manifest.task_job_ids()[0]
     try:
         state = wait(job, timeout=180)

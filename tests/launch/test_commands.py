@@ -89,7 +89,7 @@ def supervise(manifest: Path, index: int, **env: str) -> subprocess.CompletedPro
                                                        "yours (command:), not both"),
     ({"argv": ["prog"]}, {"backend": "submitit"}, "backend: a command runs with the sbatch backend"),
     ({"argv": ["prog"]}, {"pack": 2, "grid": {"a": [1, 2]}}, "pack: 2 runs at once would share 1 CPU(s)"),
-    ({"argv": ["prog"], "heartbeat_s": 1}, {}, "command.heartbeat_s"),
+    ({"argv": ["prog"], "heartbeat_s": 1}, {}, "command.heartbeat_s: must be >= 2"),
     ({"argv": ["./missing.sh"]}, {}, "command.argv[0]: ./missing.sh is not a file of the project"),
     ({"argv": ["prog"], "project": "nowhere"}, {}, "nowhere is not a folder; name the folder of your program"),
     ({"argv": ["python3", str(FOREIGN / "fit.py")]}, {}, "fit.py is outside the project"),

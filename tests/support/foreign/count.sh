@@ -14,6 +14,7 @@ while [ "$n" -lt "$(cat "$dir/goal" 2>/dev/null || echo "$1")" ]; do
   n=$((n + 1))
   echo "{\"step\": $n}" >> "$dir/metrics.jsonl"
   if [ "${2:-}" = hang ] && [ "$n" -ge 3 ]; then
+    trap - TERM  # (stuck, as a process in a dead collective is: SIGTERM ends it)
     while :; do sleep 1; done
   fi
   [ -n "${TINYGPT_HEARTBEAT:-}" ] && touch "$TINYGPT_HEARTBEAT"

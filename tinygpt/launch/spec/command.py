@@ -56,7 +56,7 @@ class CommandSpec(schema.Schema):
     project: OptText = Field(None, description=(
         "the folder whose files the jobs run, as they are at launch (default: the git work tree that holds the "
         "spec, else the spec's folder)"))
-    heartbeat_s: OptInt = Field(None, ge=10, description=(
+    heartbeat_s: OptInt = Field(None, ge=2, description=(
         "a run whose heartbeat file ($TINYGPT_HEARTBEAT) is older than this many seconds is hung, and stopped"))
     max_requeues: OptInt = Field(None, ge=0, le=10_000, description=(
         f"how many times a run may ask to be requeued (exit status 75) (default {DEFAULT_MAX_REQUEUES})"))
