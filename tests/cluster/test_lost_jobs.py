@@ -221,9 +221,13 @@ def test_a_node_lost_mid_job_ends_it_node_fail_and_it_comes_back_from_its_newest
                               capture_output=True, text=True, timeout=30).stdout.split()
 
     # Accounting hears of the end after the controller (seen in a run: RUNNING in sacct, COMPLETED in scontrol).
-    wait_until(lambda: set(lives()[-1:]) <= TERMINAL and len(lives()) == 2, timeout=60, poll=0.2,
+    wait_until(lambda: set(lives()[-1:]) <= TERMINAL and len(lives()) == restarts + 1, timeout=60, poll=0.2,
                what="sacct recording the job's end")
-    assert (state, restarts, lives()) == ("COMPLETED", 1, ["NODE_FAIL", "COMPLETED"]), logs(work)
+    # A life started just as node2 is back can still have its step cancelled by Slurm (seen in CI: started 0.5 s
+    # after "node2 returned to service", requeued 4 s later): the trainer requeues itself, a REQUEUED life between.
+    history = lives()
+    assert (state, history[0], history[-1]) == ("COMPLETED", "NODE_FAIL", "COMPLETED"), logs(work)
+    assert set(history[1:-1]) <= {"REQUEUED"} and restarts == len(history) - 1, (history, restarts)
     resumed = events(run_dir, "start")[1]
     assert resumed["resumed_from"].endswith(checkpoints[-1]), (resumed, checkpoints)
     uninterrupted = read_metrics(two_rank_reference(tmp_path, keys, final))
