@@ -197,3 +197,19 @@ def test_a_chain_of_a_program_runs_its_array_then_its_report_without_a_data_step
         cancel(report)
     text = (work / "runs" / manifest.name / "report.md").read_text()
     assert "![loss](loss.png)" in text and "| lr=0.2 | 0.2 | 20 |" in text
+
+
+@pytest.mark.shares_cluster
+def test_an_optuna_search_of_a_program_on_the_cluster_scores_each_trial_by_its_named_metric(tmp_path):
+    _, work, manifest = launch_command(
+        tmp_path, {"argv": ["python3", "train.py", "--lr", "{lr}", "--steps", "10"],
+                   "project": str(ROOT / "hpc_lab" / "05_own_program")},
+        search={"method": "optuna", "trials": 2, "workers": 1, "seed": 0, "metric": "loss", "value": "best",
+                "params": {"lr": {"uniform": [0.05, 0.2]}}})
+    job = manifest.task_job_ids()[0]
+    try:
+        assert wait(job, timeout=120) == "COMPLETED", logs(work)
+    finally:
+        cancel(job)
+    shown = launch("status", str(manifest.spec), "--workdir", str(work)).stdout
+    assert shown.count("COMPLETE ") >= 2 and "lr=0." in shown, shown

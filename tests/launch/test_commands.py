@@ -91,6 +91,11 @@ def supervise(manifest: Path, index: int, **env: str) -> subprocess.CompletedPro
     ({"argv": ["prog"]}, {"pack": 2, "grid": {"a": [1, 2]}}, "pack: 2 runs at once would share 1 CPU(s)"),
     ({"argv": ["prog"], "heartbeat_s": 1}, {}, "command.heartbeat_s: must be >= 2"),
     ({"argv": ["./missing.sh"]}, {}, "command.argv[0]: ./missing.sh is not a file of the project"),
+    ({"argv": ["prog", "{lr}"]}, {"search": {"method": "optuna", "trials": 2, "params": {"lr": {"uniform": [0, 1]}}}},
+     "search.metric: an Optuna search of a command minimises a named value"),
+    ({"argv": ["prog", "{lr}"], "params": {"lr": {"max": 0.5}}},
+     {"search": {"method": "optuna", "trials": 2, "metric": "loss", "params": {"lr": {"uniform": [0.1, 0.9]}}}},
+     "search.params: lr: must be <= 0.5, got 0.9"),
     ({"argv": ["prog"], "project": "nowhere"}, {}, "nowhere is not a folder; name the folder of your program"),
     ({"argv": ["python3", str(FOREIGN / "fit.py")]}, {}, "fit.py is outside the project"),
     ({"argv": ["prog"], "lr": 1}, {}, "command.lr"),
@@ -216,3 +221,30 @@ def test_the_report_of_a_program_draws_each_named_metric_and_says_what_has_no_me
     assert "![loss](loss.png)" in report and "| lr=0.2 | 0.2 | 20 |" in report
     assert "Samples and attention maps are the TinyGPT trainer's" in report
     assert (tmp_path / "work" / "runs" / "s" / "loss.png").stat().st_size > 1000
+
+
+def test_an_optuna_search_of_a_program_minimises_its_named_metric(tmp_path):
+    """`search: {method: optuna, metric: loss}`: two workers here (--local), each trial the program run as a run
+    is, scored by the last `loss` it wrote; the study's values are the program's own."""
+    spec = write(tmp_path, {"argv": [sys.executable, "train.py", "--lr", "{lr}", "--steps", "30"],
+                            "project": str(ROOT / "hpc_lab" / "05_own_program")},
+                 search={"method": "optuna", "trials": 4, "workers": 2, "seed": 1, "metric": "loss",
+                         "params": {"lr": {"loguniform": [0.01, 0.3]}}})
+    out = launch(str(spec), "--local", "--workdir", str(tmp_path / "work"), cwd=tmp_path)
+    assert out.returncode == 0 and "2/2 worker(s) ended well" in out.stdout, out.stdout + out.stderr
+    said = sorted(float(line.split("loss=")[1].split()[0]) for line in out.stdout.splitlines() if "loss=" in line)
+    import optuna
+
+    from tinygpt.launch.node.study_journal import storage
+
+    study = optuna.load_study(study_name="s", storage=storage(str(tmp_path / "work" / "jobs" / "s" /
+                                                                   "optuna.journal")))
+    assert sorted(round(t.value, 6) for t in study.trials) == said and len(said) == 4
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+
+
+def test_a_search_of_the_trainer_has_no_metric(tmp_path):
+    spec = tmp_path / "t.yaml"
+    spec.write_text(yaml.safe_dump({"name": "t", "search": {"method": "optuna", "trials": 2, "metric": "loss",
+                                                            "params": {"lr": {"uniform": [0.001, 0.01]}}}}))
+    assert "search.metric, search.value: are a command's" in refused(spec)

@@ -108,6 +108,8 @@ class SearchRecord(_Record):
     pruner: str = "asha"
     target: float | None = None  # the val loss a trial stops at; the study minimises the seconds to it
     budget_s: float | None = None  # the seconds of training after which a trial stops
+    metric: str | None = None  # a command's: the named value of metrics.jsonl the study minimises
+    value: str = "last"  # of that metric: its last value, or its best (lowest)
 
 
 class CommandRecord(_Record):

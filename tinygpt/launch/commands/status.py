@@ -173,7 +173,7 @@ def show(manifest: Manifest, watch: bool = False, interval: float = 5.0, console
 def _print_notes(manifest: Manifest, rows: Rows, console) -> None:
     """Under the table: what it cannot say by itself."""
     _print_unheard(rows, console)
-    if manifest.command is not None and all(r.step is None for r in rows):
+    if manifest.command is not None and manifest.search is None and all(r.step is None for r in rows):
         console.print("note: no run of this program has written a metrics.jsonl in its run directory: the states "
                       "are Slurm's alone (`launch.py logs SPEC RUN` shows what a run printed)", soft_wrap=True,
                       markup=False)

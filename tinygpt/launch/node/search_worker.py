@@ -128,6 +128,8 @@ def _train_trial(trial, manifest: Manifest, run: RunRecord) -> tuple[str, int | 
     params = {key: suggest(trial, key, kind, args) for key, (kind, args) in search.dists.items()}
     width = len(str(search.trials - 1))
     out_dir = Path(run.out_dir).parent / f"trial={trial.number:0{width}d}"  # beside the workers' own
+    if manifest.command is not None:
+        return _command_trial(trial, manifest, {**manifest.base, **run.own, **params}, out_dir)
     try:
         cfg = config_mod.build({**manifest.base, **run.own, **params, "out_dir": str(out_dir)})
     except config_mod.ConfigError as err:
@@ -162,6 +164,45 @@ def _train_trial(trial, manifest: Manifest, run: RunRecord) -> tuple[str, int | 
         trial.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         return "PRUNED", None
     return "RUNNING", result.exit_code  # stopped by a signal and saved: the trial resumes in the next life
+
+
+def _command_trial(trial, manifest: Manifest, values: dict[str, Any], out_dir: Path) -> tuple[str, int | None]:
+    """A trial of a program of the user's: started as a run is (node/supervise.py), each new value of the search's
+    metric reported as the program writes it, stopped when the pruner says so; scored by the metric's last or
+    best value. A program that saves and asks for a requeue (75) leaves the trial RUNNING for the next life."""
+    import optuna
+
+    from tinygpt.launch.node import supervise
+    from tinygpt.training.metrics import of_run, read
+
+    search = manifest.search
+    trial.set_user_attr("run_dir", str(out_dir))
+    seen: list[tuple[int, float]] = []
+    lines = [0]  # (the records read so far)
+
+    def watch() -> bool:
+        records = read(of_run(out_dir))
+        new = [(r["step"], r[search.metric]) for r in records[lines[0]:]
+               if isinstance(r.get(search.metric), (int, float)) and isinstance(r.get("step"), int)]
+        lines[0] = len(records)
+        for step, value in new:
+            trial.report(float(value), step)
+        seen.extend(new)
+        return bool(new) and trial.should_prune()
+
+    ended = supervise.run_program(manifest, out_dir.name, values, out_dir, watch)
+    watch()  # (what it wrote last)
+    if ended.code is None:
+        trial.set_user_attr("pruned_at", seen[-1][0])
+        trial.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        return "PRUNED", None
+    if ended.code == preemption.EXIT_REQUEUE:
+        return "RUNNING", supervise.after(ended, manifest, out_dir.name)
+    if ended.code != 0 or not seen:
+        raise TrialError(f"the program ended with exit status {ended.code}" if ended.code else
+                         f"the program wrote no `{search.metric}` to {of_run(out_dir)}")
+    trial.study.tell(trial, min(v for _, v in seen) if search.value == "best" else seen[-1][1])
+    return "COMPLETE", None
 
 
 def ended_by_budget(search: SearchRecord, curve: list[dict]) -> bool:

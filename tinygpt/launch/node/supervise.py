@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from tinygpt.base import durable
 from tinygpt.launch.errors import LaunchError
@@ -43,12 +44,12 @@ STOP_GRACE_S = 10  # a hung program gets this long between SIGTERM and SIGKILL
 HEARTBEAT = "heartbeat"  # in the run directory
 
 
-def environment(head, run, run_dir: Path) -> dict[str, str]:
+def environment(head, run_name: str, run_dir: Path) -> dict[str, str]:
     """The program's environment: the job's, the contract's variables, the helper on PYTHONPATH."""
     env = dict(os.environ)
     ours = str(Path(__file__).resolve().parents[3])  # (the code snapshot's root: `tinygpt` is in it)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), ours) if p)
-    env.update(TINYGPT_RUN_DIR=str(run_dir), TINYGPT_RUN_NAME=run.name, TINYGPT_SWEEP=head.name,
+    env.update(TINYGPT_RUN_DIR=str(run_dir), TINYGPT_RUN_NAME=run_name, TINYGPT_SWEEP=head.name,
                TINYGPT_STOP_SIGNAL=f"SIG{head.command.stop_signal}", TINYGPT_REQUEUE_EXIT=str(EXIT_REQUEUE))
     if head.command.heartbeat_s:
         env["TINYGPT_HEARTBEAT"] = str(run_dir / HEARTBEAT)
@@ -59,52 +60,72 @@ def environment(head, run, run_dir: Path) -> dict[str, str]:
     return env
 
 
+class Ended(NamedTuple):
+    code: int | None  # the program's exit status (128 + N for a signal N); None: `watch` stopped it
+    signals: list[int]  # the signals passed on to it
+
+
+def run_program(head, run_name: str, values: dict, run_dir: Path, watch=None) -> Ended:
+    """The run's program started with its values in its words and the contract's environment, every signal passed
+    on, until it ends: EXIT_HUNG when its heartbeat stops; stopped when `watch()`, asked once a second, says
+    so. An OSError when it cannot be started."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    argv = head.command.words({**values, "run_dir": str(run_dir), "run_name": run_name, "sweep": head.name})
+    program = subprocess.Popen(argv, cwd=head.command.project, env=environment(head, run_name, run_dir))
+    received: list[int] = []
+    before = {signum: signal.signal(signum, lambda s, _: (received.append(s), program.send_signal(s)))
+              for signum in PASSED_ON}
+    try:
+        return Ended(_wait(program, head.command.heartbeat_s, run_dir, watch), received)
+    finally:
+        for signum, handler in before.items():  # (a search worker's own, between its trials)
+            signal.signal(signum, handler)
+
+
+def _wait(program: subprocess.Popen, heartbeat_s: int | None, run_dir: Path, watch) -> int | None:
+    started = time.time()
+    code = program.wait() if not (heartbeat_s or watch) else None
+    while code is None:
+        time.sleep(1.0)
+        if (code := program.poll()) is not None:
+            break
+        if heartbeat_s and (silent := time.time() - _last_beat(run_dir, started)) > heartbeat_s:
+            _hung(program, run_dir, silent)
+            return EXIT_HUNG
+        if watch is not None and watch():
+            _stop(program)
+            return None
+    return 128 - code if code < 0 else code
+
+
 def supervise(manifest: Path, index: int) -> int:
     head, run = load_run(manifest, index)
     if head.command is None:
         raise LaunchError(f"{manifest}: sweep {head.name} runs the trainer, not a command")
-    run_dir = Path(run.out_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    argv = head.command.words({**head.base, **run.own, "run_dir": str(run_dir), "run_name": run.name,
-                               "sweep": head.name})
-    env = environment(head, run, run_dir)
     try:
-        program = subprocess.Popen(argv, cwd=head.command.project, env=env)
+        ended = run_program(head, run.name, {**head.base, **run.own}, Path(run.out_dir))
     except OSError as err:
-        print(f"tinygpt: cannot start {argv[0]} in {head.command.project} ({err.strerror}); check command.argv",
-              file=sys.stderr)
+        print(f"tinygpt: cannot start {head.command.argv[0]} in {head.command.project} ({err.strerror}); check "
+              f"command.argv", file=sys.stderr)
         return 127
-    received = []
-    for signum in PASSED_ON:
-        signal.signal(signum, lambda s, _: (received.append(s), program.send_signal(s)))
-    code = _wait(program, head.command.heartbeat_s, run_dir)
-    if code == EXIT_REQUEUE and signal.SIGTERM in received:
+    return after(ended, head, run.name)
+
+
+def after(ended: Ended, head, run_name: str) -> int:
+    """The task's exit status once the program has ended (see the module's docstring)."""
+    if ended.code == EXIT_REQUEUE and signal.SIGTERM in ended.signals:
         # (scancel, or a preemption under PreemptMode=REQUEUE, where Slurm requeues the job itself: as the trainer)
-        print(f"tinygpt: run {run.name} saved on SIGTERM; Slurm requeues a preempted job itself, and a scancel "
+        print(f"tinygpt: run {run_name} saved on SIGTERM; Slurm requeues a preempted job itself, and a scancel "
               f"means stop", file=sys.stderr)
         return 0
-    if code == EXIT_REQUEUE:
+    if ended.code == EXIT_REQUEUE:
         restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
         if restarts >= head.command.max_requeues:
-            print(f"tinygpt: run {run.name} asked to be requeued after {restarts} requeue(s), the most "
+            print(f"tinygpt: run {run_name} asked to be requeued after {restarts} requeue(s), the most "
                   f"command.max_requeues allows; not requeued (raise it, or resubmit)", file=sys.stderr)
             return 1
-        print(f"tinygpt: run {run.name} saved and asks to be requeued ({restarts} so far)", file=sys.stderr)
-    return code
-
-
-def _wait(program: subprocess.Popen, heartbeat_s: int | None, run_dir: Path) -> int:
-    """The program's exit status (128 + N for a signal N); with a heartbeat, EXIT_HUNG once it has gone silent.
-    Without one it blocks (a signal's handler still runs); with one it looks once a second."""
-    started = time.time()
-    code = program.wait() if not heartbeat_s else None
-    while code is None:
-        time.sleep(1.0)
-        code = program.poll()
-        if code is None and (silent := time.time() - _last_beat(run_dir, started)) > heartbeat_s:
-            _hung(program, run_dir, silent)
-            return EXIT_HUNG
-    return 128 - code if code < 0 else code
+        print(f"tinygpt: run {run_name} saved and asks to be requeued ({restarts} so far)", file=sys.stderr)
+    return ended.code
 
 
 def _last_beat(run_dir: Path, started: float) -> float:
@@ -120,6 +141,10 @@ def _hung(program: subprocess.Popen, run_dir: Path, silent: float) -> None:
     print(f"tinygpt: the program's heartbeat is {silent:.0f} s old: hung; stopping it", file=sys.stderr)
     durable.append_line(metrics.of_run(run_dir), json.dumps({"event": "hung", "step": step, "heartbeat_age_s":
                                                              round(silent, 1), "time": time.time()}))
+    _stop(program)
+
+
+def _stop(program: subprocess.Popen) -> None:
     program.terminate()
     try:
         program.wait(timeout=STOP_GRACE_S)

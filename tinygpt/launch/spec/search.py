@@ -18,7 +18,9 @@ like a grid point (the trainer's schema, before anything is written).
 array tasks, each an Optuna worker (tinygpt/launch/node/search_worker.py) on one study in a journal file under the
 sweep's folder: it asks for a trial, trains it, reports the validation loss at every evaluation and stops
 the trial when the pruner says so. The trial's values are drawn by Optuna from the same `params`; at
-launch every value a trial may get is checked, and every combination of two (points_to_check).
+launch every value a trial may get is checked, and every combination of two (points_to_check). A search of a
+program of the user's (`command:`) names the value of its metrics.jsonl to minimise: `metric: loss` (and `value:
+last` or `best`).
 """
 
 from __future__ import annotations
@@ -31,11 +33,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, ValidationInfo, WithJsonSchema, field_validator
 
 from tinygpt.base import schema
-from tinygpt.base.schema import Int, OptFloat, OptInt
+from tinygpt.base.schema import Int, OptFloat, OptInt, OptText
 
 METHODS = ("random", "optuna")
 DISTRIBUTIONS = ("choice", "uniform", "loguniform", "int")
-OPTUNA_KEYS = ("workers", "sampler", "pruner", "target", "budget_s")  # the keys of method optuna alone
+OPTUNA_KEYS = ("workers", "sampler", "pruner", "target", "budget_s", "metric", "value")  # method optuna's alone
 SAMPLERS = ("tpe", "random")
 PRUNERS = ("asha", "median", "none")
 MAX_TRIALS = 100_000
@@ -94,6 +96,10 @@ class Search(schema.Schema):
         "training that took (needs budget_s)"))
     budget_s: OptFloat = Field(None, gt=0, description=(
         "optuna: seconds of training (evaluations not counted) after which a trial stops"))
+    metric: OptText = Field(None, description=(
+        "optuna, for a command: the named value of the runs' metrics.jsonl that the study minimises"))
+    value: Literal["last", "best"] | None = Field(None, description=(
+        "optuna, for a command: the metric's last value (default) or its best (lowest)"))
     seed: Int = Field(0, description="the same spec and seed give the same trials")
     params: dict[str, Distribution] = Field(min_length=1, description="trainer keys and their distributions",
                                             json_schema_extra={"hint": "trainer keys and their distributions, e.g. "
@@ -138,7 +144,8 @@ class Search(schema.Schema):
         """What the launcher and the workers keep of it: {method, trials, seed, dists[, workers, sampler,
         pruner, target, budget_s]}."""
         extra = {"workers": self.workers or 1, "sampler": self.sampler or "tpe", "pruner": self.pruner or "asha",
-                 **{k: getattr(self, k) for k in ("target", "budget_s") if getattr(self, k) is not None}} \
+                 **{k: getattr(self, k) for k in ("target", "budget_s", "metric", "value")
+                    if getattr(self, k) is not None}} \
             if self.method == "optuna" else {}
         return {"method": self.method, "trials": self.trials, "seed": self.seed, "dists": dict(self.params), **extra}
 

@@ -287,27 +287,45 @@ def _command_sweep(spec: SpecFile, path: Path, name: str, profile: Profile | Non
     if spec.train is not None:
         problems.append("train: a spec runs the trainer (train:) or a program of yours (command:), not both; "
                         "remove one")
-    if spec.search is not None and spec.search.method == "optuna":
-        problems.append("search: an Optuna search is of the trainer's runs, not yet of a command's; use method: "
-                        "random")
     if backend != "sbatch":
         problems.append("backend: a command runs with the sbatch backend; remove `backend: submitit`")
-    runs = []
+    runs, optuna = [], None
     if command is not None:
         problems.extend(command_mod.project_problems(command.argv, command_mod.project_root(command.project, path)))
-        points, grid_size = _command_points(spec, problems)
+        optuna = _command_optuna(spec, command, forced, problems)
+        points, grid_size = ([(f"worker={w}", {}) for w in range(optuna["workers"])], optuna["workers"]) if optuna \
+            else _command_points(spec, problems)
         varying = sweep_runs.name_keys(points, command.values)
         runs = sweep_runs.make_plain(points, grid_size, varying, command.values, forced,
                                      str(SweepDirs(workdir, name).runs), problems)
-        for run in runs:
+        for run in runs if optuna is None else []:  # (a worker's values are its trials': checked above)
             problems.extend(command_mod.check_run(command, {**run.shared, **run.own}, f"run {run.name}"))
     resources = _resources(spec.resources, profile, problems) if profile is not None else None
-    pack = _pack(spec.pack or 1, backend, None, resources, problems)
+    pack = _pack(spec.pack or 1, backend, optuna, resources, problems)
     if unique := list(dict.fromkeys(problems)):
         raise LaunchError(unique, str(path))
     return Sweep(name, path, profile, backend, resources, spec.array_parallelism, workdir, runs,
-                 sweep_runs.name_keys([(None, r.own) for r in runs], {}), None, pack, spec.snapshot_max_file_mb,
+                 sweep_runs.name_keys([(None, r.own) for r in runs], {}), optuna, pack, spec.snapshot_max_file_mb,
                  command, command_mod.project_root(command.project, path) if command else None)
+
+
+def _command_optuna(spec: SpecFile, command: CommandSpec, forced: dict[str, Any], problems: list[str]
+                    ) -> dict[str, Any] | None:
+    """An Optuna search of a command's runs: its settings, every value a trial may get checked as `params` says."""
+    if spec.search is None or spec.search.method != "optuna":
+        return None
+    settings = spec.search.settings()
+    if spec.grid is not None or spec.runs is not None:
+        problems.append("search: an Optuna search makes the sweep's runs (its workers); remove grid and runs")
+    if "metric" not in settings:
+        problems.append("search.metric: an Optuna search of a command minimises a named value of its runs' "
+                        "metrics.jsonl; name it (e.g. metric: loss)")
+    if "target" in settings or "budget_s" in settings:
+        problems.append("search: target and budget_s are the trainer's (its validation loss, its seconds); a "
+                        "command's search minimises search.metric")
+    for point in search.points_to_check(settings):
+        problems.extend(command_mod.check_run(command, {**command.values, **point, **forced}, "search.params"))
+    return {**settings, "dists": {k: list(v) for k, v in settings["dists"].items()}}
 
 
 def _command_points(spec: SpecFile, problems: list[str]) -> tuple[list[tuple[str | None, dict[str, Any]]], int]:
@@ -371,6 +389,9 @@ def _optuna(spec: SpecFile, inputs: dict[str, Any], problems: list[str]) -> dict
     if spec.grid is not None or spec.runs is not None:
         problems.append("search: an Optuna search makes the sweep's runs (its workers); remove grid and runs")
     settings = spec.search.settings()
+    if "metric" in settings or "value" in settings:
+        problems.append("search.metric, search.value: are a command's (a search of the trainer minimises its "
+                        "validation loss); remove them")
     points = search.points_to_check(settings)
     _check_keys(points[0], "search.params", problems)  # (unknown and launcher-owned keys: said once)
     failing = []
