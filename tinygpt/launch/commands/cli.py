@@ -254,12 +254,7 @@ def _report(args) -> int:
     """`launch.py report SPEC`: runs/<sweep>/report.md over every run of the sweep's manifest."""
     from tinygpt.launch.read import sweep_report
 
-    manifest = _launched(args)
-    if manifest.command is not None:
-        from tinygpt.launch.read import command_report
-
-        return command_report.make(manifest, sweep_report.efficiency_section(manifest))
-    return sweep_report.make(manifest, args.prompt)
+    return sweep_report.make(_launched(args), args.prompt)
 
 
 def _sync(args) -> int:

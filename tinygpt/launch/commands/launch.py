@@ -157,11 +157,9 @@ def _chain_here(plan: Plan, backend: backends.Backend, spec: str) -> int:
         backend.submit(plan)
     finally:
         print("=== chain, report:")
-        from tinygpt.launch.read import command_report, sweep_report
+        from tinygpt.launch.read import sweep_report
 
-        manifest = manifest_mod.load(plan.manifest_path)
-        reported = sweep_report.make(manifest, None) if manifest.command is None else \
-            command_report.make(manifest, None)
+        reported = sweep_report.make(manifest_mod.load(plan.manifest_path), None)
     print(f"see `python launch.py status {shown(spec)}`")
     return reported
 

@@ -17,13 +17,18 @@ if TYPE_CHECKING:
 
 
 def make(manifest: Manifest, prompt: str | None) -> int:
-    """The sweep report of a manifest's runs (also the report step of a job chain, on a node)."""
+    """The sweep report of a manifest's runs (also the report step of a job chain, on a node); a program of the
+    user's has its own (command_report.py)."""
+    if manifest.command is not None:
+        from tinygpt.launch.read import command_report
+
+        return command_report.make(manifest, _efficiency_section(manifest))
     from tinygpt import report  # (numpy and matplotlib: only when a report is made)
 
     out_dir = manifest.dirs.runs
     runs = [(Path(r.out_dir), r.name) for r in manifest.runs]
     varying = sorted({k for r in manifest.runs for k in r.own})
-    sections = [efficiency_section(manifest)]
+    sections = [_efficiency_section(manifest)]
     if manifest.search:  # an Optuna search: its trials are the runs
         trials = study.trials(manifest)
         runs = [(Path(t["run dir"]), f"trial={t['trial']}") for t in trials if t["run dir"]]
@@ -34,7 +39,7 @@ def make(manifest: Manifest, prompt: str | None) -> int:
                                  "\n".join(s for s in sections if s) or None)
 
 
-def efficiency_section(manifest: Manifest) -> str | None:
+def _efficiency_section(manifest: Manifest) -> str | None:
     """The report's efficiency table, when the sweep ran on Slurm and accounting answers."""
     if not manifest.slurm_submissions():
         return None
