@@ -120,3 +120,19 @@ def crossing(points: list[dict], target: float, keys: tuple[str, ...] = ("step",
             return {**at, "bracket": (p["step"] - before["step"]) / at["step"]}
         before = p
     return None
+
+
+NOT_NAMED = ("step", "time", "event")  # (the fields of a record that are not one of its named values)
+
+
+def series(records: list[dict]) -> dict[str, list[tuple[int, float]]]:
+    """Each named number of the records that are not events, as (step, value) points in the order written: what a
+    program of the user's writes under any names, as its report draws it and a search reads its metric."""
+    found: dict[str, list[tuple[int, float]]] = {}
+    for rec in records:
+        if "event" in rec or not isinstance(rec.get("step"), int):
+            continue
+        for key, value in rec.items():
+            if key not in NOT_NAMED and isinstance(value, (int, float)) and not isinstance(value, bool):
+                found.setdefault(key, []).append((rec["step"], float(value)))  # (a NaN too: a search fails on it)
+    return found

@@ -173,7 +173,7 @@ def _command_trial(trial, manifest: Manifest, values: dict[str, Any], out_dir: P
     import optuna
 
     from tinygpt.launch.node import supervise
-    from tinygpt.training.metrics import of_run, read
+    from tinygpt.training.metrics import of_run, read, series
 
     search = manifest.search
     trial.set_user_attr("run_dir", str(out_dir))
@@ -182,11 +182,10 @@ def _command_trial(trial, manifest: Manifest, values: dict[str, Any], out_dir: P
 
     def watch() -> bool:
         records = read(of_run(out_dir))
-        new = [(r["step"], r[search.metric]) for r in records[lines[0]:]
-               if isinstance(r.get(search.metric), (int, float)) and isinstance(r.get("step"), int)]
+        new = series(records[lines[0]:]).get(search.metric, [])
         lines[0] = len(records)
         for step, value in new:
-            trial.report(float(value), step)
+            trial.report(value, step)
         seen.extend(new)
         return bool(new) and trial.should_prune()
 

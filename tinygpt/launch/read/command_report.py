@@ -6,7 +6,6 @@ here, and the report says so. matplotlib draws it (the `train` extra, as for the
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 from tinygpt.base import durable
@@ -15,22 +14,6 @@ from tinygpt.training import metrics
 
 if TYPE_CHECKING:
     from tinygpt.launch.manifest import Manifest
-
-NOT_METRICS = ("step", "time", "event")
-
-
-def series(records: list[dict]) -> dict[str, list[tuple[int, float]]]:
-    """Each named value's (step, value) points, in the order written (a line without a number for it: none)."""
-    found: dict[str, list[tuple[int, float]]] = {}
-    for rec in records:
-        if "event" in rec or not isinstance(rec.get("step"), int):
-            continue
-        for key, value in rec.items():
-            if key not in NOT_METRICS and isinstance(value, (int, float)) and not isinstance(value, bool) \
-                    and math.isfinite(value):
-                found.setdefault(key, []).append((rec["step"], float(value)))
-    return found
-
 
 def make(manifest: Manifest, efficiency_section: str | None) -> int:
     """Write runs/<sweep>/report.md and a PNG per metric; print where."""
@@ -41,7 +24,7 @@ def make(manifest: Manifest, efficiency_section: str | None) -> int:
         import matplotlib.pyplot as plt
     except ImportError:
         raise LaunchError("report: drawing needs matplotlib (pip install 'tinygpt-hpc[train]')") from None
-    runs = {r.name: series(metrics.read(metrics.of_run(r.out_dir))) for r in manifest.runs}
+    runs = {r.name: metrics.series(metrics.read(metrics.of_run(r.out_dir))) for r in manifest.runs}
     names = sorted({name for found in runs.values() for name in found})
     out = manifest.dirs.runs
     out.mkdir(parents=True, exist_ok=True)
