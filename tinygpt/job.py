@@ -26,10 +26,11 @@ import json
 import os
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from tinygpt.base import durable  # (the standard library only, as this module)
 
 REQUEUE_EXIT = 75  # (EX_TEMPFAIL) the status that asks the launcher to requeue the run
 _stop = {"asked": None}  # the signal that asked the program to stop, once one has
@@ -76,23 +77,12 @@ def heartbeat() -> None:
 
 def log(step: int, **values: Any) -> None:
     """Append `{"step": step, **values}` to the run's metrics.jsonl (one line, written whole)."""
-    line = json.dumps({"step": int(step), **values, "time": time.time()}) + "\n"
-    fd = os.open(run_dir() / "metrics.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
+    durable.append_line(run_dir() / "metrics.jsonl", json.dumps({"step": int(step), **values, "time": time.time()}))
 
 
 def save(name: str, state: Any) -> None:
     """Write `state` (JSON) to NAME in the run's directory: whole or not at all (a temporary file, renamed)."""
-    folder = run_dir()
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(state, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, folder / name)
+    durable.write(run_dir() / name, json.dumps(state))
 
 
 def load(name: str) -> Any:
