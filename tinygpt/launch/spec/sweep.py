@@ -142,7 +142,17 @@ class Sweep:
         return SweepDirs(self.workdir, self.name)
 
 
-def _expand_grid(grid: dict[str, Any] | None, problems: list[str]) -> list[dict[str, Any]]:
+def _trainer_key(key: Any) -> str:
+    """A grid's key as the trainer's flat name (`model.n_layer` is `n_layer`)."""
+    return train_config.normalise_key(str(key)).rpartition(".")[2]
+
+
+def _as_given(mapping: dict, where: str, problems: list[str]) -> dict[str, Any]:
+    """A program of the user's takes its keys as the spec writes them (command.params checks their values)."""
+    return dict(mapping)
+
+
+def _expand_grid(grid: dict[str, Any] | None, problems: list[str], name_of=_trainer_key) -> list[dict[str, Any]]:
     if grid is None:
         return []
     if not grid:
@@ -150,7 +160,7 @@ def _expand_grid(grid: dict[str, Any] | None, problems: list[str]) -> list[dict[
         return []
     keys, value_lists = [], []
     for key, values in grid.items():
-        name = train_config.normalise_key(str(key)).rpartition(".")[2]
+        name = name_of(key)
         if not isinstance(values, list):
             values = [values]
         if not values:
@@ -289,12 +299,13 @@ def _command_sweep(spec: SpecFile, path: Path, name: str, profile: Profile | Non
                         "remove one")
     if backend != "sbatch":
         problems.append("backend: a command runs with the sbatch backend; remove `backend: submitit`")
-    runs, optuna = [], None
+    runs, optuna, varying, project = [], None, [], None
     if command is not None:
-        problems.extend(command_mod.project_problems(command.argv, command_mod.project_root(command.project, path)))
+        project = command_mod.project_root(command.project, path)
+        problems.extend(command_mod.project_problems(command.argv, project))
         optuna = _command_optuna(spec, command, forced, problems)
         points, grid_size = ([(f"worker={w}", {}) for w in range(optuna["workers"])], optuna["workers"]) if optuna \
-            else _command_points(spec, problems)
+            else _points(spec, problems, _as_given, str)
         varying = sweep_runs.name_keys(points, command.values)
         runs = sweep_runs.make_plain(points, grid_size, varying, command.values, forced,
                                      str(SweepDirs(workdir, name).runs), problems)
@@ -304,9 +315,8 @@ def _command_sweep(spec: SpecFile, path: Path, name: str, profile: Profile | Non
     pack = _pack(spec.pack or 1, backend, optuna, resources, problems)
     if unique := list(dict.fromkeys(problems)):
         raise LaunchError(unique, str(path))
-    return Sweep(name, path, profile, backend, resources, spec.array_parallelism, workdir, runs,
-                 sweep_runs.name_keys([(None, r.own) for r in runs], {}), optuna, pack, spec.snapshot_max_file_mb,
-                 command, command_mod.project_root(command.project, path) if command else None)
+    return Sweep(name, path, profile, backend, resources, spec.array_parallelism, workdir, runs, varying, optuna,
+                 pack, spec.snapshot_max_file_mb, command, project)
 
 
 def _command_optuna(spec: SpecFile, command: CommandSpec, forced: dict[str, Any], problems: list[str]
@@ -326,29 +336,6 @@ def _command_optuna(spec: SpecFile, command: CommandSpec, forced: dict[str, Any]
     for point in search.points_to_check(settings):
         problems.extend(command_mod.check_run(command, {**command.values, **point, **forced}, "search.params"))
     return {**settings, "dists": {k: list(v) for k, v in settings["dists"].items()}}
-
-
-def _command_points(spec: SpecFile, problems: list[str]) -> tuple[list[tuple[str | None, dict[str, Any]]], int]:
-    """A command sweep's points (keys as the spec writes them): the grid's or a random search's, then `runs`."""
-    points: list[tuple[str | None, dict[str, Any]]] = []
-    if spec.grid is not None:
-        if not spec.grid or any(isinstance(v, list) and not v for v in spec.grid.values()):
-            problems.append("grid: is empty, or a key has no values; give each key a list of values")
-        else:
-            lists = {k: v if isinstance(v, list) else [v] for k, v in spec.grid.items()}
-            points += [(None, dict(zip(lists, combo))) for combo in itertools.product(*lists.values())]
-    if spec.search is not None and spec.search.method != "optuna":
-        drawn = search.points(spec.search.settings())
-        width = len(str(len(drawn) - 1))
-        points += [(f"trial={t:0{width}d},{run_name(p)}", p) for t, p in enumerate(drawn)]
-    grid_size = len(points)
-    for entry in spec.runs or []:
-        entry = dict(entry)
-        given = entry.pop("name", None)
-        points.append((str(given) if given is not None else None, entry))
-    if spec.grid is None and spec.search is None and spec.runs is None:
-        points.append((None, {}))
-    return points, grid_size
 
 
 def _spec_file(data: dict, problems: list[str]) -> SpecFile:
@@ -430,13 +417,14 @@ def _base(raw: dict[str, Any] | None, profile: Profile | None, problems: list[st
     return base
 
 
-def _points(spec: SpecFile, problems: list[str]) -> tuple[list[tuple[str | None, dict[str, Any]]], int]:
-    """The sweep's points, (given name or None, flat trainer keys): the grid's, then the explicit runs; and
-    how many came from the grid."""
+def _points(spec: SpecFile, problems: list[str], check=_check_keys, name_of=_trainer_key
+            ) -> tuple[list[tuple[str | None, dict[str, Any]]], int]:
+    """The sweep's points, (given name or None, flat trainer keys, or a command's as written: `check` and
+    `name_of`): the grid's, then the explicit runs; and how many came from the grid."""
     points: list[tuple[str | None, dict[str, Any]]] = []
-    grid_points = _expand_grid(spec.grid, problems)
+    grid_points = _expand_grid(spec.grid, problems, name_of)
     if grid_points:  # (every point has the grid's keys: they are checked once)
-        known = _check_keys(dict(grid_points[0]), "grid", problems)
+        known = check(dict(grid_points[0]), "grid", problems)
         unchanged = known.keys() == grid_points[0].keys()
         points += [(None, point if unchanged else {k: v for k, v in point.items() if k in known})
                    for point in grid_points]
@@ -446,13 +434,13 @@ def _points(spec: SpecFile, problems: list[str]) -> tuple[list[tuple[str | None,
         drawn = search.points(spec.search.settings())
         width = len(str(len(drawn) - 1))
         for trial, point in enumerate(drawn):
-            points.append((f"trial={trial:0{width}d},{run_name(point)}", _check_keys(point, "search.params", problems)))
+            points.append((f"trial={trial:0{width}d},{run_name(point)}", check(point, "search.params", problems)))
         grid_points = drawn  # (counted like grid points: the explicit runs come after)
     explicit = spec.runs
     for i, entry in enumerate(explicit or []):
         entry = dict(entry)
         given = entry.pop("name", None)
-        flat = _check_keys(entry, f"runs[{i}]", problems)
+        flat = check(entry, f"runs[{i}]", problems)
         points.append((str(given) if given is not None else None, flat))
     if spec.grid is None and spec.search is None and explicit is None:
         points.append((None, {}))  # a single job

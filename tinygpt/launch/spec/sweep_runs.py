@@ -84,9 +84,7 @@ def make(points: list[tuple[str | None, dict[str, Any]]], grid_size: int, varyin
     labelled = _labelled(points, grid_size, varying, len(points) == 1, problems)
     if not labelled:
         return []
-    own_keys = [k for k in dict.fromkeys(k for _, _, p in labelled for k in p) if k not in forced
-                and _differs((repr(p.get(k, MISSING)) for _, _, p in labelled))]
-    shared = {**base, **{k: v for k, v in labelled[0][2].items() if k not in own_keys}, **forced}
+    own_keys, shared = _split(labelled, base, forced)
     paths = _Paths(shared)  # (makes the shared paths absolute)
     check = _Checker(shared, f"{runs_dir}/{labelled[0][1]}", own_keys)
     runs = []
@@ -104,12 +102,20 @@ def make_plain(points: list[tuple[str | None, dict[str, Any]]], grid_size: int, 
     """`make` for a program that is not the trainer: each point named and given its values (`base` < point <
     `forced`), which the caller checks as the spec declares them."""
     labelled = _labelled(points, grid_size, varying, len(points) == 1, problems)
-    own_keys = [k for k in dict.fromkeys(k for _, _, p in labelled for k in p) if k not in forced
-                and _differs((repr(p.get(k, MISSING)) for _, _, p in labelled))]
-    shared = {**base, **{k: v for k, v in (labelled[0][2] if labelled else {}).items() if k not in own_keys},
-              **forced}
+    if not labelled:
+        return []
+    own_keys, shared = _split(labelled, base, forced)
     return [Run(index, label, point, {k: point[k] for k in own_keys if k in point}, shared, f"{runs_dir}/{label}",
                 None) for index, label, point in labelled]
+
+
+def _split(labelled: list[tuple[int, str, dict[str, Any]]], base: dict[str, Any], forced: dict[str, Any]
+           ) -> tuple[list[str], dict[str, Any]]:
+    """The keys whose values differ between the runs (each run's own), and the inputs every run shares (`base` <
+    the points' common values < `forced`)."""
+    own_keys = [k for k in dict.fromkeys(k for _, _, p in labelled for k in p) if k not in forced
+                and _differs((repr(p.get(k, MISSING)) for _, _, p in labelled))]
+    return own_keys, {**base, **{k: v for k, v in labelled[0][2].items() if k not in own_keys}, **forced}
 
 
 def _labelled(points, grid_size: int, varying: list[str], alone: bool, problems: list[str]
