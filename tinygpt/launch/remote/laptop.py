@@ -215,8 +215,7 @@ class Connection:
         """What a failed exchange means, as one message with its fix."""
         ours = answer(stderr, marker)
         if ours is not None:  # (login_side ran, and said what went wrong on its last line)
-            lines = [line for line in ours.decode(errors="replace").splitlines() if line.strip()]
-            problem = lines[-1].removeprefix("error: ") if lines else f"exit status {status}"
+            problem = _last_line(ours.decode(errors="replace"), f"exit status {status}").removeprefix("error: ")
             return LaunchError(f"cluster: on the login node {self.login.host}: {problem}")
         said = stderr.decode(errors="replace")
         return self.ssh_failure(said) if status == 255 else self.never_ran(status, said)

@@ -28,7 +28,7 @@ import yaml
 from pydantic import Field, field_validator
 
 from tinygpt.base import schema
-from tinygpt.base.schema import OptFloat, OptInt, OptText, Text
+from tinygpt.base.schema import Int, OptFloat, OptInt, OptText, Text
 
 LAUNCHER_VALUES = {"run_dir": "the run's directory", "run_name": "the run's name", "sweep": "the sweep's name"}
 DEFAULT_MAX_REQUEUES = 20
@@ -58,8 +58,8 @@ class CommandSpec(schema.Schema):
         "spec, else the spec's folder)"))
     heartbeat_s: OptInt = Field(None, ge=2, description=(
         "a run whose heartbeat file ($TINYGPT_HEARTBEAT) is older than this many seconds is hung, and stopped"))
-    max_requeues: OptInt = Field(None, ge=0, le=10_000, description=(
-        f"how many times a run may ask to be requeued (exit status 75) (default {DEFAULT_MAX_REQUEUES})"))
+    max_requeues: Int = Field(DEFAULT_MAX_REQUEUES, ge=0, le=10_000, description=(
+        "how many times a run may ask to be requeued (exit status 75)"))
 
     @field_validator("argv")
     @classmethod
@@ -125,9 +125,10 @@ def refusal(value: Any, param: Param) -> str | None:
     """Why `param` refuses `value`, or None."""
     if param.type is not None:
         wanted = TYPES[param.type]
-        ok = isinstance(value, wanted) and not (wanted is not bool and isinstance(value, bool))
-        if wanted is float:
+        if wanted is float:  # (a whole number is a float too; a truth value is neither)
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        else:
+            ok = isinstance(value, wanted) and (wanted is bool or not isinstance(value, bool))
         if not ok:
             return f"expected {param.type}, got {value!r}"
     if param.choices is not None and value not in param.choices:

@@ -14,7 +14,6 @@ from tinygpt.launch import manifest as manifest_mod
 from tinygpt.launch.layout import REPO_ROOT
 from tinygpt.launch.manifest import CommandRecord, ManifestHead, SearchRecord
 from tinygpt.launch.slurm import slurm_cli
-from tinygpt.launch.spec.command import DEFAULT_MAX_REQUEUES
 from tinygpt.launch.submit.sbatch import ScriptParams, render
 
 if TYPE_CHECKING:
@@ -57,7 +56,7 @@ def build(sweep: Sweep, snapshot: Snapshot | None = None, project: Snapshot | No
         c = sweep.command
         head.command = CommandRecord(argv=c.argv, project=str(project.path if project else sweep.project),
                                      stop_signal=sweep.profile.signal, heartbeat_s=c.heartbeat_s,
-                                     max_requeues=DEFAULT_MAX_REQUEUES if c.max_requeues is None else c.max_requeues)
+                                     max_requeues=c.max_requeues)
     manifest_mod.create(dirs.manifest, head, _records(sweep))
     code = snapshot.path if snapshot else REPO_ROOT
     scripts = _write_scripts(sweep, code) if sweep.backend == "sbatch" else []
