@@ -22,8 +22,11 @@ from tinygpt.launch.remote import laptop
 from tinygpt.launch.spec import profiles
 
 # What a hostile spec name, path or option may hold: every character a shell reads specially, and any other.
-HOSTILE = st.text(st.sampled_from("$()`;&|<>'\"\\\n\t *?[]{}~#!=%^") | st.characters(exclude_characters="\0"),
-                  max_size=12)
+# (No lone surrogate but those that stand for bytes that are not UTF-8, as a command line's undecodable bytes are
+# read: no other can be given to a program.)
+HOSTILE = st.text(st.sampled_from("$()`;&|<>'\"\\\n\t *?[]{}~#!=%^")
+                  | st.characters(exclude_characters="\0", exclude_categories=("Cs",))
+                  | st.characters(min_codepoint=0xDC80, max_codepoint=0xDCFF), max_size=12)
 # The characters no login shell (sh, bash, zsh, fish, tcsh, csh) reads specially outside quotes, but space.
 PLAIN = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789/._+- ")
 
@@ -323,3 +326,11 @@ def test_a_link_planted_among_the_launchers_folders_is_refused(tmp_path):
     (root / "venvs").symlink_to(tmp_path / "theirs")
     out = side(root, "hello")
     assert out.returncode == 1 and b"venvs is a symbolic link, which the launcher never makes" in out.stderr
+
+
+def test_a_command_that_cannot_be_started_on_the_login_node_is_said_with_its_status(tmp_path):
+    """The keeper writes why before the status (its output would otherwise die with it, unflushed)."""
+    for argv, why in ((["/no/such/program"], "No such file or directory"),
+                      (["echo", "\ud800"], "surrogates not allowed")):
+        out = side(tmp_path / "root", "run", str(tmp_path), "--", *argv)
+        assert out.returncode == 127 and b"error: cannot run " in out.stderr and why.encode() in out.stderr, out

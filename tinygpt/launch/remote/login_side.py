@@ -227,8 +227,9 @@ def _keep(where, argv, cwd, env, out, err):
     try:
         code = subprocess.call(argv, cwd=cwd, env=env, stdin=devnull, stdout=out, stderr=err,
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    except OSError as e:
-        err.write(f"error: cannot run {argv[0]} on the login node ({e.strerror})\n".encode())
+    except (OSError, ValueError) as e:  # (ValueError: a word no file system encoding can pass to a program)
+        err.write(f"error: cannot run {argv[0]} on the login node ({getattr(e, 'strerror', None) or e})\n".encode())
+        err.flush()  # (before the status: the laptop reads the output until the status is there; _exit flushes nothing)
         code = 127
     with open(os.path.join(where, "status.tmp"), "w") as fh:
         fh.write(str(128 - code if code < 0 else code))
