@@ -18,6 +18,7 @@ import yaml
 from tests.support.paths import ROOT
 from tests.support.processes import launch, python_env, run_cli, wait_until
 from tinygpt.launch.manifest import load
+from tinygpt.launch.node import torchrun_start
 from tinygpt.launch.spec import sweep as spec_mod
 
 FOREIGN = ROOT / "tests" / "support" / "foreign"
@@ -99,6 +100,7 @@ def supervise(manifest: Path, index: int, **env: str) -> subprocess.CompletedPro
     ({"argv": ["prog"], "project": "nowhere"}, {}, "nowhere is not a folder; name the folder of your program"),
     ({"argv": ["python3", str(FOREIGN / "fit.py")]}, {}, "fit.py is outside the project"),
     ({"argv": ["prog"], "lr": 1}, {}, "command.lr"),
+    ({"argv": ["prog"], "start": "mpirun"}, {}, "command.start"),
 ], ids=lambda v: None)
 def test_a_hostile_command_section_is_one_clear_message_and_nothing_is_written(tmp_path, command, extra, said):
     spec = write(tmp_path, command, **extra)
@@ -248,3 +250,59 @@ def test_a_search_of_the_trainer_has_no_metric(tmp_path):
     spec.write_text(yaml.safe_dump({"name": "t", "search": {"method": "optuna", "trials": 2, "metric": "loss",
                                                             "params": {"lr": {"uniform": [0.001, 0.01]}}}}))
     assert "search.metric, search.value: are a command's" in refused(spec)
+
+
+def test_under_torchrun_each_node_starts_torchrun_once_and_the_first_node_hosts_the_rendezvous(tmp_path):
+    """The batch script: one task per node with the node's CPUs; on each node, torchrun's words."""
+    spec = write(tmp_path, {"argv": ["prog", "--out", "{run_dir}"], "start": "torchrun"},
+                 resources={"nodes": 2, "tasks_per_node": 2, "cpus_per_task": 1, "time": "00:05:00"})
+    assert run_cli([str(spec), "--dry-run", "--workdir", str(tmp_path / "work")])[0] == 0
+    script = (tmp_path / "work" / "jobs" / "s" / "s.sbatch").read_text()
+    assert 'srun --kill-on-bad-exit=1 --ntasks-per-node=1 --ntasks="$SLURM_JOB_NUM_NODES" --cpus-per-task=2 ' \
+        in script and "#SBATCH --ntasks-per-node=2" in script
+    slurm = {"SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_ID": "41", "SLURM_RESTART_COUNT": "2"}
+    first, second = (torchrun_start.words(["prog", "a b"], 3, tmp_path, {**slurm, "SLURM_NODEID": node},
+                                          ("n1", 29577)) for node in ("0", "1"))
+    assert first[1:9] == ["-m", "torch.distributed.run", "--nnodes=2", "--rdzv-backend=c10d",
+                          "--rdzv-endpoint=n1:29577", "--rdzv-id=41-2", "--rdzv-conf=is_host=1", "--nproc-per-node=3"]
+    assert "--rdzv-conf=is_host=0" in second and first[-3:] == [str(tmp_path), "prog", "a b"]
+    alone = torchrun_start.words(["prog"], 1, tmp_path, {}, ("x", 1))
+    assert alone[3:5] == ["--standalone", "--nproc-per-node=1"]
+    told = torchrun_start.environment({}, "USR2")
+    assert told["PET_SIGNALS_TO_HANDLE"] == told["TORCHELASTIC_SIGNALS_TO_HANDLE"] == \
+        "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"
+
+
+@pytest.mark.parametrize("codes, torchrun, node", [
+    ([0, 0], 0, 0), ([75, 75], 1, 75), ([0, 75], 1, 75), ([75, 1], 1, 1), ([143, 75], 1, 143),
+    ([75, None], 1, 1), ([None, None], 1, 1), ([0, None], 0, 1),
+])
+def test_a_nodes_status_is_its_workers_which_torchrun_keeps_to_itself(tmp_path, codes, torchrun, node):
+    for rank, code in enumerate(codes):
+        if code is not None:
+            (tmp_path / str(rank)).write_text(str(code))
+    assert torchrun_start.node_status(tmp_path, len(codes), torchrun) == node
+
+
+def test_under_torchrun_the_stop_signal_reaches_every_worker_and_the_node_asks_for_a_requeue(tmp_path):
+    """ddp_fit.py, two workers under torchrun here (--standalone): the stop signal sent to the task's process
+    group, as Slurm sends it to every process of the step, reaches the workers through torchrun (told to pass
+    it on); they save and exit 75, which torchrun hides (it ends with 1) and the node's status says again."""
+    project = str(FOREIGN)
+    spec = write(tmp_path, {"argv": [sys.executable, "ddp_fit.py", "--lr", "0.05", "--steps", "1000", "--step-s",
+                                     "0.1", "--out", "{run_dir}"], "project": project, "start": "torchrun"},
+                 resources={"tasks_per_node": 2, "time": "00:05:00"})
+    assert run_cli([str(spec), "--dry-run", "--workdir", str(tmp_path / "work")])[0] == 0
+    run_dir = tmp_path / "work" / "runs" / "s" / "base"
+    proc = subprocess.Popen([sys.executable, "-m", "tinygpt.launch.node.supervise",
+                             str(tmp_path / "work" / "jobs" / "s" / "manifest.json"), "0"], start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env())
+    try:
+        wait_until(lambda: (run_dir / "metrics.jsonl").exists(), timeout=120, what="ddp_fit.py training", proc=proc)
+        os.killpg(proc.pid, signal.SIGUSR2)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 75 and "saved and asks to be requeued" in err, err
+    assert "stopped at step" in out and (run_dir / "ckpt.pt").exists()
+    assert {json.loads(line)["world"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()} == {2}

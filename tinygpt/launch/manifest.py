@@ -14,7 +14,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
@@ -120,6 +120,7 @@ class CommandRecord(_Record):
     stop_signal: str  # the profile's: what the program is sent before the time limit
     heartbeat_s: int | None = None
     max_requeues: int
+    start: Literal["tasks", "torchrun"] = "tasks"  # (spec/command.py)
 
     def words(self, values: dict[str, Any]) -> list[str]:
         """The words a run starts: each placeholder given its value, `{{` and `}}` made braces."""

@@ -8,16 +8,18 @@ The program is told, in its environment:
     TINYGPT_STOP_SIGNAL   the signal that asks it to stop (the profile's, before the time limit; SIGTERM at a
                           preemption): save, then exit with status 75 (TINYGPT_REQUEUE_EXIT) to be requeued
     TINYGPT_HEARTBEAT     a file to touch now and then, when command.heartbeat_s is set
-    RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT   for a run of several tasks (one per GPU)
+    RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT   for a run of several tasks (one per GPU); under
+                          `start: torchrun`, torchrun tells its workers these (node/torchrun_start.py)
 
 This process stays beside the program, a few megabytes and no CPU to speak of: it passes every signal it gets on to
-the program; when the program exits 75 it ends the task with 75 too, which the batch script turns into a requeue (at
-most command.max_requeues times: after that the run FAILED, and says why), except after a SIGTERM (a scancel, or a
-preemption under which Slurm requeues the job itself: it ends with 0, as the trainer does); any other status ends
-the task with that status, never requeued. With a heartbeat, a program whose file has not changed for heartbeat_s is
-hung: this process records it in the run's metrics.jsonl (`status` shows HUNG), stops the program (SIGTERM, then
-SIGKILL) and ends the task with the watchdog's status. The launcher's code is on the program's PYTHONPATH, after the
-program's own, for the helper (`from tinygpt import job`): a Python program that uses it needs nothing installed.
+the program (not to torchrun, which gets the step's signals itself); when the program exits 75 it ends the task with
+75 too, which the batch script turns into a requeue (at most command.max_requeues times: after that the run FAILED,
+and says why), except after a SIGTERM (a scancel, or a preemption under which Slurm requeues the job itself: it ends
+with 0, as the trainer does); any other status ends the task with that status, never requeued. With a heartbeat, a
+program whose file has not changed for heartbeat_s is hung: this process records it in the run's metrics.jsonl
+(`status` shows HUNG), stops the program (SIGTERM, then SIGKILL) and ends the task with the watchdog's status. The
+launcher's code is on the program's PYTHONPATH, after the program's own, for the helper (`from tinygpt import job`):
+a Python program that uses it needs nothing installed.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -34,6 +37,7 @@ from typing import NamedTuple
 from tinygpt.base import durable
 from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.manifest import load_run
+from tinygpt.launch.node import torchrun_start
 from tinygpt.training import distributed, metrics
 from tinygpt.training.preemption import EXIT_REQUEUE
 from tinygpt.training.watchdog import EXIT_HUNG
@@ -42,6 +46,7 @@ USAGE = "usage: python -m tinygpt.launch.node.supervise MANIFEST INDEX"
 PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT)
 STOP_GRACE_S = 10  # a hung program gets this long between SIGTERM and SIGKILL
 HEARTBEAT = "heartbeat"  # in the run directory
+REQUEUE_MARK_ENV = "TINYGPT_REQUEUE_MARK"  # the file by which a run of several tasks asks for its requeue
 
 
 def environment(head, run_name: str, run_dir: Path) -> dict[str, str]:
@@ -54,7 +59,7 @@ def environment(head, run_name: str, run_dir: Path) -> dict[str, str]:
     if head.command.heartbeat_s:
         env["TINYGPT_HEARTBEAT"] = str(run_dir / HEARTBEAT)
     world = distributed.detect(os.environ)
-    if world.world_size > 1:
+    if world.world_size > 1 and head.command.start == "tasks":  # (torchrun tells its workers itself)
         env.update(RANK=str(world.rank), WORLD_SIZE=str(world.world_size), LOCAL_RANK=str(world.local_rank),
                    MASTER_ADDR=world.master_addr, MASTER_PORT=str(world.master_port))
     return env
@@ -68,18 +73,38 @@ class Ended(NamedTuple):
 def run_program(head, run_name: str, values: dict, run_dir: Path, watch=None) -> Ended:
     """The run's program started with its values in its words and the contract's environment, every signal passed
     on, until it ends: EXIT_HUNG when its heartbeat stops; stopped when `watch()`, asked once a second, says
-    so. An OSError when it cannot be started."""
+    so. An OSError when it cannot be started. Under torchrun, torchrun is the program, and the status is the
+    node's workers' (node/torchrun_start.py)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     argv = head.command.words({**values, "run_dir": str(run_dir), "run_name": run_name, "sweep": head.name})
-    program = subprocess.Popen(argv, cwd=head.command.project, env=environment(head, run_name, run_dir))
-    received: list[int] = []
-    before = {signum: signal.signal(signum, lambda s, _: (received.append(s), program.send_signal(s)))
-              for signum in PASSED_ON}
-    try:
-        return Ended(_wait(program, head.command.heartbeat_s, run_dir, watch), received)
-    finally:
-        for signum, handler in before.items():  # (a search worker's own, between its trials)
-            signal.signal(signum, handler)
+    env = environment(head, run_name, run_dir)
+    under_torchrun = head.command.start == "torchrun"
+    procs = int(head.resources.get("tasks_per_node") or 1)
+    with tempfile.TemporaryDirectory(prefix="tinygpt-workers-") as ends:
+        if under_torchrun:
+            argv = torchrun_start.words(argv, procs, Path(ends), dict(os.environ), _master())
+            env = torchrun_start.environment(env, head.command.stop_signal)
+        program = subprocess.Popen(argv, cwd=head.command.project, env=env)
+        received: list[int] = []
+
+        def passed_on(signum, _):  # (torchrun gets the job's signals itself, as every process of the step does)
+            received.append(signum)
+            if not under_torchrun:
+                program.send_signal(signum)
+        before = {signum: signal.signal(signum, passed_on) for signum in PASSED_ON}
+        try:
+            code = _wait(program, head.command.heartbeat_s, run_dir, watch)
+        finally:
+            for signum, handler in before.items():  # (a search worker's own, between its trials)
+                signal.signal(signum, handler)
+        if under_torchrun and code not in (None, EXIT_HUNG):
+            code = torchrun_start.node_status(Path(ends), procs, code)
+        return Ended(code, received)
+
+
+def _master() -> tuple[str, int]:
+    world = distributed.detect(os.environ)
+    return world.master_addr, world.master_port
 
 
 def _wait(program: subprocess.Popen, heartbeat_s: int | None, run_dir: Path, watch) -> int | None:
@@ -125,7 +150,20 @@ def after(ended: Ended, head, run_name: str) -> int:
                   f"command.max_requeues allows; not requeued (raise it, or resubmit)", file=sys.stderr)
             return 1
         print(f"tinygpt: run {run_name} saved and asks to be requeued ({restarts} so far)", file=sys.stderr)
+        return _requeue()
     return ended.code
+
+
+def _requeue() -> int:
+    """75, or, in a step of several tasks, 0 with the batch script's requeue file made (by task 0): srun stops a
+    step's other tasks when one ends otherwise than 0 (--kill-on-bad-exit, for a crash), which would cut short
+    the others' saving."""
+    mark = os.environ.get(REQUEUE_MARK_ENV)
+    if not mark or int(os.environ.get("SLURM_NTASKS") or 1) == 1:
+        return EXIT_REQUEUE
+    if os.environ.get("SLURM_PROCID", "0") == "0":
+        Path(mark).touch()
+    return 0
 
 
 def _last_beat(run_dir: Path, started: float) -> float:

@@ -9,6 +9,7 @@
       project: .                               # the folder whose files the jobs run (default: see below)
       heartbeat_s: 600                         # a run whose heartbeat is older than this is hung
       max_requeues: 20                         # a run asks to be requeued at most this many times
+      start: tasks                             # or torchrun: once per node, its workers one per task
 
 `{name}` in a word is the run's value of `name` (a word may hold several, and text around them; `{{` and `}}`
 are braces); `{run_dir}`, `{run_name}` and `{sweep}` are the launcher's. A word stays one word whatever the
@@ -60,6 +61,10 @@ class CommandSpec(schema.Schema):
         "a run whose heartbeat file ($TINYGPT_HEARTBEAT) is older than this many seconds is hung, and stopped"))
     max_requeues: Int = Field(DEFAULT_MAX_REQUEUES, ge=0, le=10_000, description=(
         "how many times a run may ask to be requeued (exit status 75)"))
+    start: Literal["tasks", "torchrun"] = Field("tasks", description=(
+        "tasks: one process of the program per task (resources.tasks_per_node on each node), told RANK, WORLD_SIZE, "
+        "LOCAL_RANK, MASTER_ADDR and MASTER_PORT; torchrun: torchrun once per node, which starts tasks_per_node "
+        "workers and joins the nodes with its c10d rendezvous (torch must be on the nodes)"))
 
     @field_validator("argv")
     @classmethod

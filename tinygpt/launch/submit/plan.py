@@ -56,7 +56,7 @@ def build(sweep: Sweep, snapshot: Snapshot | None = None, project: Snapshot | No
         c = sweep.command
         head.command = CommandRecord(argv=c.argv, project=str(project.path if project else sweep.project),
                                      stop_signal=sweep.profile.signal, heartbeat_s=c.heartbeat_s,
-                                     max_requeues=c.max_requeues)
+                                     max_requeues=c.max_requeues, start=c.start)
     manifest_mod.create(dirs.manifest, head, _records(sweep))
     code = snapshot.path if snapshot else REPO_ROOT
     scripts = _write_scripts(sweep, code) if sweep.backend == "sbatch" else []
@@ -99,6 +99,7 @@ def _write_scripts(sweep: Sweep, code: Path) -> list[Script]:
             python=sweep.profile.interpreter, pythonpath=str(code), resources=sweep.resources,
             profile=sweep.profile, worker=sweep.search is not None, pack=pack, runs=count,
             command=sweep.command is not None,
+            torchrun=sweep.command is not None and sweep.command.start == "torchrun",
         )
         durable.write(path, render(params), executable=True)
         scripts.append(Script(path, array, indices[0], indices))

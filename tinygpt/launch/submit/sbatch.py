@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tinygpt.launch.layout import PACKED_RUN_LOG, TASK_LOG_PATTERN
+from tinygpt.launch.node.supervise import REQUEUE_MARK_ENV
 from tinygpt.launch.slurm import directives
 from tinygpt.launch.submit.slurm_options import container_prefix, sbatch_options, setup_lines
 from tinygpt.training import preemption
@@ -50,6 +51,7 @@ class ScriptParams:
     pack: int = 1  # runs at once in each task: task t runs offset + t*pack ... (+pack-1)
     runs: int = 0  # how many runs the sweep has (the last task may hold fewer than `pack`)
     command: bool = False  # a program of the user's, started by node/supervise.py, instead of the trainer
+    torchrun: bool = False  # ... under torchrun: one task per node, whose workers are the job's tasks
 
 
 def render(p: ScriptParams) -> str:
@@ -104,16 +106,25 @@ LIFE_LINE = ('echo "tinygpt: run $RUN_INDEX ($CONFIG), job ${SLURM_ARRAY_JOB_ID:
              '${SLURM_RESTART_COUNT:-0}"')
 CONFIG_LINE = 'CONFIG=$("$PYTHON" -m tinygpt.launch.node.run_config "$MANIFEST" "$RUN_INDEX") || exit 1'
 COMMAND_LINE = 'CONFIG="command"'  # (a program of the user's: node/supervise.py reads its words from the manifest)
+# A program of several tasks asks for a requeue with this file, its tasks ending 0 (supervise.py says why).
+REQUEUE_MARK = 'requeue-"${SLURM_JOB_ID}-${SLURM_RESTART_COUNT:-0}"'
 
 
 def _single(p: ScriptParams) -> list[str]:
-    """One run (or one search worker) per task, on every node and task the run asked for."""
+    """One run (or one search worker) per task, on every node and task the run asked for; under torchrun, one
+    task per node with all of the node's CPUs, whose torchrun starts the node's workers."""
+    r = p.resources
+    tasks = (f'--ntasks-per-node=1 --ntasks="$SLURM_JOB_NUM_NODES" --cpus-per-task={r.tasks_per_node * r.cpus_per_task}'
+             if p.torchrun else f"--cpus-per-task={r.cpus_per_task}")
+    mark = f"{REQUEUE_MARK_ENV}={shlex.quote(p.log_dir)}/{REQUEUE_MARK} " if p.command else ""
     return [
         f"RUN_INDEX=$(( {p.offset} + ${{SLURM_ARRAY_TASK_ID:-0}} ))",
         'CONFIG="search worker $RUN_INDEX"' if p.worker else COMMAND_LINE if p.command else CONFIG_LINE,
         LIFE_LINE,
         "status=0",
-        f"step srun --kill-on-bad-exit=1 --cpus-per-task={p.resources.cpus_per_task} {_trainer(p)} || status=$?",
+        f"{mark}step srun --kill-on-bad-exit=1 {tasks} {_trainer(p)} || status=$?",
+        *([f'if [ "$status" -eq 0 ] && [ -e {shlex.quote(p.log_dir)}/{REQUEUE_MARK} ]; then '
+           f"rm -f {shlex.quote(p.log_dir)}/{REQUEUE_MARK}; status={REQUEUE_EXIT}; fi"] if p.command else []),
     ]
 
 
