@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,10 @@ def pytest_runtest_protocol(item, nextitem):
 
 def pytest_sessionstart(session):
     hermetic.start_session()
+    # Profiles are found in the user's folder too (layout.profile_dirs): every test, and what it starts, sees an
+    # empty one of its own rather than this machine's.
+    os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="tinygpt-config-")
+    os.environ.pop("TINYGPT_CLUSTERS", None)
 
 
 def pytest_sessionfinish(session):

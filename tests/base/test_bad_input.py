@@ -164,7 +164,8 @@ def render_doc(outcomes) -> str:
         "# Bad input and what it says",
         "",
         "Every row is a test in `tests/base/test_bad_input.py`; the messages are the real ones (temporary paths",
-        "shown as `<tmp>`, the repository as `<repo>`). Regenerate after changing a message:",
+        "shown as `<tmp>`, the repository as `<repo>`, the user's configuration folder as `~/.config`). Regenerate",
+        "after changing a message:",
         "`TINYGPT_REGEN_DOCS=1 python -m pytest tests/base/test_bad_input.py`.",
         "",
         "Trainer errors exit with status 2 (configuration) or 1 (data, checkpoints, hardware); launcher",
@@ -177,6 +178,7 @@ def render_doc(outcomes) -> str:
         shown = given.replace("\n", "⏎ ").replace("|", "\\|")
         code, err, files, _ = outcomes[case_id]
         message = err.strip().replace(files["tmp"], "<tmp>").replace(str(ROOT), "<repo>")
+        message = message.replace(os.environ["XDG_CONFIG_HOME"], "~/.config")
         shown = fill(shown, {key: f"<tmp>/{key}.yaml" for key in PROFILES})
         message = message.replace(str(Path.cwd()), "<cwd>").replace("\n", "<br>").replace("|", "\\|")
         where_text = {"train": "`python -m tinygpt.train`", "sample": "`python -m tinygpt.sample --run DIR`",

@@ -92,7 +92,7 @@ def test_any_value_at_any_key_of_a_spec(path, value):
         check_outcome(code, err, work, path[-1])
 
 
-PROFILE_BASE = yaml.safe_load((profiles.PROFILE_DIR / "local.yaml").read_text())
+PROFILE_BASE = yaml.safe_load(profiles.found("local")[0].read_text())
 PROFILE_PATHS = ([(key,) for key in profiles.Profile.model_fields]
                  + [("partitions", "debug")] + [("partitions", "debug", key) for key in profiles.Partition.model_fields]
                  + [("node", key) for key in profiles.Node.model_fields]

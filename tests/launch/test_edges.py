@@ -224,7 +224,7 @@ def test_every_key_of_a_spec_and_a_profile_at_its_edges(tmp_path, monkeypatch, k
     monkeypatch.chdir(tmp_path)
     (tmp_path / "corpus.txt").write_text(TINY_TEXT)
     work = tmp_path / "work"
-    base_profile = yaml.safe_load((profiles.PROFILE_DIR / "local.yaml").read_text())
+    base_profile = yaml.safe_load(profiles.found("local")[0].read_text())
     base_profile["container"] = {"image": "/images/x.sif"}
     spec = tmp_path / "s.yaml"
     profile = tmp_path / "site.yaml"

@@ -25,14 +25,31 @@ from pathlib import Path
 
 import tinygpt
 
-REPO_ROOT = Path(tinygpt.__file__).resolve().parents[1]  # the checkout: what jobs import without a snapshot
-PROFILE_DIR = REPO_ROOT / "hpc_lab" / "clusters"  # where `--cluster NAME` finds NAME.yaml
+# The folder that holds the package: this checkout, or an installation's site-packages. What jobs import without
+# a snapshot, and what a snapshot is taken of (submit/snapshot.py: git's files, or the package's).
+REPO_ROOT = Path(tinygpt.__file__).resolve().parents[1]
+CHECKOUT = REPO_ROOT if (REPO_ROOT / "launch.py").is_file() and (REPO_ROOT / "hpc_lab").is_dir() else None
+PROFILES_ENV = "TINYGPT_CLUSTERS"  # folders of profiles of the user's, before the others (os.pathsep between)
 SUBMISSIONS = "submissions.jsonl"  # beside a sweep's manifest: its submissions, appended
 
 
-def schema_file(kind: str) -> Path:
-    """The JSON Schema of a spec or a profile (`kind`), as shipped for editors."""
-    return REPO_ROOT / "schemas" / f"{kind}.schema.json"
+def user_profile_dir() -> Path:
+    """The user's own profiles: $XDG_CONFIG_HOME/tinygpt-hpc/clusters (~/.config/tinygpt-hpc/clusters)."""
+    config = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(config) / "tinygpt-hpc" / "clusters"
+
+
+def profile_dirs() -> list[Path]:
+    """Where `--cluster NAME` looks for NAME.yaml, in this order: the folders of $TINYGPT_CLUSTERS, the user's
+    folder, and this checkout's hpc_lab/clusters (the examples and the local cluster)."""
+    named = [Path(p).expanduser() for p in os.environ.get(PROFILES_ENV, "").split(os.pathsep) if p]
+    return [*named, user_profile_dir(), *([CHECKOUT / "hpc_lab" / "clusters"] if CHECKOUT else [])]
+
+
+def schema_file(kind: str) -> Path | None:
+    """The JSON Schema of a spec or a profile (`kind`), as this checkout ships it for editors (None when installed
+    without one: `schema KIND` prints it)."""
+    return CHECKOUT / "schemas" / f"{kind}.schema.json" if CHECKOUT else None
 
 
 # Slurm's --output pattern of an array task, and the name a task's log then has.
@@ -86,9 +103,11 @@ class SweepDirs:
     def config(self, run_name: str) -> Path:
         return self.jobs / "configs" / f"{run_name}.yaml"
 
-    def script(self, part: int = 0, parts: int = 1) -> Path:
-        """The job array's batch script (`part` of `parts`, from 0, when it is split)."""
-        return self.jobs / (f"{self.name}-part{part + 1}.sbatch" if parts > 1 else f"{self.name}.sbatch")
+    def script(self, part: int = 0, parts: int = 1, launch: int = 1) -> Path:
+        """The job array's batch script (`part` of `parts`, from 0, when it is split), of the sweep's `launch`th
+        launch that submitted runs (a relaunch's new runs have scripts of their own)."""
+        stem = self.name if launch == 1 else f"{self.name}-launch{launch}"
+        return self.jobs / (f"{stem}-part{part + 1}.sbatch" if parts > 1 else f"{stem}.sbatch")
 
     def step_script(self, step: str) -> Path:
         return self.jobs / f"{self.name}-{step}.sbatch"

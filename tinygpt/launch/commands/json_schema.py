@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.layout import schema_file
 
 KINDS = ("spec", "profile")
@@ -128,4 +129,9 @@ def text(kind: str) -> str:
 
 
 def path(kind: str) -> Path:
-    return schema_file(kind)
+    """Where `schema --write` writes `kind`'s: the checkout's schemas/ (an installed launcher has none)."""
+    file = schema_file(kind)
+    if file is None:
+        raise LaunchError(f"schema --write: writes this checkout's schemas/, and this launcher is installed without "
+                          f"one; print it instead: `tinygpt-launch schema {kind} > {kind}.schema.json`")
+    return file

@@ -47,9 +47,9 @@ def write(directory: Path, name: str | None, force: bool) -> Path:
     name = name or cluster.name or "cluster"
     refuse_name(directory, name, force)
     path = directory / f"{name}.yaml"
-    text = render(name, cluster)
-    text = text.replace(SCHEMA_LINE, SCHEMA_LINE.replace("../../schemas/profile.schema.json",
-                                                         os.path.relpath(schema_file("profile"), directory)))
+    text, schema = render(name, cluster), schema_file("profile")
+    text = text.replace(SCHEMA_LINE, "" if schema is None else
+                        SCHEMA_LINE.replace("../../schemas/profile.schema.json", os.path.relpath(schema, directory)))
     from_data(yaml.safe_load(text), path)  # (what is written passes the schema a launch reads it with)
     durable.write(path, text)
     return path
@@ -62,7 +62,7 @@ def write_over_ssh(args: argparse.Namespace, directory: Path) -> Path:
     import yaml
 
     from tinygpt.base import schema
-    from tinygpt.launch.remote.laptop import connect, fetch, launcher_python, send_code
+    from tinygpt.launch.remote.laptop import connect, fetch, launcher_python, launcher_there, send_code
     from tinygpt.launch.spec.profiles import Login, from_data
 
     if args.name is not None:
@@ -77,8 +77,9 @@ def write_over_ssh(args: argparse.Namespace, directory: Path) -> Path:
     code, _ = send_code(conn)
     folder = f"profiles-new/{hashlib.sha256(os.urandom(16)).hexdigest()[:12]}"
     name = ["--name", args.name] if args.name else []
-    conn.call("run", conn.root, "--", launcher_python(conn, hello), f"{conn.root}/trees/{code}/launch.py", "profile",
-              "new", "--force", "--dir", f"{conn.root}/{folder}", *name)  # (its one line is for there: not shown)
+    env, words = launcher_there(conn, launcher_python(conn, hello), code)
+    conn.call("run", conn.root, *env, "--", *words, "profile", "new", "--force", "--dir", f"{conn.root}/{folder}",
+              *name)  # (its one line is for there: not shown)
     (written,) = fetch(conn, [f"{folder}/*.yaml"]).items()
     path = directory / Path(written[0]).name
     refuse_name(directory, path.stem, args.force)

@@ -466,11 +466,17 @@ def launcher_python(conn: Connection, hello: dict[str, Any]) -> str:
     return made + "/bin/python"
 
 
+def launcher_there(conn: Connection, python: str, code: str) -> tuple[list[str], list[str]]:
+    """(environment, words) that start the launcher sent as `code` on the login node: `python -m tinygpt.launch`
+    with the tree first on its path, a checkout's code and an installed launcher's alike."""
+    return [f"PYTHONPATH={conn.root}/trees/{code}"], [python, "-m", "tinygpt.launch"]
+
+
 def run_there(conn: Connection, python: str, code: str, arguments: list[str], spec_as: str | None = None) -> int:
-    """`launch.py ARGUMENTS` on the login node, in remote_dir, with the code sent as `code`: its exit status."""
-    env = [f"{SPEC_AS}={spec_as}"] if spec_as else []
-    words = [python, f"{conn.root}/trees/{code}/launch.py", *arguments]
-    return conn.stream("run", conn.root, *env, *_terminal(), "--", *words)
+    """The launcher's ARGUMENTS on the login node, in remote_dir, with the code sent as `code`: its exit status."""
+    env, words = launcher_there(conn, python, code)
+    env += [f"{SPEC_AS}={spec_as}"] if spec_as else []
+    return conn.stream("run", conn.root, *env, *_terminal(), "--", *words, *arguments)
 
 
 def forward(target_: Target, top: argparse.ArgumentParser, args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""Per-cluster hardware profiles: `hpc_lab/clusters/<name>.yaml`.
+"""Per-cluster hardware profiles: `<name>.yaml` in the user's folder or this checkout's (layout.profile_dirs).
 
 A profile says what a cluster's nodes hold and how to ask for them, so that a spec only says what a run
 needs (`nodes: 2, gpus_per_node: 4, time: "04:00:00"`) and the launcher writes the right `#SBATCH` lines
@@ -38,11 +38,11 @@ from tinygpt.base import schema
 from tinygpt.base.config import PREEMPT_SIGNALS
 from tinygpt.base.schema import Bool, Int, OptInt, OptText, Text
 from tinygpt.launch.errors import LaunchError
-from tinygpt.launch.layout import PROFILE_DIR
+from tinygpt.launch.layout import profile_dirs
 from tinygpt.launch.spec import passthrough
 from tinygpt.launch.spec.resources import MemMB, SlurmTime
 
-PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # what `--cluster NAME` finds as PROFILE_DIR/NAME.yaml
+PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # what `--cluster NAME` finds as NAME.yaml
 GPU_REQUESTS = ("gpus-per-node", "gres", "none")
 # Trainer keys a profile may set for every run on its cluster (checked with the trainer's own schema).
 TRAINER_KEYS = ("precision", "compile", "peak_flops", "loggers", "wandb_mode", "wandb_project", "wandb_entity")
@@ -209,31 +209,40 @@ class Profile(schema.Schema):
 
 
 def available() -> list[str]:
-    return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
+    return sorted({p.stem for folder in profile_dirs() for p in folder.glob("*.yaml")})
+
+
+def found(name: str) -> list[Path]:
+    """Every NAME.yaml where `--cluster NAME` looks, the one it takes first (layout.profile_dirs)."""
+    return [folder / f"{name}.yaml" for folder in profile_dirs() if (folder / f"{name}.yaml").is_file()]
 
 
 def load(name_or_path: str) -> Profile:
-    """A profile by name (`hpc_lab/clusters/<name>.yaml`) or by path; `auto` asks Slurm for the cluster name."""
+    """A profile by name (layout.profile_dirs: the first NAME.yaml) or by path; `auto` asks Slurm for the
+    cluster name."""
     if name_or_path == "auto":
         return detect()
     if "/" in name_or_path or name_or_path.endswith((".yaml", ".yml")):
         path = Path(name_or_path)
         try:
-            found = path.is_file()
+            exists = path.is_file()
         except OSError:  # a name too long for the filesystem, ...
-            found = False
-        if not found:
+            exists = False
+        if not exists:
             raise LaunchError(f"cluster: profile file {path} does not exist or is not a file; give the path of a "
                               f"profile YAML, or a profile name ({', '.join(available())})")
         return from_file(path)
-    path = PROFILE_DIR / f"{name_or_path}.yaml"
-    if not PROFILE_NAME.fullmatch(name_or_path) or not path.is_file():
+    paths = found(name_or_path) if PROFILE_NAME.fullmatch(name_or_path) else []
+    if not paths:
         raise LaunchError(
             f"cluster: unknown cluster profile `{name_or_path}`{schema.suggest(name_or_path, available())}; "
-            f"available: {', '.join(available()) or 'none'} (files in {PROFILE_DIR}), "
+            f"available: {', '.join(available()) or 'none'} (files in {', '.join(map(str, profile_dirs()))}), "
             f"or `auto`, or a path to a profile YAML"
         )
-    return from_file(path)
+    if len(paths) > 1:
+        print(f"note: cluster profile `{name_or_path}` is {paths[0]}, found first; also "
+              f"{', '.join(map(str, paths[1:]))}", file=sys.stderr)
+    return from_file(paths[0])
 
 
 def from_file(path: Path) -> Profile:
@@ -260,8 +269,9 @@ def detect() -> Profile:
     if name is None:
         raise LaunchError("cluster: `auto` needs a reachable Slurm (scontrol show config did not answer); "
                           "name a profile with --cluster NAME")
-    matches = [p for p in (from_file(PROFILE_DIR / f"{n}.yaml") for n in available()) if p.cluster_name == name]
+    matches = [p for p in (from_file(found(n)[0]) for n in available()) if p.cluster_name == name]
     if not matches:
-        raise LaunchError(f"cluster: no profile in {PROFILE_DIR} has cluster_name `{name}`; add one "
-                          f"(copy hpc_lab/clusters/a100-example.yaml) or name a profile with --cluster")
+        raise LaunchError(f"cluster: no profile in {', '.join(map(str, profile_dirs()))} has cluster_name "
+                          f"`{name}`; write one with `profile new` on a login node, or name a profile with "
+                          f"--cluster")
     return matches[0]

@@ -1,7 +1,7 @@
 """Job and sweep specs: one YAML file in, a list of fully validated runs out.
 
     name: width-depth             # the sweep's name: jobs/<name>/, runs/<name>/, logs/<name>/
-    cluster: local                # a profile in hpc_lab/clusters/, or auto
+    cluster: local                # a profile by name (layout.profile_dirs), a path, or auto
     backend: sbatch               # or submitit
     train: {max_steps: 2000, ...} # the base trainer config: the trainer's own keys
     command: {argv: [...], ...}   # instead of train: a program of yours (see command.py)
@@ -94,8 +94,9 @@ class SpecFile(schema.Schema):
     name: OptText = Field(None, description="the sweep's name: jobs/<name>/, runs/<name>/, logs/<name>/ "
                                             "(default: the file's name)")
     description: OptText = Field(None, description="what the sweep is for")
-    cluster: OptText = Field(None, description="a profile in hpc_lab/clusters/, a profile's path, or auto "
-                                               "(default: local)")
+    cluster: OptText = Field(None, description="a profile's name (found in $TINYGPT_CLUSTERS, your folder "
+                                               "~/.config/tinygpt-hpc/clusters, hpc_lab/clusters), its path, or "
+                                               "auto (default: local)")
     backend: Literal[BACKENDS] | None = Field(None, description="sbatch (default) or submitit")
     train: dict[str, Any] | None = Field(None, description="the base trainer config: the trainer's own keys")
     command: CommandSpec | None = Field(None, description="instead of train: a program of yours, each run's values "
