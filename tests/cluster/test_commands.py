@@ -45,8 +45,10 @@ def launch_command(tmp_path: Path, command: dict, *flags: str, **extra) -> tuple
 
 
 def lines(run_dir: Path) -> list[dict]:
+    """The program's own lines of metrics.jsonl (not the launcher's record that the run finished)."""
     path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    said = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [r for r in said if r.get("event") != "finished"]
 
 
 def logs(work: Path) -> str:

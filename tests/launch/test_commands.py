@@ -205,8 +205,8 @@ def test_the_readmes_example_program_runs_as_written(tmp_path):
                                                                                  "train.py"]
     done = supervise(manifest.path, 2)
     assert done.returncode == 0 and "after 200 steps" in done.stdout, done.stderr
-    assert json.loads((tmp_path / "runs" / "own-program" / "lr=0.2" / "metrics.jsonl").read_text().splitlines()[-1]
-                      )["step"] == 200
+    said = [json.loads(line) for line in (tmp_path / "runs/own-program/lr=0.2/metrics.jsonl").read_text().splitlines()]
+    assert said[-2]["step"] == 200 and said[-1]["event"] == "finished"  # (the launcher's record: it ended 0)
     shown = launch("status", str(spec), "--workdir", str(tmp_path))
     assert shown.returncode == 0 and "│  200 │" in shown.stdout and "no run of this program" not in shown.stdout, shown
 

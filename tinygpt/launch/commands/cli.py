@@ -72,11 +72,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="show what W&B would upload, upload nothing")
     p = commands.add_parser("profile", help="a cluster profile written from what the reachable Slurm says",
                             description="`profile new`: ask the reachable Slurm (scontrol, sacctmgr) and write "
-                                        "hpc_lab/clusters/<ClusterName>.yaml, a comment on every guess.")
+                                        "<ClusterName>.yaml, a comment on every guess.")
     p.add_argument("action", choices=("new",))
     p.add_argument("--name", help="the profile's name (default: Slurm's ClusterName)")
     p.add_argument("--force", action="store_true", help="write over a profile of that name")
-    p.add_argument("--dir", help="the folder to write it in (default: hpc_lab/clusters, where --cluster looks)")
+    p.add_argument("--dir", help="where to write it (default: ~/.config/tinygpt-hpc/clusters; here: hpc_lab/clusters)")
     p.add_argument("--login", metavar="USER@HOST", help="from a laptop: ask the Slurm of this login node, over SSH, "
                                                         "and give the profile the login: section that reaches it")
     p.add_argument("--ssh-option", action="append", default=[], metavar="KEY=VALUE",
@@ -91,8 +91,8 @@ def parser() -> argparse.ArgumentParser:
 
 def _launch_options(p: argparse.ArgumentParser, submits: bool = True) -> None:
     """The options of `launch.py SPEC`; `check`, which submits nothing, has those that shape the plan alone."""
-    p.add_argument("--cluster", help="profile name in hpc_lab/clusters/, a profile path, or auto "
-                                     "(overrides the spec's `cluster`)")
+    p.add_argument("--cluster", help="a profile's name (found in $TINYGPT_CLUSTERS, ~/.config/tinygpt-hpc/clusters, "
+                                     "hpc_lab/clusters), its path, or auto (overrides the spec's `cluster`)")
     p.add_argument("--backend", help="sbatch or submitit (overrides the spec's `backend`)")
     p.add_argument("--chain", action="store_true",
                    help="three jobs: data preparation, the training array after it, the sweep report after that")
@@ -100,6 +100,9 @@ def _launch_options(p: argparse.ArgumentParser, submits: bool = True) -> None:
                    help="jobs import the live checkout when they start, not a snapshot of the code as it is now")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="set a trainer key for every run, e.g. --set max_steps=300 (repeatable)")
+    p.add_argument("--fresh", action="store_true",
+                   help="launched again: start the runs the spec now defines otherwise anew, their old directories "
+                        "moved aside (without it, such a run is refused)")
     if not submits:
         p.set_defaults(dry_run=True, local=False, hold=False, nproc=1, no_check=False)
         return
@@ -175,9 +178,10 @@ def _schema(args: argparse.Namespace) -> int:
 
 def _profile(args: argparse.Namespace) -> int:
     from tinygpt.launch.commands import profile_new
-    from tinygpt.launch.spec.profiles import PROFILE_DIR
+    from tinygpt.launch.layout import CHECKOUT, user_profile_dir
 
-    directory = Path(args.dir) if args.dir else PROFILE_DIR
+    inside = CHECKOUT is not None and Path.cwd().resolve().is_relative_to(CHECKOUT)
+    directory = Path(args.dir) if args.dir else CHECKOUT / "hpc_lab" / "clusters" if inside else user_profile_dir()
     if args.ssh_option and args.login is None:
         raise LaunchError("--ssh-option: only with --login USER@HOST (the options of the SSH connection to it)")
     if args.login is not None:

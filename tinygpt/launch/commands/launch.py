@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 
 from tinygpt.launch import manifest as manifest_mod
+from tinygpt.launch.commands import relaunch
 from tinygpt.launch.console import console as output_console
 from tinygpt.launch.console import shown
 from tinygpt.launch.errors import LaunchError
@@ -98,13 +99,20 @@ def _refuse_local_problems(sweep: Sweep, args: argparse.Namespace) -> None:
 
 def _launch_locked(sweep: Sweep, args: argparse.Namespace, cluster: LiveCluster | None) -> int:
     manifest_path = sweep.dirs.manifest
+    again, launch_number = None, 1
     if manifest_path.exists():  # launched before: its jobs and its study come first
         previous = manifest_mod.load(manifest_path)
-        _refuse_if_live(previous, sweep.name, args.spec)
-        _refuse_changed_search(previous, sweep)
+        if _relaunches(previous, sweep, args):
+            again = _again(previous, sweep, args)
+            if again is None:
+                return 0
+            launch_number = 1 + len({s.script for s in previous.submissions if s.script})
+        else:
+            _refuse_if_live(previous, sweep.name, args.spec)
+            _refuse_changed_search(previous, sweep)
     plan = plan_mod.build(sweep, None if args.local else _snapshot(sweep, args.no_snapshot),
                           _project(sweep, args.no_snapshot) if sweep.command is not None and not args.local
-                          else None)
+                          else None, again.merged() if again else None, launch_number)
     if not args.local:
         _say_steering_variables()
     steps = {}
@@ -132,9 +140,38 @@ def _launch_locked(sweep: Sweep, args: argparse.Namespace, cluster: LiveCluster 
     if args.local:
         print(f"see `python launch.py status {shown(args.spec)}`")
     else:
-        print(f"submitted {len(sweep.runs)} run(s) as job array {', '.join(ids)}; follow with "
+        submitted = len(again.submit) if again else len(sweep.runs)
+        print(f"submitted {submitted} run(s) as job array {', '.join(ids)}; follow with "
               f"`python launch.py status {shown(args.spec)}`")
     return 0
+
+
+def _again(previous: Manifest, sweep: Sweep, args: argparse.Namespace) -> relaunch.Relaunch | None:
+    """A relaunch shown: what to submit, the changed runs' directories moved aside for --fresh; None when nothing
+    is to be submitted (nothing new, or a dry run or check, which write nothing)."""
+    again = relaunch.compare(previous, sweep, args.fresh)
+    relaunch.show(again)
+    if not again.submit:
+        print("nothing new to submit: every run of the spec is finished, live or failed (`resubmit` sends failed "
+              "ones again)")
+        return None
+    if args.dry_run or args.command == "check":
+        print(f"{'check' if args.command == 'check' else 'dry run'}: would submit {len(again.submit)} run(s); "
+              f"nothing written")
+        return None
+    for old, aside in again.aside:
+        if old.exists():
+            old.rename(aside)
+    return again
+
+
+def _relaunches(previous: Manifest, sweep: Sweep, args: argparse.Namespace) -> bool:
+    """Whether launching the spec again submits only its new runs (relaunch.py): a job array of runs of its own,
+    submitted to Slurm before; an Optuna search's workers, submitit's array, a chain, --local runs and a sweep
+    only ever written by a dry run start over as before."""
+    chained = args.chain or any(s.role for s in previous.submissions)
+    return (not (args.local or chained) and sweep.backend == previous.backend == "sbatch" and sweep.search is None
+            and previous.search is None and bool(previous.slurm_submissions()))
 
 
 def _say_steering_variables() -> None:
@@ -206,13 +243,7 @@ def _refuse_if_live(manifest: Manifest, name: str, spec: str) -> None:
     jobs |= {s.job_id: f"the chain's {s.role} step" for s in manifest.submissions if s.role}
     if not jobs:
         return
-    slurm_cli.require_controller()
-    queued = slurm_cli.squeue_states(run_states.jobs_of(list(jobs)))
-    if queued is None:
-        raise LaunchError(f"sweep `{name}` has jobs on Slurm, and squeue could not say whether they are still "
-                          f"live (it is not on PATH, or it failed); they read this sweep's files when they start, "
-                          f"so nothing was written; try again when `squeue` answers, or launch the spec under "
-                          f"another `name`")
+    queued = relaunch.queued(list(jobs), name)
     live = [f"{what} (job {job}, {queued[job].state})" for job, what in jobs.items()
             if job in queued and queued[job].state not in run_states.TERMINAL]
     if live:

@@ -15,11 +15,12 @@ This process stays beside the program, a few megabytes and no CPU to speak of: i
 the program (not to torchrun, which gets the step's signals itself); when the program exits 75 it ends the task with
 75 too, which the batch script turns into a requeue (at most command.max_requeues times: after that the run FAILED,
 and says why), except after a SIGTERM (a scancel, or a preemption under which Slurm requeues the job itself: it ends
-with 0, as the trainer does); any other status ends the task with that status, never requeued. With a heartbeat, a
-program whose file has not changed for heartbeat_s is hung: this process records it in the run's metrics.jsonl
-(`status` shows HUNG), stops the program (SIGTERM, then SIGKILL) and ends the task with the watchdog's status. The
-launcher's code is on the program's PYTHONPATH, after the program's own, for the helper (`from tinygpt import job`):
-a Python program that uses it needs nothing installed.
+with 0, as the trainer does); any other status ends the task with that status, never requeued. A program that ends 0
+on its own finished: the run's metrics.jsonl says so (`{"event": "finished"}`), for `status` and a relaunch once
+Slurm has forgotten the job. With a heartbeat, a program whose file has not changed for heartbeat_s is hung: this
+process records it in the run's metrics.jsonl (`status` shows HUNG), stops the program (SIGTERM, then SIGKILL) and
+ends the task with the watchdog's status. The launcher's code is on the program's PYTHONPATH, after the program's
+own, for the helper (`from tinygpt import job`): a Python program that uses it needs nothing installed.
 """
 
 from __future__ import annotations
@@ -133,6 +134,9 @@ def supervise(manifest: Path, index: int) -> int:
         print(f"tinygpt: cannot start {head.command.argv[0]} in {head.command.project} ({err.strerror}); check "
               f"command.argv", file=sys.stderr)
         return 127
+    if ended.code == 0 and signal.SIGTERM not in ended.signals and os.environ.get("SLURM_PROCID", "0") == "0":
+        # (the run's own record that it finished: what a relaunch reads once Slurm has forgotten the job)
+        durable.append_line(metrics.of_run(Path(run.out_dir)), json.dumps({"event": "finished", "time": time.time()}))
     return after(ended, head, run.name)
 
 

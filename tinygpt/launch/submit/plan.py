@@ -21,6 +21,15 @@ if TYPE_CHECKING:
     from tinygpt.launch.submit.snapshot import Snapshot
 
 
+class Records(NamedTuple):
+    """A manifest's runs as a relaunch merges them (commands/relaunch.py): what they share, each run's record,
+    and the runs to submit now, by index."""
+
+    base: dict[str, Any]
+    runs: list[dict[str, Any]]
+    submit: list[int]
+
+
 class Script(NamedTuple):
     """One batch script of the job array: its runs are `indices`, task t running run `offset + t * pack`."""
 
@@ -45,32 +54,37 @@ class Plan:
         return self.sweep.profile.interpreter
 
 
-def build(sweep: Sweep, snapshot: Snapshot | None = None, project: Snapshot | None = None) -> Plan:
+def build(sweep: Sweep, snapshot: Snapshot | None = None, project: Snapshot | None = None,
+          merged: Records | None = None, launch: int = 1) -> Plan:
     """Write the manifest and the batch scripts (the sbatch backend's). Submits nothing. The jobs run the code
-    of `snapshot`, or the live checkout without one; a command's runs start in `project`, the user's."""
+    of `snapshot`, or the live checkout without one; a command's runs start in `project`, the user's. A
+    relaunch's `merged` records are the manifest's runs, old and new, and the scripts are for its `submit`
+    alone, named for the sweep's `launch`th launch."""
     dirs = sweep.dirs
     dirs.logs.mkdir(parents=True, exist_ok=True)
     previous = manifest_mod.load(dirs.manifest).submissions if dirs.manifest.exists() else []
-    head = _head(sweep, snapshot, previous)
+    base, records = merged[:2] if merged else (sweep.runs[0].shared if sweep.runs else {}, _records(sweep))
+    head = _head(sweep, snapshot, previous, base)
     if sweep.command is not None:
         c = sweep.command
         head.command = CommandRecord(argv=c.argv, project=str(project.path if project else sweep.project),
                                      stop_signal=sweep.profile.signal, heartbeat_s=c.heartbeat_s,
                                      max_requeues=c.max_requeues, start=c.start)
-    manifest_mod.create(dirs.manifest, head, _records(sweep))
+    manifest_mod.create(dirs.manifest, head, records)
     code = snapshot.path if snapshot else REPO_ROOT
-    scripts = _write_scripts(sweep, code) if sweep.backend == "sbatch" else []
+    indices = merged.submit if merged else list(range(len(sweep.runs)))
+    scripts = _write_scripts(sweep, code, sorted(indices), len(records), launch) if sweep.backend == "sbatch" else []
     return Plan(sweep, sweep.workdir, dirs.jobs, dirs.logs, dirs.manifest, scripts, code)
 
 
-def _head(sweep: Sweep, snapshot: Snapshot | None, previous: list) -> ManifestHead:
+def _head(sweep: Sweep, snapshot: Snapshot | None, previous: list, base: dict[str, Any]) -> ManifestHead:
     search = SearchRecord.model_validate({**sweep.search, "journal": str(sweep.dirs.journal)}) if sweep.search \
         else None
     return ManifestHead(format=manifest_mod.FORMAT, name=sweep.name, spec=str(sweep.spec_path.resolve()),
                         backend=sweep.backend, cluster=sweep.profile.name, workdir=str(sweep.workdir),
                         logs_dir=str(sweep.dirs.logs), resources=sweep.resources.record(),
                         code=snapshot.record() if snapshot else {"snapshot": None, "path": str(REPO_ROOT)},
-                        base=sweep.runs[0].shared if sweep.runs else {}, search=search, submissions=previous)
+                        base=base, search=search, submissions=previous)
 
 
 def _records(sweep: Sweep) -> list[dict[str, Any]]:
@@ -80,27 +94,45 @@ def _records(sweep: Sweep) -> list[dict[str, Any]]:
              "max_steps": run.max_steps} for run in sweep.runs]
 
 
-def _write_scripts(sweep: Sweep, code: Path) -> list[Script]:
-    """The job array's scripts: one, or one per part when its tasks would reach MaxArraySize (Slurm's own when
-    it is reachable, else the profile's)."""
+def _write_scripts(sweep: Sweep, code: Path, indices: list[int], runs: int, launch: int) -> list[Script]:
+    """The job array's scripts for the runs `indices` (ascending) of a manifest of `runs`: one, or one per part
+    when its tasks would reach MaxArraySize (Slurm's own when it is reachable, else the profile's). A part holds
+    the runs `offset + task * pack ...`; packed runs are contiguous in a part, so that no task starts another."""
     limit = slurm_cli.max_array_size(sweep.profile.cluster_name) or sweep.profile.max_array_size
-    size, pack, count = max(1, limit - 1), sweep.pack, len(sweep.runs)
-    tasks = [list(range(i, min(i + pack, count))) for i in range(0, count, pack)]
-    chunks = [[i for task in tasks[t:t + size] for i in task] for t in range(0, len(tasks), size)]
+    size, pack = max(1, limit - 1), sweep.pack
+    chunks: list[list[int]] = []
+    for i in indices:
+        if chunks and (i - chunks[-1][0]) // pack < size and (pack == 1 or i == chunks[-1][-1] + 1):
+            chunks[-1].append(i)
+        else:
+            chunks.append([i])
     scripts = []
-    for k, indices in enumerate(chunks):
-        path = sweep.dirs.script(k, len(chunks))
-        array = f"0-{-(-len(indices) // pack) - 1}"
+    for k, chunk in enumerate(chunks):
+        path = sweep.dirs.script(k, len(chunks), launch)
+        array = _ranges(sorted({(i - chunk[0]) // pack for i in chunk}))
         if sweep.array_parallelism:
             array += f"%{sweep.array_parallelism}"
         params = ScriptParams(
-            job_name=sweep.name, array=array, offset=indices[0], manifest=str(sweep.dirs.manifest),
+            job_name=sweep.name, array=array, offset=chunk[0], manifest=str(sweep.dirs.manifest),
             script_path=str(path), log_dir=str(sweep.dirs.logs), workdir=str(sweep.workdir),
             python=sweep.profile.interpreter, pythonpath=str(code), resources=sweep.resources,
-            profile=sweep.profile, worker=sweep.search is not None, pack=pack, runs=count,
+            profile=sweep.profile, worker=sweep.search is not None, pack=pack, runs=min(runs, chunk[-1] + 1),
             command=sweep.command is not None,
             torchrun=sweep.command is not None and sweep.command.start == "torchrun",
         )
         durable.write(path, render(params), executable=True)
-        scripts.append(Script(path, array, indices[0], indices))
+        scripts.append(Script(path, array, chunk[0], chunk))
     return scripts
+
+
+def _ranges(tasks: list[int]) -> str:
+    """Slurm's --array text for ascending task ids: `0-4,7,9-10` (`0-0` for one task, as sbatch shows it)."""
+    spans: list[list[int]] = []
+    for t in tasks:
+        if spans and t == spans[-1][1] + 1:
+            spans[-1][1] = t
+        else:
+            spans.append([t, t])
+    if len(spans) == 1:
+        return f"{spans[0][0]}-{spans[0][1]}"
+    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in spans)
