@@ -136,7 +136,8 @@ def supervise(manifest: Path, index: int) -> int:
         return 127
     if ended.code == 0 and signal.SIGTERM not in ended.signals and os.environ.get("SLURM_PROCID", "0") == "0":
         # (the run's own record that it finished: what a relaunch reads once Slurm has forgotten the job)
-        durable.append_line(metrics.of_run(Path(run.out_dir)), json.dumps({"event": "finished", "time": time.time()}))
+        durable.append_line(metrics.of_run(Path(run.out_dir)), json.dumps({"event": "finished", "step": _last_step(
+            Path(run.out_dir)), "time": time.time()}))
     return after(ended, head, run.name)
 
 
@@ -177,9 +178,13 @@ def _last_beat(run_dir: Path, started: float) -> float:
         return started
 
 
-def _hung(program: subprocess.Popen, run_dir: Path, silent: float) -> None:
-    step = max((r["step"] for r in metrics.read(metrics.of_run(run_dir)) if isinstance(r.get("step"), int)),
+def _last_step(run_dir: Path) -> int:
+    return max((r["step"] for r in metrics.read(metrics.of_run(run_dir)) if isinstance(r.get("step"), int)),
                default=0)
+
+
+def _hung(program: subprocess.Popen, run_dir: Path, silent: float) -> None:
+    step = _last_step(run_dir)
     print(f"tinygpt: the program's heartbeat is {silent:.0f} s old: hung; stopping it", file=sys.stderr)
     durable.append_line(metrics.of_run(run_dir), json.dumps({"event": "hung", "step": step, "heartbeat_age_s":
                                                              round(silent, 1), "time": time.time()}))
