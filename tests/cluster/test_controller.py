@@ -81,7 +81,7 @@ def test_while_the_controller_is_away_commands_say_so_at_once_and_afterwards_ans
     # What accounting knows (a held job reaches it when the controller flushes its records, at its stop or later)
     # or else what the run directory knows; and why
     row = next(line for line in status.stdout.splitlines() if f"{job}_0" in line)
-    assert re.search(r"PENDING +│ sacct|NOT STARTED +│ run dir", row), status.stdout
+    assert re.search(r"PENDING +│ sacct|NOT_STARTED +│ run dir", row), status.stdout
     assert "note: the Slurm controller (slurmctld on " in status.stdout, status.stdout
     daemon("start", "slurmctld")
     status = launch("status", str(held), "--workdir", str(work))

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.support.paths import ROOT
-from tests.support.processes import wait_until
+from tests.support.processes import launch, wait_until
 from tests.support.slurm import cancel, manifest_of, unique_name, wait
 
 pytestmark = pytest.mark.slurm
@@ -61,3 +61,16 @@ def test_the_installed_command_launches_from_outside_the_checkout_with_a_profile
     log = wait_until(lambda: "".join(p.read_text() for p in (outside / "work" / "logs" / name).glob("*.out")),
                      timeout=30, what="the task's log")
     assert "installed base" in log, log
+
+
+def test_profile_new_outside_the_checkout_writes_to_the_users_folder_where_cluster_finds_it(tmp_path):
+    config = tmp_path / "config"
+    out = launch("profile", "new", "--name", "asked", cwd=tmp_path, env={"XDG_CONFIG_HOME": str(config)})
+    written = config / "tinygpt-hpc" / "clusters" / "asked.yaml"
+    assert out.returncode == 0 and f"wrote {written}" in out.stdout, out.stdout + out.stderr
+    assert "yaml-language-server" in written.read_text()  # (this checkout's schema, for an editor)
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({"name": "s", "cluster": "asked", "command": {"argv": ["true"]}}))
+    dry = launch(str(spec), "--dry-run", "--workdir", str(tmp_path / "w"), cwd=tmp_path,
+                 env={"XDG_CONFIG_HOME": str(config)})
+    assert dry.returncode == 0 and "cluster asked" in dry.stdout, dry.stdout + dry.stderr

@@ -204,10 +204,15 @@ def test_a_program_of_the_users_launched_from_the_laptop_runs_its_project_there(
     args = ["--workdir", str(tmp_path)]
     out = on_laptop(laptop, str(spec), "--cluster", str(laptop["profile"]), *args, cwd=tmp_path)
     assert out.returncode == 0 and "submitted 1 run(s)" in out.stdout, out.stderr
-    assert f"({ROOT / 'tests/support/foreign'}): 3 files" in out.stderr, out.stderr  # (the project, sent)
+    assert f"({ROOT / 'tests/support/foreign'}): 4 files" in out.stderr, out.stderr  # (the project, sent)
     watched = on_laptop(laptop, "status", str(spec), "--watch", "--interval", "1", *args, cwd=tmp_path)
     assert "COMPLETED" in watched.stdout.rsplit(f"sweep {name}", 1)[-1], watched
     logs = on_laptop(laptop, "logs", str(spec), "base", *args, cwd=tmp_path)
     assert logs.returncode == 0 and "counted to 2" in logs.stdout, logs
     trees = HOME_THERE / REMOTE_DIR / "trees"
     assert any((tree / "count.sh").is_file() and (tree / "fit.py").is_file() for tree in trees.iterdir())
+    document = json.loads(on_laptop(laptop, "status", str(spec), "--json", *args, cwd=tmp_path).stdout)
+    assert [(r["name"], r["state_name"]) for r in document["runs"]] == [("base", "COMPLETED")], document
+    listed = on_laptop(laptop, "list", *args, cwd=tmp_path)
+    assert listed.returncode == 0 and f"{name}  " in listed.stdout and "1 run(s): 1 COMPLETED" in listed.stdout, listed
+    assert f"on {laptop['user']}@" in listed.stdout, listed.stdout

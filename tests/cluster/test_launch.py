@@ -204,7 +204,8 @@ def test_a_failing_setup_line_ends_the_job_naming_it(tmp_path, workdir, tiny_cor
 
 
 def test_a_live_sweep_is_never_changed_behind_its_jobs(tmp_path, workdir, tiny_corpus):
-    """A dry run of a spec whose sweep is queued never rewrites what the queued tasks will read."""
+    """A spec launched again while its sweep is queued never rewrites what the queued tasks will read: its run,
+    now defined otherwise, is refused (a relaunch), and so is a --local run of it."""
     import hashlib
 
     def checksums() -> dict:
@@ -215,11 +216,14 @@ def test_a_live_sweep_is_never_changed_behind_its_jobs(tmp_path, workdir, tiny_c
     assert launch(str(spec), "--hold", "--workdir", str(workdir)).returncode == 0
     before = checksums()
     spec.write_text(spec.read_text().replace("max_steps: 20", "max_steps: 27"))
-    for extra in (["--dry-run"], [], ["--local"]):
+    for extra in (["--dry-run"], [], ["--fresh"]):  # (a relaunch: the run, queued, is now defined otherwise)
         again = launch(str(spec), *extra, "--workdir", str(workdir))
         assert again.returncode == 1 and "Traceback" not in again.stderr, again.stderr
-        assert "sweep `live` has jobs that are still live: n_layer=1,lr=0.001 (job " in again.stderr
-        assert "PENDING" in again.stderr and f"python launch.py cancel {spec}" in again.stderr
+        assert "that the spec now defines otherwise" in again.stderr and "(a live one: cancel it first)" in \
+            again.stderr and "n_layer=1,lr=0.001 (queued " in again.stderr
+    local = launch(str(spec), "--local", "--workdir", str(workdir))  # (--local starts over: refused while live)
+    assert local.returncode == 1 and "sweep `live` has jobs that are still live: n_layer=1,lr=0.001 (job " in \
+        local.stderr and "PENDING" in local.stderr and f"python launch.py cancel {spec}" in local.stderr
     # A controller that does not answer (squeue fails as on a socket time-out): the guard fails closed.
     bindir = tmp_path / "failing-bin"
     bindir.mkdir()
@@ -233,9 +237,10 @@ def test_a_live_sweep_is_never_changed_behind_its_jobs(tmp_path, workdir, tiny_c
         assert "has jobs on Slurm, and squeue could not say whether they are still live" in blind.stderr
     assert checksums() == before  # every file of the queued sweep as it was
     assert launch("cancel", str(spec), "--workdir", str(workdir)).returncode == 0
-    dry = wait_until(lambda: (out := launch(str(spec), "--dry-run", "--workdir", str(workdir))).returncode == 0
-                     and out, timeout=120, poll=2, what="the cancelled sweep to be launchable again")
-    assert "dry run: nothing submitted" in dry.stdout
+    dry = wait_until(lambda: (out := launch(str(spec), "--dry-run", "--fresh", "--workdir", str(workdir))
+                              ).returncode == 0 and out, timeout=120, poll=2,
+                     what="the cancelled sweep's changed run to be launchable afresh")
+    assert "changed" in dry.stdout and "dry run: would submit 1 run(s); nothing written" in dry.stdout
 
 
 @pytest.mark.slurm_release

@@ -8,9 +8,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 
+from tests.support.paths import ROOT
 from tests.support.processes import launch, wait_until
 from tests.support.slurm import cancel, manifest_of, unique_name, wait
 
@@ -57,6 +59,12 @@ def ended(work: Path, name: str, *runs: str) -> None:
 @pytest.mark.shares_cluster
 def test_a_finished_sweep_with_new_points_submits_the_new_ones_alone_and_a_changed_one_only_when_asked(tmp_path):
     name, work = unique_name("again"), tmp_path / "work"
+    checked = launch("check", str(write(tmp_path, name, [{"name": "a"}, {"name": "b"}])), "--json", "--workdir",
+                     str(work))
+    document = json.loads(checked.stdout)
+    jsonschema.Draft202012Validator(json.loads((ROOT / "schemas" / "check.schema.json").read_text())).validate(
+        document)
+    assert document["ok"] and any("the spec fits cluster local" in line for line in document["said"]), document
     first = launched(write(tmp_path, name, [{"name": "a"}, {"name": "b"}]), work)
     ended(work, name, "a", "b")
     again = launched(write(tmp_path, name, [{"name": "a"}, {"name": "b"}, {"name": "c"}, {"name": "d"}]), work)
@@ -96,6 +104,14 @@ def test_a_live_and_failed_sweep_with_a_new_point_submits_it_alone_and_leaves_th
         assert table(again) == {"ok": "finished", "bad": "failed", "long": "running", "more": "new"}, again.stdout
         after = manifest_of(work, name)
         assert config_of(after.path, 2) == before and after.submissions[-1].indices == [3]
+        document = json.loads(launch("status", str(manifest.spec), "--json", "--workdir", str(work)).stdout)
+        jsonschema.Draft202012Validator(json.loads((ROOT / "schemas" / "status.schema.json").read_text())).validate(
+            document)
+        states = {r["name"]: r["state_name"] for r in document["runs"]}
+        assert (states["ok"], states["bad"], states["long"]) == ("COMPLETED", "FAILED", "RUNNING"), document
+        assert states["more"] in ("PENDING", "RUNNING", "COMPLETED") and document["unheard"] == []
+        listed = launch("list", "--workdir", str(work))
+        assert f"{name}  " in listed.stdout and "4 run(s): " in listed.stdout and "1 FAILED" in listed.stdout
         dry = launch(str(manifest.spec), "--workdir", str(work), "--dry-run")
         assert "would submit" not in dry.stdout and "nothing new to submit" in dry.stdout
         gone = launch(str(write(tmp_path, name, [{"name": "ok"}])), "--workdir", str(work), "--dry-run")

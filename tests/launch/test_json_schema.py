@@ -86,3 +86,35 @@ def test_a_bad_profile_is_refused_by_the_loader_and_by_the_json_schema(tmp_path,
     with pytest.raises(LaunchError):
         profiles.from_file(path)
     assert list(validator("profile").iter_errors(data))
+
+
+def test_status_json_follows_its_schema_for_a_run_in_each_state_its_directory_can_say(tmp_path):
+    """`status --json` of a sweep whose runs' directories say NOT_STARTED, STARTED (a step), FINISHED and HUNG
+    (the cluster's states, test_relaunch.py): one document, valid against schemas/status.schema.json."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({"name": "s", "command": {"argv": ["prog"]}, "grid": {"a": [1, 2, 3, 4]}}))
+    assert launch(str(spec), "--dry-run", "--workdir", str(tmp_path)).returncode == 0
+    said = {"a=2": [{"step": 3, "loss": 0.5}], "a=3": [{"step": 3, "loss": 0.5}, {"event": "finished", "step": 3}],
+            "a=4": [{"step": 1}, {"event": "hung", "step": 1, "heartbeat_age_s": 9.0, "time": 0}]}
+    for run, lines in said.items():
+        (tmp_path / "runs" / "s" / run).mkdir(parents=True)
+        (tmp_path / "runs" / "s" / run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = launch("status", str(spec), "--json", "--workdir", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    document = json.loads(out.stdout)
+    validator("status").validate(document)
+    assert [(r["name"], r["state_name"], r["step"]) for r in document["runs"]] == [
+        ("a=1", "NOT_STARTED", None), ("a=2", "STARTED", 3), ("a=3", "FINISHED", 3), ("a=4", "HUNG", 1)]
+    assert document["program"] == "command" and document["counts"] == {"NOT_STARTED": 1, "STARTED": 1, "FINISHED": 1,
+                                                                       "HUNG": 1}
+
+
+def test_check_json_follows_its_schema_when_the_spec_is_refused(tmp_path):
+    """Without a cluster, `check` refuses (Slurm does not answer): its document says so, valid against
+    schemas/check.schema.json (the cluster's `ok`: cluster/test_relaunch.py)."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({"name": "s", "command": {"argv": ["prog"]}}))
+    out = launch("check", str(spec), "--json", "--workdir", str(tmp_path))
+    document = json.loads(out.stdout)
+    validator("check").validate(document)
+    assert out.returncode == document["exit_status"] != 0 and not document["ok"] and document["problems"], document

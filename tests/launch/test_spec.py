@@ -736,3 +736,23 @@ def test_a_local_sweep_says_which_runs_failed_and_has_no_job_to_cancel_or_resubm
     assert cancelled.returncode == 0 and "nothing to cancel" in cancelled.stdout
     again = launch("resubmit", str(spec), "--workdir", str(tmp_path))
     assert again.returncode == 1 and "runs of --local are run again with --local" in again.stderr
+
+
+def test_a_profile_is_found_in_the_named_folders_then_the_users_then_the_checkouts(tmp_path, monkeypatch, capsys):
+    """layout.profile_dirs, in the README's order; a name found twice is said with both paths, the first taken."""
+    named, user = tmp_path / "named", tmp_path / "config" / "tinygpt-hpc" / "clusters"
+    for folder, cpus in ((named, 7), (user, 5)):
+        folder.mkdir(parents=True)
+        (folder / "local.yaml").write_text(f"name: local\nnode: {{cpus: {cpus}}}\n")
+    (user / "mine.yaml").write_text("name: mine\n")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("TINYGPT_CLUSTERS", str(named))
+    assert profiles.load("local").node.cpus == 7
+    assert f"is {named / 'local.yaml'}, found first; also {user / 'local.yaml'}, " in capsys.readouterr().err
+    monkeypatch.delenv("TINYGPT_CLUSTERS")
+    assert profiles.load("local").node.cpus == 5 and profiles.load("mine").path == str(user / "mine.yaml")
+    (user / "local.yaml").unlink()
+    assert profiles.load("local").path == str(ROOT / "hpc_lab" / "clusters" / "local.yaml")
+    with pytest.raises(LaunchError) as err:
+        profiles.load("nowhere")
+    assert f"(files in {user}, {ROOT / 'hpc_lab' / 'clusters'})" in str(err.value) and "mine" in str(err.value)

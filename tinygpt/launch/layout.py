@@ -31,6 +31,7 @@ REPO_ROOT = Path(tinygpt.__file__).resolve().parents[1]
 CHECKOUT = REPO_ROOT if (REPO_ROOT / "launch.py").is_file() and (REPO_ROOT / "hpc_lab").is_dir() else None
 PROFILES_ENV = "TINYGPT_CLUSTERS"  # folders of profiles of the user's, before the others (os.pathsep between)
 SUBMISSIONS = "submissions.jsonl"  # beside a sweep's manifest: its submissions, appended
+REMOTE_RECORD = "remote.json"  # on a laptop, where the manifest of a sweep launched over SSH would be (remote/)
 
 
 def user_profile_dir() -> Path:

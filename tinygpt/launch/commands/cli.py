@@ -5,7 +5,7 @@
     python launch.py check SPEC.yaml            the spec against the live cluster, then sbatch --test-only
     python launch.py SPEC.yaml --local          run every run here on CPU, one after another
     python launch.py SPEC.yaml --chain          data job -> training array (afterok) -> report job (afterany)
-    python launch.py status SPEC.yaml [--watch] a table of the sweep's runs
+    python launch.py status SPEC.yaml [--watch] a table of the sweep's runs [--json: one JSON document]
     python launch.py cancel SPEC.yaml           scancel the sweep's jobs
     python launch.py resubmit SPEC.yaml         the runs that failed, hung or were preempted, again
                      [--time T] [--mem M] [--exclude NODES] [--exclude-failed-nodes] [--states S,...] [--dry-run]
@@ -13,7 +13,8 @@
     python launch.py logs SPEC.yaml [RUN]       a run's Slurm log, its latest life [--tail N] [--follow] [--all]
     python launch.py sync SPEC.yaml             upload the sweep's offline W&B runs (wandb sync), from a login node
     python launch.py pull SPEC.yaml             a sweep launched over SSH: its report and metrics here [--checkpoints]
-    python launch.py schema [spec|profile]      the JSON Schema of a spec or a cluster profile [--write: schemas/]
+    python launch.py list                       every sweep under --workdir: cluster, runs by state [--json]
+    python launch.py schema [spec|profile|status]  the JSON Schema of a spec, a profile, `status --json` [--write]
     python launch.py profile new                a cluster profile from what Slurm says [--name N] [--force]
                                                 [--login USER@HOST: that login node's, from a laptop]
 
@@ -26,6 +27,7 @@ or its accounting does not answer (a restart, a failover), a command that needs 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -70,6 +72,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoints", action="store_true", help="every run's checkpoints too")
     p = command("sync", "upload the sweep's offline W&B runs (wandb sync), from a login node")
     p.add_argument("--dry-run", action="store_true", help="show what W&B would upload, upload nothing")
+    p = commands.add_parser("list", help="every sweep under a work directory: cluster, runs by state, last change")
+    p.add_argument("--workdir", default=".", help="where jobs/, logs/ and runs/ are (default: here)")
+    p.add_argument("--json", action="store_true", help="one JSON document instead of the lines")
     p = commands.add_parser("profile", help="a cluster profile written from what the reachable Slurm says",
                             description="`profile new`: ask the reachable Slurm (scontrol, sacctmgr) and write "
                                         "<ClusterName>.yaml, a comment on every guess.")
@@ -81,11 +86,12 @@ def parser() -> argparse.ArgumentParser:
                                                         "and give the profile the login: section that reaches it")
     p.add_argument("--ssh-option", action="append", default=[], metavar="KEY=VALUE",
                    help="with --login: an ssh -o option for its login: section, e.g. ProxyJump=gateway (repeatable)")
-    p = commands.add_parser("schema", help="the JSON Schema of a spec or a cluster profile",
-                            description="The JSON Schema that specs (jobs/*.yaml) or cluster profiles "
-                                        "(hpc_lab/clusters/*.yaml) are checked with, for editors.")
-    p.add_argument("kind", nargs="?", choices=("spec", "profile"), default="spec", help="default: spec")
-    p.add_argument("--write", action="store_true", help="write both into schemas/ (what a test compares)")
+    p = commands.add_parser("schema", help="the JSON Schema of a spec, a cluster profile or `status --json`",
+                            description="The JSON Schema that specs (jobs/*.yaml) or cluster profiles are checked "
+                                        "with, for editors; or that `status --json` documents follow.")
+    p.add_argument("kind", nargs="?", choices=("spec", "profile", "status", "check"), default="spec",
+                   help="default: spec")
+    p.add_argument("--write", action="store_true", help="write each into schemas/ (what a test compares)")
     return top
 
 
@@ -104,6 +110,8 @@ def _launch_options(p: argparse.ArgumentParser, submits: bool = True) -> None:
                    help="launched again: start the runs the spec now defines otherwise anew, their old directories "
                         "moved aside (without it, such a run is refused)")
     if not submits:
+        p.add_argument("--json", action="store_true",
+                       help="one JSON document of the outcome, for scripts (its schema: `launch.py schema check`)")
         p.set_defaults(dry_run=True, local=False, hold=False, nproc=1, no_check=False)
         return
     p.add_argument("--dry-run", action="store_true", help="write scripts and manifest, submit nothing")
@@ -123,6 +131,8 @@ def _status_options(p: argparse.ArgumentParser) -> None:
                    help=f"seconds between refreshes, from {WATCH_S[0]} to {WATCH_S[1]:,} (default: %(default)s)")
     p.add_argument("--efficiency", action="store_true",
                    help="how each run used its allocation: CPU and memory efficiency, GPU use (sacct)")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON document instead of the table, for scripts (its schema: `launch.py schema status`)")
     p.add_argument("--all", action="store_true", dest="every_row",
                    help=f"a row for every run (a sweep of more than {SUMMARY_ABOVE} runs is otherwise shown as its "
                         f"runs by state, with the failed and running ones listed)")
@@ -150,7 +160,14 @@ def _status(args: argparse.Namespace) -> int:
     if not WATCH_S[0] <= args.interval <= WATCH_S[1]:  # (a NaN is in no range)
         raise LaunchError(f"--interval: {args.interval} is not a number of seconds from {WATCH_S[0]:g} to "
                           f"{WATCH_S[1]:,.0f}; give one in that range")
+    if args.json and (args.watch or args.efficiency):
+        raise LaunchError("--json: one document of the runs' states, printed once; drop --watch and --efficiency")
     manifest = _launched(args)
+    if args.json:
+        from tinygpt.launch.read import status_document
+
+        print(status_document.document(manifest).model_dump_json(indent=2))
+        return 0
     if args.efficiency:
         from tinygpt.launch.read import efficiency
 
@@ -217,9 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     if problems := not_utf8(argv):
         print(f"error: {LaunchError(problems)}", file=sys.stderr)
         return 1
+    top = parser()
+    _complete(top)
     if argv and argv[0] not in HANDLERS and argv[0] not in ("-h", "--help"):
         argv = ["launch", *argv]  # (`launch.py SPEC`)
-    top = parser()
     args = top.parse_args(argv)
     try:
         if problems := _blank(top, args):
@@ -242,6 +260,33 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def _complete(top: argparse.ArgumentParser) -> None:
+    """Shell completion (argcomplete; `eval "$(register-python-argcomplete tinygpt-launch)"`): when the shell
+    asks, the commands, their options, spec files and a sweep's run names are said and the process exits; else
+    nothing (argcomplete is not even imported)."""
+    if "_ARGCOMPLETE" not in os.environ:
+        return
+    import argcomplete
+    from argcomplete.completers import FilesCompleter
+
+    commands = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    for sub in commands.choices.values():
+        for action in sub._actions:
+            if action.dest == "spec":
+                action.completer = FilesCompleter(("yaml", "yml", "json"))
+            elif action.dest == "run":
+                action.completer = _run_names
+    argcomplete.autocomplete(top)
+
+
+def _run_names(prefix: str, parsed_args: argparse.Namespace, **_) -> list[str]:
+    """The names of the sweep's runs that start with `prefix` (none when its manifest cannot be read)."""
+    try:
+        return [r.name for r in _launched(parsed_args).runs if r.name.startswith(prefix)]
+    except (LaunchError, OSError):
+        return []
+
+
 def _blank(top: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
     """The options of the command given as an empty or blank text (errors.blank_arguments)."""
     commands = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
@@ -251,7 +296,20 @@ def _blank(top: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
 def _launch(args) -> int:
     from tinygpt.launch.commands import launch
 
+    if args.command == "check" and args.json:
+        return launch.check_json(args, lambda: _launch_handled(args))
     return launch.run(args)
+
+
+def _launch_handled(args) -> int:
+    """`check` as `main` runs it: a LaunchError is its message and exit status."""
+    from tinygpt.launch.commands import launch
+
+    try:
+        return launch.run(args)
+    except LaunchError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_status
 
 
 def _report(args) -> int:
@@ -320,8 +378,15 @@ def _cancel(args) -> int:
 
 # Each command's handler: hand the parsed arguments to the module that does it, print.
 # (`check` is the launch command as a dry run that is checked: its defaults say so, in _launch_options)
+def _list(args) -> int:
+    from tinygpt.launch.commands import sweeps
+
+    return sweeps.show(Path(args.workdir), args.json)
+
+
 HANDLERS = {"launch": _launch, "check": _launch, "status": _status, "cancel": _cancel, "report": _report, "sync": _sync,
-            "resubmit": _resubmit, "logs": _logs, "schema": _schema, "profile": _profile, "pull": _pull}
+            "resubmit": _resubmit, "logs": _logs, "schema": _schema, "profile": _profile, "pull": _pull,
+            "list": _list}
 
 
 if __name__ == "__main__":  # (python -m tinygpt.launch.commands.cli: as launch.py, e.g. in the report step of a chain)

@@ -21,7 +21,7 @@ from typing import Any
 from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.layout import schema_file
 
-KINDS = ("spec", "profile")
+KINDS = ("spec", "profile", "status", "check")
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
 
@@ -119,8 +119,18 @@ def _finish(schema: dict[str, Any], title: str) -> dict[str, Any]:
     return {"$schema": DIALECT, "title": title, **_clean({k: v for k, v in schema.items() if k != "title"})}
 
 
+def document_schema(kind: str) -> dict[str, Any]:
+    """What `status --json` or `check --json` prints: an output, so its numbers are numbers alone."""
+    from tinygpt.launch.commands.launch import CheckDocument
+    from tinygpt.launch.read.status_document import SweepStatus
+
+    schema = (SweepStatus if kind == "status" else CheckDocument).model_json_schema()
+    return {"$schema": DIALECT, "title": f"The document of tinygpt-hpc's `{kind} --json`",
+            **{k: v for k, v in schema.items() if k != "title"}}
+
+
 def of(kind: str) -> dict[str, Any]:
-    return spec_schema() if kind == "spec" else profile_schema()
+    return spec_schema() if kind == "spec" else profile_schema() if kind == "profile" else document_schema(kind)
 
 
 def text(kind: str) -> str:

@@ -6,13 +6,16 @@ before Slurm is asked anything), its manifest and scripts written (plan.py), the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
+import io
 import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
+from pydantic import BaseModel, ConfigDict, Field
 from rich.table import Table
 
 from tinygpt.launch import manifest as manifest_mod
@@ -77,6 +80,30 @@ def _run(args: argparse.Namespace) -> int:
     # One command at a time writes a sweep: from the check that its jobs are not live to the last record.
     with manifest_mod.sweep_lock(sweep.dirs.jobs):
         return _launch_locked(sweep, args, cluster)
+
+
+class CheckDocument(BaseModel):
+    """The document `check --json` prints."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal[1] = Field(description="this document's format")
+    spec: str = Field(description="the spec checked")
+    ok: bool = Field(description="whether the spec fits the live cluster (exit status 0)")
+    exit_status: int = Field(description="the status `check` ends with: 0, 1 (a problem) or 75 (Slurm away: retry)")
+    problems: list[str] = Field(description="what is wrong, one entry a line of the message (empty when ok)")
+    said: list[str] = Field(description="what `check` printed: the runs, the resources, Slurm's estimates")
+
+
+def check_json(args: argparse.Namespace, check) -> int:
+    """`check --json`: `check()` run with its words caught, then one CheckDocument on stdout."""
+    said, problems = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(said), contextlib.redirect_stderr(problems):
+        status = check()
+    lines = [line.removeprefix("error: ") for line in problems.getvalue().splitlines() if line.strip()]
+    print(CheckDocument(format=1, spec=str(args.spec), ok=status == 0, exit_status=status,
+                        problems=lines if status else [], said=said.getvalue().splitlines()).model_dump_json(indent=2))
+    return status
 
 
 def _refuse_local_problems(sweep: Sweep, args: argparse.Namespace) -> None:

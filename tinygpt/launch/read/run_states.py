@@ -105,7 +105,7 @@ def state_from_run_dir(progress: dict) -> RunState:
         return RunState("STOPPED")
     if progress.get("started"):
         return RunState("STARTED")
-    return RunState("NOT STARTED")
+    return RunState("NOT_STARTED")
 
 
 class Rows(list[Row]):

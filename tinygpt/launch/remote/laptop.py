@@ -44,7 +44,7 @@ from tinygpt.base import durable
 from tinygpt.base.config import PATH_KEYS
 from tinygpt.launch.console import SPEC_AS
 from tinygpt.launch.errors import LaunchError
-from tinygpt.launch.layout import REPO_ROOT, SweepDirs
+from tinygpt.launch.layout import REMOTE_RECORD, REPO_ROOT, SweepDirs
 from tinygpt.launch.remote import login_side
 from tinygpt.launch.remote.private_folders import socket_folder, wheel_cache
 from tinygpt.launch.submit import snapshot
@@ -52,7 +52,7 @@ from tinygpt.launch.submit import snapshot
 if TYPE_CHECKING:
     from tinygpt.launch.spec.profiles import Login, Profile
 
-RECORD = "remote.json"  # beside where the sweep's manifest would be, on the laptop
+RECORD = REMOTE_RECORD  # beside where the sweep's manifest would be, on the laptop
 RECORD_KEYS = ("profile", "root", "code", "spec", "cluster")  # (see forward: what each names)
 CONNECT_TIMEOUT_S = 15
 PERSIST_S = 60  # how long the shared connection outlives the command that opened it
@@ -470,6 +470,38 @@ def launcher_there(conn: Connection, python: str, code: str) -> tuple[list[str],
     """(environment, words) that start the launcher sent as `code` on the login node: `python -m tinygpt.launch`
     with the tree first on its path, a checkout's code and an installed launcher's alike."""
     return [f"PYTHONPATH={conn.root}/trees/{code}"], [python, "-m", "tinygpt.launch"]
+
+
+def sweeps_there(workdir: Path) -> list[dict[str, Any]]:
+    """`list --json` of each login node that this laptop launched sweeps of `workdir` on, once per node (its
+    launcher sent as this one's code): the entries of those sweeps (by name), or an entry with the problem."""
+    records: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for path in sorted((workdir / "jobs").glob(f"*/{RECORD}")):
+        if not path.with_name("manifest.json").exists():
+            try:
+                record = _read_record(path)
+            except LaunchError as err:
+                records.setdefault("", []).append((path.parent.name, {"problem": str(err)}))
+                continue
+            records.setdefault(record["profile"], []).append((path.parent.name, record))
+    from tinygpt.launch.spec import profiles
+
+    found = [{"sweep": name, "problem": record["problem"]} for name, record in records.pop("", [])]
+    for profile, sweeps in records.items():
+        try:
+            login = profiles.load(profile).login
+            if login is None:
+                raise LaunchError(f"its profile {profile} has no login: section any more")
+            conn, hello = connect(login)
+            env, words = launcher_there(conn, launcher_python(conn, hello), send_code(conn)[0])
+            said = conn.call("run", conn.root, *env, "--", *words, "list", "--json", "--workdir", conn.root)
+            there = {e["sweep"]: e for e in json.loads(said.split(b"\n", 1)[1])["sweeps"]}
+        except (LaunchError, ValueError, KeyError, IndexError) as err:
+            found += [{"sweep": name, "problem": f"its login node did not say: {err}"} for name, _ in sweeps]
+            continue
+        found += [{**there.get(name, {"problem": "not on its login node"}), "sweep": name,
+                   "where": conn.where} for name, _ in sweeps]
+    return found
 
 
 def run_there(conn: Connection, python: str, code: str, arguments: list[str], spec_as: str | None = None) -> int:

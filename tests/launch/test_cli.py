@@ -1,0 +1,55 @@
+"""The launcher as a command (commands/cli.py): shell completion of commands, options and a sweep's run names, and
+`list` of the sweeps under a work directory, here without Slurm (the cluster's: cluster/test_relaunch.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from tests.support.paths import ROOT
+from tests.support.processes import launch, python_env
+
+
+def completions(line: str, cwd: Path, tmp_path: Path) -> list[str]:
+    """What the shell is told for `line`, the cursor at its end, as bash's completion hook asks argcomplete."""
+    out = tmp_path / "completions"
+    env = python_env(_ARGCOMPLETE="1", _ARGCOMPLETE_IFS="\n", COMP_LINE=line, COMP_POINT=str(len(line)),
+                     _ARGCOMPLETE_STDOUT_FILENAME=str(out))
+    done = subprocess.run([sys.executable, str(ROOT / "launch.py")], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    return out.read_text().split("\n")
+
+
+def sweep(tmp_path: Path, name: str = "s") -> Path:
+    spec = tmp_path / f"{name}.yaml"
+    spec.write_text(yaml.safe_dump({"name": name, "command": {"argv": ["prog"]}, "grid": {"lr": [0.1, 0.2]}}))
+    assert launch(str(spec), "--dry-run", "--workdir", str(tmp_path / "w")).returncode == 0
+    return spec
+
+
+def test_the_shell_completes_commands_options_specs_and_a_sweeps_run_names(tmp_path):
+    sweep(tmp_path)
+    assert completions("launch.py lo", tmp_path, tmp_path) == ["logs"]
+    assert "--json" in completions("launch.py status --", tmp_path, tmp_path)
+    assert completions("launch.py status s", tmp_path, tmp_path) == ["s.yaml"]
+    names = completions("launch.py logs --workdir w s.yaml lr=0.", tmp_path, tmp_path)
+    assert sorted(names) == ["lr=0.1", "lr=0.2"]
+
+
+def test_list_shows_every_sweep_of_a_work_directory_and_one_it_cannot_read(tmp_path):
+    sweep(tmp_path, "first")
+    sweep(tmp_path, "second")
+    damaged = tmp_path / "w" / "jobs" / "second" / "manifest.json"
+    damaged.write_text(damaged.read_text()[:40])
+    listed = launch("list", "--workdir", str(tmp_path / "w"))
+    assert listed.returncode == 0, listed.stderr
+    first, second = listed.stdout.splitlines()
+    assert first.startswith("first ") and "2 run(s): 2 NOT_STARTED" in first
+    assert second.startswith("second ") and "cannot be read" in second
+    document = json.loads(launch("list", "--json", "--workdir", str(tmp_path / "w")).stdout)
+    assert [(s["sweep"], s.get("runs")) for s in document["sweeps"]] == [("first", 2), ("second", None)]

@@ -1,0 +1,78 @@
+"""`status --json`: a sweep's status as one JSON document, for scripts and agents. Its schema is these models
+(`launch.py schema status`, committed as schemas/status.schema.json); `format` changes when a field's meaning
+does, and fields are only ever added within one format.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tinygpt.launch.read.run_states import collect
+
+if TYPE_CHECKING:
+    from tinygpt.launch.manifest import Manifest
+
+FORMAT = 1
+
+
+class RunStatus(BaseModel):
+    """One run of the sweep, as `status` shows it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    index: int = Field(description="the run's number in the sweep (its array task is derived from it)")
+    name: str = Field(description="the run's name")
+    job: str | None = Field(description="its latest Slurm job (ARRAY_TASK), or null when never submitted")
+    state: str = Field(description="the state as shown: Slurm's word (`COMPLETED`, `CANCELLED by 1000`) or the run "
+                                   "directory's (`FINISHED`, `HUNG at step 120`, `NOT_STARTED`)")
+    state_name: str = Field(description="the state's first word alone, e.g. RUNNING, FAILED, HUNG")
+    ended: bool = Field(description="whether the state is an end (nothing will change it but a resubmission)")
+    failed: bool = Field(description="whether it ended badly: what `resubmit` sends again by default")
+    source: str = Field(description="where the state came from: sacct, squeue or run dir")
+    restarts: int | None = Field(description="how many times Slurm requeued its job, where known")
+    step: int | None = Field(description="the last step its metrics.jsonl records")
+    max_steps: int | None = Field(description="the steps it trains for (null for a program of the user's)")
+    train_loss: float | None
+    val_loss: float | None
+    tokens_per_s: float | None
+    eta_s: float | None = Field(description="seconds left at its pace, while it runs")
+    run_dir: str = Field(description="its directory: metrics.jsonl, checkpoints")
+    nodes: str = Field(description="the nodes of its latest life, in Slurm's notation, or empty")
+    history: list[str] = Field(description="its earlier submissions, oldest first: `JOB STATE on NODES`")
+    starts: str | None = Field(description="when Slurm expects its pending job to start, where it says")
+
+
+class SweepStatus(BaseModel):
+    """The document `status --json` prints."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal[1] = Field(description="this document's format")
+    sweep: str = Field(description="the sweep's name")
+    manifest: str = Field(description="its manifest's path")
+    cluster: str | None = Field(description="the cluster profile it was launched with")
+    backend: str = Field(description="sbatch, submitit or local")
+    program: Literal["trainer", "command"] = Field(description="our trainer, or a program of the user's")
+    time: float = Field(description="when the document was made, seconds since the epoch")
+    unheard: list[str] = Field(description="Slurm's daemons that did not answer: the states may be older than "
+                                           "they look (empty when every one answered)")
+    counts: dict[str, int] = Field(description="runs by state name")
+    runs: list[RunStatus]
+
+
+def document(manifest: Manifest) -> SweepStatus:
+    """The sweep's status now (asks Slurm, as `status` does)."""
+    rows = collect(manifest)
+    runs = [RunStatus(index=r.index, name=r.name, job=None if r.job_id == "-" else r.job_id, state=str(r.state),
+                      state_name=r.state.name, ended=r.state.ended, failed=r.state.failed, source=r.source,
+                      restarts=r.restarts, step=r.step, max_steps=r.max_steps, train_loss=r.train_loss,
+                      val_loss=r.val_loss, tokens_per_s=r.tokens_per_s, eta_s=r.eta_s, run_dir=r.run_dir,
+                      nodes=r.nodes, history=list(r.history), starts=r.starts or None) for r in rows]
+    return SweepStatus(format=FORMAT, sweep=manifest.name, manifest=str(manifest.path), cluster=manifest.cluster,
+                       backend=manifest.backend, program="command" if manifest.command else "trainer",
+                       time=time.time(), unheard=list(rows.unheard),
+                       counts=dict(Counter(r.state_name for r in runs)), runs=runs)
