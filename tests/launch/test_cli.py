@@ -22,7 +22,7 @@ def completions(line: str, cwd: Path, tmp_path: Path) -> list[str]:
     done = subprocess.run([sys.executable, str(ROOT / "launch.py")], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0, done.stderr
-    return out.read_text().split("\n")
+    return [word.strip() for word in out.read_text().split("\n") if word.strip()]
 
 
 def sweep(tmp_path: Path, name: str = "s") -> Path:

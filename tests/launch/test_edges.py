@@ -115,7 +115,7 @@ def launched(tmp_path_factory):
     valid = {"launch": [str(spec), "--dry-run", "--no-snapshot"], "check": [str(spec)], "status": [str(spec)],
              "cancel": [str(spec)], "resubmit": [str(spec), "--dry-run"], "report": [str(spec)],
              "logs": [str(spec), "base"], "sync": [str(spec), "--dry-run"], "schema": ["spec"],
-             "profile": ["new", "--dir", str(work / "p")], "pull": [str(spec)]}
+             "profile": ["new", "--dir", str(work / "p")], "pull": [str(spec)], "list": []}
     return work, spec, valid
 
 

@@ -72,6 +72,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoints", action="store_true", help="every run's checkpoints too")
     p = command("sync", "upload the sweep's offline W&B runs (wandb sync), from a login node")
     p.add_argument("--dry-run", action="store_true", help="show what W&B would upload, upload nothing")
+    _other_commands(commands)
+    return top
+
+
+def _other_commands(commands) -> None:
+    """The commands without a spec: list, profile, schema."""
     p = commands.add_parser("list", help="every sweep under a work directory: cluster, runs by state, last change")
     p.add_argument("--workdir", default=".", help="where jobs/, logs/ and runs/ are (default: here)")
     p.add_argument("--json", action="store_true", help="one JSON document instead of the lines")
@@ -92,7 +98,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("kind", nargs="?", choices=("spec", "profile", "status", "check"), default="spec",
                    help="default: spec")
     p.add_argument("--write", action="store_true", help="write each into schemas/ (what a test compares)")
-    return top
 
 
 def _launch_options(p: argparse.ArgumentParser, submits: bool = True) -> None:

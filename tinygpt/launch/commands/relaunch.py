@@ -91,7 +91,7 @@ def compare(previous: Manifest, sweep: Sweep, fresh: bool) -> Relaunch:
             rel.aside.append((Path(old.out_dir), aside))
             rel.records[old.index] = {**rel.records[old.index], "config": config, "max_steps": run.max_steps}
             rel.submit.append(old.index)
-            rel.rows.append((run.name, "changed", f"started fresh; its old directory is now {aside.name}"))
+            rel.rows.append((run.name, "changed", f"to start fresh; its old directory kept as {aside.name}"))
         else:
             rel.rows.append((run.name, what, job))
     if refused:

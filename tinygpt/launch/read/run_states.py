@@ -103,7 +103,7 @@ def state_from_run_dir(progress: dict) -> RunState:
         return RunState("PRUNED")
     if progress.get("event") in ("preempted", "paused"):
         return RunState("STOPPED")
-    if progress.get("started"):
+    if progress.get("started") or progress.get("step") is not None:  # (a program of the user's: a step it wrote)
         return RunState("STARTED")
     return RunState("NOT_STARTED")
 
