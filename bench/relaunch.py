@@ -4,9 +4,9 @@ and the array tasks it queued (held: nothing is left running; both are cancelled
 
     python bench/relaunch.py [--runs 10000]
 
-The N runs are written as finished, not trained (as tests/support/finished_sweep.py does for the trainer): the
-manifest of a dry run, one submission by a job Slurm has long forgotten, and each run's metrics.jsonl saying it
-finished, which is what a relaunch reads when sacct no longer knows the job.
+The N runs are written as finished, not trained (tests/support/finished_sweep.forgotten): the manifest of a dry
+run, one submission by a job Slurm has long forgotten, and each run's metrics.jsonl saying it finished, which is
+what a relaunch reads when sacct no longer knows the job.
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tinygpt.launch import manifest as manifest_mod  # noqa: E402 (importable from the line above)
-
-FORGOTTEN_JOB = "99999990"  # a job id the controller never gave (as one that has long left sacct)
+from tests.support import finished_sweep  # noqa: E402 (importable from the line above)
+from tinygpt.launch import manifest as manifest_mod  # noqa: E402
 
 
 def spec(folder: Path, name: str, runs: int) -> Path:
@@ -53,12 +52,7 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="relaunch-bench-"))
     work, fresh = folder / "work", folder / "fresh"
     timed(str(spec(folder, "big", runs)), "--workdir", str(work), "--dry-run")
-    manifest = work / "jobs" / "big" / "manifest.json"
-    manifest_mod.record_submission(manifest, "sbatch", FORGOTTEN_JOB, list(range(runs)), array=f"0-{runs - 1}",
-                                   offset=0)
-    for run in manifest_mod.load(manifest).runs:
-        Path(run.out_dir).mkdir(parents=True, exist_ok=True)
-        (Path(run.out_dir) / "metrics.jsonl").write_text(json.dumps({"event": "finished", "step": 0, "time": 0}) + "\n")
+    finished_sweep.forgotten(work / "jobs" / "big" / "manifest.json")
     cancel = []
     try:
         seconds, said = timed(str(spec(folder, "big", runs + 10)), "--workdir", str(work), "--hold")

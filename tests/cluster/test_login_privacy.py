@@ -57,7 +57,8 @@ def test_another_user_can_neither_read_nor_change_a_users_sweeps_code_or_logs(tm
 def test_a_remote_dir_others_can_write_is_refused_before_anything_is_sent(tmp_path):
     laptop = laptop_for(PEER, tmp_path, remote_dir="tinygpt-hpc-open")
     there = laptop["there"]
-    assert on_login(PEER, f"mkdir -p {there.name} && chmod 777 {there.name}").returncode == 0
+    # (anew: a run of this test before, on the same cluster, leaves the folder it ends by using)
+    assert on_login(PEER, f"rm -rf {there.name} && mkdir {there.name} && chmod 777 {there.name}").returncode == 0
     name = unique_name("open")
     spec = write_spec(tmp_path, name, grid=[0.001])
     out = on_laptop(laptop, str(spec), "--cluster", str(laptop["profile"]), "--workdir", str(tmp_path), cwd=tmp_path)

@@ -12,6 +12,7 @@ import jsonschema
 import pytest
 import yaml
 
+from tests.support import finished_sweep
 from tests.support.paths import ROOT
 from tests.support.processes import launch, wait_until
 from tests.support.slurm import cancel, manifest_of, unique_name, wait
@@ -130,3 +131,54 @@ def test_two_specs_with_one_sweep_name_never_train_a_run_twice(tmp_path):
     ended(work, name, "z")
     logs = "".join(p.read_text() for p in (work / "logs" / name).glob("*.out"))
     assert (logs.count("ran x"), logs.count("ran y"), logs.count("ran z")) == (1, 1, 1), logs
+
+
+@pytest.mark.shares_cluster
+def test_ten_thousand_finished_runs_and_ten_new_queue_ten_tasks(tmp_path):
+    """The runs written finished long ago (sacct no longer knows their job: finished_sweep.forgotten); the
+    relaunch's time is bench/relaunch.py's to measure."""
+    name, work = unique_name("big"), tmp_path / "work"
+
+    def spec(runs: int) -> Path:
+        path = tmp_path / f"{runs}.yaml"
+        path.write_text(json.dumps({"name": name, "command": {"argv": ["true", "{i}"], "project": str(tmp_path)},
+                                    "grid": {"i": list(range(runs))}, "resources": {"time": "00:05:00"}}))
+        return path
+
+    assert launch(str(spec(10_000)), "--dry-run", "--workdir", str(work)).returncode == 0
+    finished_sweep.forgotten(work / "jobs" / name / "manifest.json")
+    again = launch(str(spec(10_010)), "--hold", "--workdir", str(work))
+    newest = manifest_of(work, name).submissions[1:]
+    try:
+        assert again.returncode == 0 and "relaunch: 10000 finished, 10 new" in again.stdout, again.stdout[-2000:]
+        assert [(s.indices, s.array, s.offset) for s in newest] == [(list(range(10_000, 10_010)), "0-9", 10_000)]
+    finally:
+        cancel(*(s.job_id for s in newest))
+
+
+@pytest.mark.shares_cluster
+def test_code_that_changed_makes_a_run_changed_only_where_the_spec_asks(tmp_path):
+    """`code_counts: true`: a run last submitted with other project files is changed (refused, or --fresh);
+    without it, the same edit leaves the finished run alone."""
+    name, work, project = unique_name("code"), tmp_path / "work", tmp_path / "project"
+    project.mkdir()
+    (project / "prog.sh").write_text("echo first\n")
+
+    def spec(counts: bool) -> Path:
+        path = tmp_path / f"{counts}.yaml"
+        path.write_text(yaml.safe_dump({"name": name, "code_counts": counts, "resources": {"time": "00:05:00"},
+                                        "command": {"argv": ["sh", "prog.sh"], "project": str(project)}}))
+        return path
+
+    launched(spec(True), work)
+    ended(work, name, "base")
+    (project / "prog.sh").write_text("echo second\n")
+    assert table(launched(spec(False), work))["base"] == "finished"
+    refused = launch(str(spec(True)), "--workdir", str(work))
+    assert refused.returncode == 1 and "base (finished" in refused.stderr, refused.stdout + refused.stderr
+    fresh = launched(spec(True), work, "--fresh")
+    assert table(fresh)["base"] == "changed" and "submitted 1 run(s)" in fresh.stdout
+    ended(work, name, "base")
+    logs = "".join(p.read_text() for p in sorted((work / "logs" / name).glob("*.out")))
+    assert "first" in logs and "second" in logs, logs  # (the run again, with the project as it is now)
+    assert table(launched(spec(True), work))["base"] == "finished"

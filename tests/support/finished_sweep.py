@@ -47,3 +47,19 @@ def make(workdir: Path, trained: Path, runs: int, name: str = "big") -> Path:
         "format": FORMAT, "name": name, "workdir": str(workdir), "logs_dir": str(workdir / "logs" / name),
         "backend": "sbatch", "base": {}, "code": {}, "resources": {}, "submissions": [], "runs": records}))
     return jobs_dir / "manifest.json"
+
+
+FORGOTTEN_JOB = "99999990"  # a job id the controller never gave: one that has long left sacct, to Slurm
+
+
+def forgotten(manifest_path: Path) -> None:
+    """The runs of a sweep written by a dry run, made finished long ago: one submission by a job Slurm no longer
+    knows, and each run's own record that its program finished (what a relaunch then reads)."""
+    from tinygpt.launch import manifest as manifest_mod
+
+    runs = manifest_mod.load(manifest_path).runs
+    manifest_mod.record_submission(manifest_path, "sbatch", FORGOTTEN_JOB, [r.index for r in runs],
+                                   array=f"0-{len(runs) - 1}", offset=0)
+    for run in runs:
+        Path(run.out_dir).mkdir(parents=True, exist_ok=True)
+        metrics.of_run(Path(run.out_dir)).write_text(json.dumps({"event": "finished", "step": 0, "time": 0}) + "\n")

@@ -56,6 +56,7 @@ class RunRecord(_Record):
     own: dict = Field(validation_alias=AliasChoices("own", "overrides"))
     out_dir: str  # (written only where it is not <workdir>/runs/<sweep>/<name>: `Manifest` fills that in)
     max_steps: int | None = None
+    code: str | None = None  # the digest of the code it was last written for (a relaunch's spec.code_counts)
 
 
 class Life(_Record):

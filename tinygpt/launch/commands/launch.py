@@ -176,7 +176,7 @@ def _launch_locked(sweep: Sweep, args: argparse.Namespace, cluster: LiveCluster 
 def _again(previous: Manifest, sweep: Sweep, args: argparse.Namespace) -> relaunch.Relaunch | None:
     """A relaunch shown: what to submit, the changed runs' directories moved aside for --fresh; None when nothing
     is to be submitted (nothing new, or a dry run or check, which write nothing)."""
-    again = relaunch.compare(previous, sweep, args.fresh)
+    again = relaunch.compare(previous, sweep, args.fresh, _code_digest(sweep, args) if sweep.code_counts else None)
     relaunch.show(again)
     if not again.submit:
         print("nothing new to submit: every run of the spec is finished, live or failed (`resubmit` sends failed "
@@ -190,6 +190,16 @@ def _again(previous: Manifest, sweep: Sweep, args: argparse.Namespace) -> relaun
         if old.exists():
             old.rename(aside)
     return again
+
+
+def _code_digest(sweep: Sweep, args: argparse.Namespace) -> str | None:
+    """The digest of the code the sweep's runs would be submitted with, read and not written: the project's for a
+    command, the launcher's for the trainer (a tree sent from a laptop is its own snapshot); None: --no-snapshot."""
+    if args.no_snapshot:
+        return None
+    root = sweep.project if sweep.command is not None else REPO_ROOT
+    received = snapshot.received(root)
+    return received.digest if received else snapshot.read(root, everything=sweep.command is not None).digest
 
 
 def _relaunches(previous: Manifest, sweep: Sweep, args: argparse.Namespace) -> bool:

@@ -5,8 +5,8 @@ defines the run: the trainer or the command's words, and its values), so that on
     running, queued   live: left alone
     failed     its latest job ended badly: left for `resubmit`, which chooses how to send it again
     new        not in the manifest (or written there by a dry run, never submitted): submitted
-    changed    the same name with another identity: refused, unless --fresh (its directory is moved aside, not
-               trained over, and it is submitted as new)
+    changed    the same name with another identity, or other code where the spec's `code_counts` asks: refused,
+               unless --fresh (its directory is moved aside, not trained over, and it is submitted as new)
     gone       in the manifest, no longer in the spec: kept there (status shows it), and named with how to stop it
 
 The manifest's runs keep their indices and their configs (a live task reads its record when it starts), the new
@@ -62,16 +62,17 @@ def identity(argv: list[str] | None, config: dict[str, Any], max_steps: int | No
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def compare(previous: Manifest, sweep: Sweep, fresh: bool) -> Relaunch:
-    """How each run of `sweep` stands against the sweep launched before (`previous`), and what to submit. A
-    LaunchError naming each changed run without --fresh (or a live one with it); SlurmAway when Slurm cannot
-    say which runs are live."""
+def compare(previous: Manifest, sweep: Sweep, fresh: bool, code: str | None = None) -> Relaunch:
+    """How each run of `sweep` stands against the sweep launched before (`previous`), and what to submit; with
+    `code` (the digest of the code it would be submitted with, when spec.code_counts), a run last written for
+    other code is changed too. A LaunchError naming each changed run without --fresh (or a live one with it);
+    SlurmAway when Slurm cannot say which runs are live."""
     states = _states(previous)
     was = previous.command.argv if previous.command else None
     now = sweep.command.argv if sweep.command else None
     before = {r.name: r for r in previous.runs}
     rel = Relaunch(records=[{"index": r.index, "name": r.name, "config": {**previous.base, **r.own},
-                             "out_dir": r.out_dir, "max_steps": r.max_steps} for r in previous.runs])
+                             "out_dir": r.out_dir, "max_steps": r.max_steps, "code": r.code} for r in previous.runs])
     refused = []
     for run in sweep.runs:
         config, old = {**run.shared, **run.own}, before.get(run.name)
@@ -83,7 +84,8 @@ def compare(previous: Manifest, sweep: Sweep, fresh: bool) -> Relaunch:
             rel.records[index:index + 1] = [record]
             rel.submit.append(index)
             rel.rows.append((run.name, "new", "submitted now"))
-        elif identity(was, {**previous.base, **old.own}, old.max_steps) != identity(now, config, run.max_steps):
+        elif identity(was, {**previous.base, **old.own}, old.max_steps) != identity(now, config, run.max_steps) \
+                or code is not None and old.code != code:
             if not fresh or what in ("running", "queued"):
                 refused.append(f"{run.name} ({what}{' ' + job if job else ''})")
                 continue

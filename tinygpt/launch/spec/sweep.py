@@ -112,6 +112,9 @@ class SpecFile(schema.Schema):
     snapshot_max_file_mb: OptFloat = Field(None, gt=0, lt=1e9, description=(
         "the code snapshot refuses a tracked file larger than this"),
         json_schema_extra={"hint": "megabytes: the largest tracked file a code snapshot copies"})
+    code_counts: bool = Field(False, description=(
+        "launched again, a run last submitted with other code (the project's for a command, the launcher's for "
+        "the trainer) counts as changed"))
 
     @field_validator("name")
     @classmethod
@@ -137,6 +140,7 @@ class Sweep:
     snapshot_max_file_mb: float | None = None  # the code snapshot refuses a tracked file larger than this
     command: CommandSpec | None = None  # a program of the user's instead of the trainer
     project: Path | None = None  # the folder whose files a command's jobs run
+    code_counts: bool = False  # a relaunch counts a run submitted with other code as changed
 
     @property
     def dirs(self) -> SweepDirs:
@@ -288,7 +292,7 @@ def load(path: str | Path, workdir: str | Path = ".", cluster: str | None = None
     if unique_problems:
         raise LaunchError(unique_problems, str(path))
     return Sweep(name, path, profile, backend, resources, spec.array_parallelism, workdir, runs, varying, optuna,
-                 pack, spec.snapshot_max_file_mb)
+                 pack, spec.snapshot_max_file_mb, code_counts=spec.code_counts)
 
 
 def _command_sweep(spec: SpecFile, path: Path, name: str, profile: Profile | None, backend: str, workdir: Path,
@@ -317,7 +321,7 @@ def _command_sweep(spec: SpecFile, path: Path, name: str, profile: Profile | Non
     if unique := list(dict.fromkeys(problems)):
         raise LaunchError(unique, str(path))
     return Sweep(name, path, profile, backend, resources, spec.array_parallelism, workdir, runs, varying, optuna,
-                 pack, spec.snapshot_max_file_mb, command, project)
+                 pack, spec.snapshot_max_file_mb, command, project, code_counts=spec.code_counts)
 
 
 def _command_optuna(spec: SpecFile, command: CommandSpec, forced: dict[str, Any], problems: list[str]

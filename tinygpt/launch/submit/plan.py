@@ -70,9 +70,12 @@ def build(sweep: Sweep, snapshot: Snapshot | None = None, project: Snapshot | No
         head.command = CommandRecord(argv=c.argv, project=str(project.path if project else sweep.project),
                                      stop_signal=sweep.profile.signal, heartbeat_s=c.heartbeat_s,
                                      max_requeues=c.max_requeues, start=c.start)
+    indices = merged.submit if merged else list(range(len(sweep.runs)))
+    written = (project if sweep.command is not None else snapshot)
+    for i in indices if written else []:  # (what a relaunch compares when spec.code_counts asks it to)
+        records[i] = {**records[i], "code": written.digest}
     manifest_mod.create(dirs.manifest, head, records)
     code = snapshot.path if snapshot else REPO_ROOT
-    indices = merged.submit if merged else list(range(len(sweep.runs)))
     scripts = _write_scripts(sweep, code, sorted(indices), len(records), launch) if sweep.backend == "sbatch" else []
     return Plan(sweep, sweep.workdir, dirs.jobs, dirs.logs, dirs.manifest, scripts, code)
 
