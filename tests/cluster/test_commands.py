@@ -151,14 +151,14 @@ def test_a_preempted_helper_program_is_requeued_by_slurm_and_resumes_exactly(tmp
         high = take_every_node()
         saved = wait_until(lambda: json.loads((run_dir / "state.json").read_text())["step"]
                            if (run_dir / "state.json").exists() else None, timeout=120, what="the preemption")
-        _goal(manifest, saved + 50)
+        _goal(manifest, saved + 10)
         state, restarts = run_to_completion(job)
         assert wait(high) == "COMPLETED"
     finally:
         cancel(job, *([high] if high else []))
     assert (state, restarts) == ("COMPLETED", 1), logs(work)
     expected = subprocess.run([python(), str(FOREIGN / "fit_with_helper.py"), "--lr", "0.05", "--steps",
-                               str(saved + 50)], capture_output=True, text=True, timeout=60,
+                               str(saved + 10)], capture_output=True, text=True, timeout=60,
                               cwd=tmp_path, env={"PYTHONPATH": str(ROOT), "TINYGPT_RUN_DIR": str(tmp_path / "ref")})
     assert json.loads((run_dir / "weights.json").read_text()) == json.loads(expected.stdout)
 
@@ -170,7 +170,7 @@ def test_a_ddp_script_under_torchrun_on_two_nodes_stopped_by_the_signal_resumes_
     one worker each. `scancel -s USR2` (what Slurm sends before the time limit) reaches the workers through
     torchrun; they save and exit 75, which torchrun hides and the node's supervisor says again; the task is
     requeued, and the next life ends with the weights of the same script run here under torchrun, unstopped."""
-    argv = [python(), "ddp_fit.py", "--lr", "0.05", "--steps", "{steps}", "--step-s", "0.2", "--out", "{run_dir}"]
+    argv = [python(), "ddp_fit.py", "--lr", "0.05", "--steps", "{steps}", "--step-s", "0.1", "--out", "{run_dir}"]
     _, work, manifest = launch_command(tmp_path, {"argv": argv, "values": {"steps": FAR}, "start": "torchrun"},
                                        resources={"nodes": 2, "tasks_per_node": 1, "time": "00:05:00"})
     job, run_dir = manifest.task_job_ids()[0], Path(manifest.runs[0].out_dir)
@@ -180,17 +180,17 @@ def test_a_ddp_script_under_torchrun_on_two_nodes_stopped_by_the_signal_resumes_
         wait_until(lambda: (run_dir / "ckpt.pt").exists(), timeout=120, what="the workers' checkpoint")
         saved = wait_until(lambda: "stopped at step" in logs(work) and lines(run_dir)[-1]["step"], timeout=60,
                            what="the workers' exit")
-        _goal(manifest, saved + 5)
+        _goal(manifest, saved + 3)
         state, restarts = run_to_completion(job)
     finally:
         cancel(job)
     assert (state, restarts) == ("COMPLETED", 1), logs(work)
     assert "saved and asks to be requeued" in logs(work) and "rank 1 of 2 resumed" in logs(work)
-    assert [(r["step"], r["world"]) for r in lines(run_dir)] == [(s, 2) for s in range(1, saved + 6)]
+    assert [(r["step"], r["world"]) for r in lines(run_dir)] == [(s, 2) for s in range(1, saved + 4)]
     reference = tmp_path / "reference"
     reference.mkdir()
     subprocess.run([python(), "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                    str(FOREIGN / "ddp_fit.py"), "--lr", "0.05", "--steps", str(saved + 5), "--out", str(reference)],
+                    str(FOREIGN / "ddp_fit.py"), "--lr", "0.05", "--steps", str(saved + 3), "--out", str(reference)],
                    check=True, timeout=120, capture_output=True)
     assert (run_dir / "weights.json").read_text() == (reference / "weights.json").read_text()
 
