@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -24,6 +25,16 @@ args = parser.parse_args()
 stop = []
 for name in {os.environ.get("TINYGPT_STOP_SIGNAL", "SIGUSR2"), "SIGTERM"}:
     signal.signal(getattr(signal, name), lambda signum, _: stop.append(signum))
+
+def leave(code: int) -> None:
+    """The end of the process, past the interpreter's teardown: torch 2.13's c10d may abort there ("terminate
+    called without an active exception", status 134) once the store it talked to has gone, seen under torchrun
+    now and then, whatever the program did before."""
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -59,9 +70,9 @@ for step in range(start, args.steps):
             os.replace(out / "ckpt.tmp", out / "ckpt.pt")
             print(f"stopped at step {step + 1}; saved", flush=True)
         dist.barrier()
-        dist.destroy_process_group()
-        raise SystemExit(75)
+        leave(75)
 if rank == 0:
     (out / "weights.json").write_text(json.dumps([p.tolist() for p in model.module.parameters()]))
     print("done", flush=True)
-dist.destroy_process_group()
+dist.barrier()
+leave(0)

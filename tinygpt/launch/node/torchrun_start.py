@@ -9,9 +9,10 @@ The batch script starts one task per node; its supervisor starts
 
 (`--standalone` on one node). torchrun gives each worker RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT;
 each worker here is this module's `main`, a process of a few megabytes beside the program, as the supervisor is
-beside torchrun: it passes every signal on to the program and leaves the program's exit status in ENDS/LOCAL_RANK,
-since torchrun ends with 1 whenever any worker ends otherwise than 0, and with 1 again when it is stopped by a
-signal, whatever its workers did.
+beside torchrun: it passes every signal on to the program and leaves its own pid in ENDS/LOCAL_RANK.pid and the
+program's exit status in ENDS/LOCAL_RANK, since torchrun ends with 1 whenever any worker ends otherwise than 0, and
+with 1 again when it is stopped by a signal, whatever its workers did (and it may even abort while it stops them,
+before they have saved: the supervisor waits for every worker before it reads their statuses).
 
 Signals: torchrun passes SIGTERM, SIGINT, SIGHUP and SIGQUIT on to its workers, and dies of any other; it is told
 to pass the profile's stop signal on too. Like every process of the job step it gets Slurm's signals itself, so
@@ -26,6 +27,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 TORCHRUN_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")  # torchrun's own, passed on to its workers
@@ -61,9 +63,12 @@ def environment(env: dict[str, str], stop_signal: str) -> dict[str, str]:
 
 
 def node_status(ends: Path, procs_per_node: int, torchrun_code: int) -> int:
-    """The node's exit status from its workers': 0 when all ended 0; 75 (requeue) when all ended 0 or 75; else the
-    first other status (a crash, whatever the others did after it), or torchrun's when a worker left none (it was
-    killed, or never started)."""
+    """The node's exit status from its workers', once every worker that started has ended (torchrun may end
+    before them: it aborts now and then while it stops them): 0 when all ended 0; 75 (requeue) when all ended 0
+    or 75; else the first other status (a crash, whatever the others did after it), or torchrun's when a worker
+    left none (it was killed, or never started)."""
+    for pid_file in ends.glob("*.pid"):
+        _wait_for(pid_file)
     codes = []
     for rank in range(procs_per_node):
         try:
@@ -78,12 +83,34 @@ def node_status(ends: Path, procs_per_node: int, torchrun_code: int) -> int:
     return REQUEUE if REQUEUE in codes else 0
 
 
+def _wait_for(pid_file: Path) -> None:
+    """Until the worker whose pid the file holds has ended (not ours to wait on: torchrun's child)."""
+    try:
+        pid = int(pid_file.read_text())
+    except (OSError, ValueError):
+        return
+    while _running(pid):
+        time.sleep(0.2)
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a process that has not ended: one that has, unreaped (a zombie: where no process reaps
+    orphans, it stays one), has ended."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+
+
 def main(argv: list[str]) -> int:
     """One worker: the program started with torchrun's environment, every signal passed on, its status left."""
     if len(argv) < 2:
         print("usage: python -m tinygpt.launch.node.torchrun_start ENDS PROGRAM [ARG...]", file=sys.stderr)
         return 2
     ends, program = Path(argv[0]), argv[1:]
+    rank = os.environ.get("LOCAL_RANK", "0")
+    (ends / f"{rank}.pid").write_text(str(os.getpid()))
     try:
         child = subprocess.Popen(program)
     except OSError as err:
@@ -94,7 +121,7 @@ def main(argv: list[str]) -> int:
             signal.signal(signum, lambda s, _: child.send_signal(s))
         code = child.wait()
         code = 128 - code if code < 0 else code
-    (ends / os.environ.get("LOCAL_RANK", "0")).write_text(str(code))
+    (ends / rank).write_text(str(code))
     return code
 
 
