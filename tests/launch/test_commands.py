@@ -132,6 +132,9 @@ def test_the_users_project_is_what_the_jobs_run_as_it_was_at_launch(tmp_path):
     (project / "train.py").write_text("print('first')\n")
     (project / "runs").mkdir()  # (what sweeps write there is left out)
     (project / "runs" / "big.bin").write_bytes(b"x" * 1000)
+    (project / "venv" / "lib").mkdir(parents=True)  # (and a virtual environment: not the program's code)
+    (project / "venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (project / "venv" / "lib" / "big.so").write_bytes(b"x" * 1000)
     spec = write(tmp_path, {"argv": [sys.executable, "train.py"], "project": "project"})
     assert run_cli([str(spec), "--dry-run", "--workdir", str(tmp_path / "work")])[0] == 0
     (project / "train.py").write_text("print('edited after the launch')\n")

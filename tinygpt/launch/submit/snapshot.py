@@ -61,11 +61,13 @@ LEFT_OUT = ("jobs", "runs", "logs", "__pycache__")  # (a folder without git: wha
 
 def source_files(root: Path, everything: bool = False) -> tuple[list[str], str | None, bool | None]:
     """(relative paths to copy, commit, dirty): git's tracked files; without git, the package (or `everything`
-    under `root`: a user's project, less hidden files and what LEFT_OUT names)."""
+    under `root`: a user's project, less hidden files, virtual environments and what LEFT_OUT names)."""
     listed = _git(root, "ls-files", "-z")  # (relative to root, also when root is inside a larger repository)
     if not listed and everything:
+        venvs = {p.parent for p in root.rglob("pyvenv.cfg")}  # (a virtual environment in the project: not its code)
         files = [str(p.relative_to(root)) for p in sorted(root.rglob("*")) if (p.is_file() or p.is_symlink())
-                 and not any(part.startswith(".") or part in LEFT_OUT for part in p.relative_to(root).parts)]
+                 and not any(part.startswith(".") or part in LEFT_OUT for part in p.relative_to(root).parts)
+                 and not venvs.intersection(p.parents)]
         return files, None, None
     if not listed:
         files = [str(p.relative_to(root)) for p in sorted((root / "tinygpt").rglob("*.py"))]
