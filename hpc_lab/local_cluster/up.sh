@@ -273,9 +273,12 @@ for n in $(seq 1 "$NODES"); do
   fi
 done
 if [ "$ACCOUNTING" = 1 ]; then
+  # OverMemoryKill: with no cgroups, slurmstepd enforces a job's --mem by polling (every JobAcctGatherFrequency,
+  # 30 s, or the job's --acctg-freq) and kills the step that is over it: the job ends FAILED (or OUT_OF_MEMORY).
   accounting="AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=$dbd_addr
-JobAcctGatherType=jobacct_gather/linux"
+JobAcctGatherType=jobacct_gather/linux
+JobAcctGatherParams=OverMemoryKill"
   # GPUs are accounted for (sacct's AllocTRES: gres/gpu=N) once they are named here.
   [ -n "$gres_lines" ] && accounting+=$'\n'"AccountingStorageTRES=gres/gpu"
   # With --accounts a job needs an association (user, account) and keeps to its QOS's limits.
@@ -305,6 +308,16 @@ if [ "$PREEMPTION" = 1 ]; then
 fi
 partition_lines="$partition_lines
 $short"
+
+# Slurm's mail program: records what slurmctld gives it (its words, the job's variables) in a file of its own.
+mkdir -p "$HOME_DIR/mail"
+cat >"$HOME_DIR/mail-record.sh" <<EOF
+#!/bin/sh
+# Written by up.sh: the local cluster's MailProg. Keeps each mail in $HOME_DIR/mail/; sends nothing.
+file=$HOME_DIR/mail/\$(date +%s%N)-\$\$.txt
+{ echo "argv: \$*"; env | grep '^SLURM_' | sort; } >"\$file.part" && mv "\$file.part" "\$file"
+EOF
+chmod 755 "$HOME_DIR/mail-record.sh"
 
 new_conf=$(mktemp)
 cat >"$new_conf" <<EOF
@@ -345,8 +358,9 @@ MinJobAge=600
 # its end: a 10,000-run sweep held whole (bench/launcher.py), cancelled, and held again within MinJobAge fits.
 MaxJobCount=100000
 JobCompType=jobcomp/none
-# No mail is sent (24.11 checks at its start that the default, /usr/bin/mail, exists).
-MailProg=/bin/true
+# No mail is sent: mail-record.sh keeps each in $HOME_DIR/mail/, for tests to read (24.11 checks at its start that
+# MailProg exists).
+MailProg=$HOME_DIR/mail-record.sh
 ${gres_lines:+GresTypes=gpu
 }$accounting
 $node_lines

@@ -113,7 +113,7 @@ def launched(tmp_path_factory):
                                     "resources": {"time": "00:10:00"}}))
     assert call([str(spec), "--dry-run", "--workdir", str(work)])[0] == 0
     valid = {"launch": [str(spec), "--dry-run", "--no-snapshot"], "check": [str(spec)], "status": [str(spec)],
-             "cancel": [str(spec)], "resubmit": [str(spec), "--dry-run"], "report": [str(spec)],
+             "cancel": [str(spec)], "resubmit": [str(spec), "--dry-run"], "heal": [str(spec)], "report": [str(spec)],
              "logs": [str(spec), "base"], "sync": [str(spec), "--dry-run"], "schema": ["spec"],
              "profile": ["new", "--dir", str(work / "p")], "pull": [str(spec)], "list": []}
     return work, spec, valid

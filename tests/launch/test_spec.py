@@ -599,7 +599,8 @@ def test_status_table_hides_the_least_needed_columns_to_fit_the_terminal(width, 
     assert max(len(line.rstrip()) for line in lines) <= width, text
     header = next(line for line in lines if line.startswith("┃"))
     shown = [cell.strip() for cell in header.strip("┃").split("┃")]
-    assert shown == [col for col, _ in COLUMNS if col not in hidden and col != "before"], text  # (no resubmission)
+    # (no resubmission, no retry policy)
+    assert shown == [col for col, _ in COLUMNS if col not in hidden and col not in ("before", "round")], text
     for name in ("n_layer=4,n_embd=128,lr=0.001", "n_layer=6,n_embd=384,lr=0.0003"):
         assert any(name in line for line in lines), f"the run name {name} is cut or wrapped:\n{text}"
     if hidden:

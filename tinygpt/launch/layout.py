@@ -113,6 +113,16 @@ class SweepDirs:
     def step_script(self, step: str) -> Path:
         return self.jobs / f"{self.name}-{step}.sbatch"
 
+    @property
+    def summary(self) -> Path:
+        """What its retry policy's last round left (commands/heal.py), beside the sweep's report."""
+        return self.runs / "summary.md"
+
+    @property
+    def cancelled(self) -> Path:
+        """Present once `cancel` has cancelled the sweep: its supervisor job sends nothing more."""
+        return self.jobs / "cancelled"
+
 
 def task_log(logs_dir: Path, task: str) -> Path:
     """The log of array task `task` (`<array>_<task>`), or of a single job."""

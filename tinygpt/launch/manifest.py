@@ -30,14 +30,18 @@ BACKENDS = ("sbatch", "submitit")  # the Slurm backends a spec may name (backend
 LOCAL = "local"  # the backend of a submission that ran here (--local): no Slurm job
 
 
+class SweepBusy(LaunchError):
+    """Another command holds the sweep's lock."""
+
+
 def sweep_lock(jobs_dir: Path) -> RunDirLock:
     """One writer per sweep: held (`with sweep_lock(...)`) by every command that writes a sweep's files, submits
     its jobs or records them. The run-directory lock's mechanism, so it holds where flock does not."""
     return RunDirLock(jobs_dir, busy=_sweep_busy, wait_s=LOCK_WAIT_S)
 
 
-def _sweep_busy(jobs_dir: Path, holder: dict) -> LaunchError:
-    return LaunchError(f"sweep `{jobs_dir.name}` is being changed by another launch.py command ({describe(holder)}); "
+def _sweep_busy(jobs_dir: Path, holder: dict) -> SweepBusy:
+    return SweepBusy(f"sweep `{jobs_dir.name}` is being changed by another launch.py command ({describe(holder)}); "
                        f"nothing was written; run this again once it has ended (or stop it: kill {holder.get('pid')})")
 
 
@@ -65,6 +69,7 @@ class Life(_Record):
     job_id: str
     state: str
     nodes: str = ""
+    end: str | None = None  # a retry policy's word for how it ended (read/run_ends.py)
 
 
 class Submission(_Record):
@@ -74,7 +79,8 @@ class Submission(_Record):
     job_id: str
     indices: list[int]
     submitted_at: float
-    role: str | None = None  # a chain's data or report step
+    role: str | None = None  # a chain's data or report step; a retry policy's supervisor (heal) or summary (notify)
+    round: int | None = None  # a retry policy's: the sweep's round this submission began (the launch is round 1)
     array: str | None = None  # sbatch: the task ids asked for
     offset: int = 0  # sbatch: the index of the run of the array's task 0
     script: str | None = None
@@ -152,6 +158,7 @@ class ManifestHead(_Record):
     base: dict
     search: SearchRecord | None = None
     command: CommandRecord | None = None
+    retry: dict | None = None  # the retry policy (spec/retry.py), resolved: what its supervisor job reads
     submissions: list[Submission]
 
     @property

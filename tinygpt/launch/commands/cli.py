@@ -9,6 +9,7 @@
     python launch.py cancel SPEC.yaml           scancel the sweep's jobs
     python launch.py resubmit SPEC.yaml         the runs that failed, hung or were preempted, again
                      [--time T] [--mem M] [--exclude NODES] [--exclude-failed-nodes] [--states S,...] [--dry-run]
+    python launch.py heal SPEC.yaml             one pass of the spec's `retry:` policy (what its supervisor job runs)
     python launch.py report SPEC.yaml           loss curves, final losses, samples, attention maps
     python launch.py logs SPEC.yaml [RUN]       a run's Slurm log, its latest life [--tail N] [--follow] [--all]
     python launch.py sync SPEC.yaml             upload the sweep's offline W&B runs (wandb sync), from a login node
@@ -61,6 +62,8 @@ def parser() -> argparse.ArgumentParser:
     _status_options(command("status", "a table of the sweep's runs"))
     command("cancel", "scancel the sweep's jobs")
     _resubmit_options(command("resubmit", "the runs that failed, hung or were preempted, again"))
+    command("heal", "one pass of the sweep's retry policy: the runs it allows, again, as the next round, or the "
+                    "summary at the end (what the sweep's supervisor job runs after each round)")
     p = command("report", "loss curves, final losses, samples, attention maps")
     p.add_argument("--prompt", default=None, help="prompt for the attention maps and samples")
     p = command("logs", "a run's Slurm log, its latest life")
@@ -344,6 +347,7 @@ def _resubmit(args) -> int:
     """Resubmit decides which runs go again; their backend sends them."""
     from tinygpt.launch import manifest as manifest_mod
     from tinygpt.launch.commands import resubmit
+    from tinygpt.launch.read import run_ends
     from tinygpt.launch.submit import backends
 
     states = resubmit.parse_states(args.states)
@@ -352,9 +356,9 @@ def _resubmit(args) -> int:
     manifest_mod.load(path)  # (a sweep never launched is an error here, before the lock makes its folder)
     with manifest_mod.sweep_lock(path.parent):
         manifest = manifest_mod.load(path)  # (as it is once no other command can change it)
-        rows = resubmit.collect_rows(manifest)
+        rows = run_ends.collect_rows(manifest)
         if args.exclude_failed_nodes:
-            bad = resubmit.failed_nodes(rows, manifest)
+            bad = run_ends.failed_nodes(rows, manifest)
             print(f"nodes where a run ended in NODE_FAIL or HUNG: {', '.join(bad) or 'none'}")
             changes = resubmit.parse_changes(args.time, args.mem, [*args.exclude, *bad])
         previous = resubmit.choose(rows, states, changes)
@@ -372,11 +376,24 @@ def _pull(args) -> int:
                       f"launched with `--cluster NAME` (a profile with `login:`) made there")
 
 
+def _heal(args) -> int:
+    from tinygpt.launch.commands import heal
+
+    return heal.run(_manifest_path(args.spec, args.workdir))
+
+
 def _cancel(args) -> int:
+    from tinygpt.base import durable
+    from tinygpt.launch import manifest as manifest_mod
     from tinygpt.launch.submit import backends
 
-    manifest = _launched(args)
-    ids = backends.of(manifest.backend).cancel(manifest)
+    path = _manifest_path(args.spec, args.workdir)
+    manifest_mod.load(path)
+    with manifest_mod.sweep_lock(path.parent):  # (a supervisor deciding now sends nothing after this)
+        manifest = manifest_mod.load(path)
+        if manifest.retry:
+            durable.write(manifest.dirs.cancelled, "cancelled by launch.py cancel\n")
+        ids = backends.of(manifest.backend).cancel(manifest)
     print(f"cancelled {', '.join(ids)}" if ids else "nothing to cancel: no job of this sweep was submitted to Slurm")
     return 0
 
@@ -390,7 +407,7 @@ def _list(args) -> int:
 
 
 HANDLERS = {"launch": _launch, "check": _launch, "status": _status, "cancel": _cancel, "report": _report, "sync": _sync,
-            "resubmit": _resubmit, "logs": _logs, "schema": _schema, "profile": _profile, "pull": _pull,
+            "resubmit": _resubmit, "heal": _heal, "logs": _logs, "schema": _schema, "profile": _profile, "pull": _pull,
             "list": _list}
 
 

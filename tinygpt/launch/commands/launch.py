@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from rich.table import Table
 
+from tinygpt.base import durable
 from tinygpt.launch import manifest as manifest_mod
 from tinygpt.launch.commands import relaunch
 from tinygpt.launch.console import console as output_console
@@ -28,7 +29,7 @@ from tinygpt.launch.read import run_states
 from tinygpt.launch.slurm import slurm_cli
 from tinygpt.launch.spec import corpora
 from tinygpt.launch.spec import sweep as spec_mod
-from tinygpt.launch.submit import backends, chain, preflight, snapshot
+from tinygpt.launch.submit import backends, chain, preflight, snapshot, supervisor
 from tinygpt.launch.submit import plan as plan_mod
 from tinygpt.launch.submit.slurm_options import unwritable
 
@@ -114,6 +115,9 @@ def _refuse_local_problems(sweep: Sweep, args: argparse.Namespace) -> None:
     problems = unwritable(sweep)
     if args.hold and (args.local or (sweep.backend != "sbatch" and not args.chain)):
         problems.append("--hold: only for submissions with the sbatch backend (or the data step of --chain)")
+    if sweep.retry is not None and args.chain and not args.local:
+        problems.append("--chain: the report step would run before the retry policy's rounds end; launch without "
+                        "--chain (the supervisor writes runs/<sweep>/summary.md at the end), or without `retry`")
     if sweep.command is not None:
         if args.local and args.nproc > 1:
             problems.append("--nproc: starts the trainer's ranks under torchrun; a command runs one process per run "
@@ -145,6 +149,8 @@ def _launch_locked(sweep: Sweep, args: argparse.Namespace, cluster: LiveCluster 
     steps = {}
     if args.chain and not args.local:
         steps = chain.write_scripts(plan)
+    if sweep.retry is not None and not args.local:
+        supervisor.write_scripts(plan)
     _print_plan(plan, args, steps)
     if cluster is not None:
         for estimate in preflight.before_submitting(plan, cluster):
@@ -165,12 +171,28 @@ def _launch_locked(sweep: Sweep, args: argparse.Namespace, cluster: LiveCluster 
         return 0
     ids = backend.submit(plan, args.hold, None)
     if args.local:
-        print(f"see `python launch.py status {shown(args.spec)}`")
-    else:
-        submitted = len(again.submit) if again else len(sweep.runs)
-        print(f"submitted {submitted} run(s) as job array {', '.join(ids)}; follow with "
-              f"`python launch.py status {shown(args.spec)}`")
+        print(f"see `python launch.py status {shown(args.spec)}`"
+              + ("; its retry policy is Slurm's: here each run ran once" if sweep.retry else ""))
+        return 0
+    print(f"submitted {len(again.submit) if again else len(sweep.runs)} run(s) as job array {', '.join(ids)}; "
+          f"follow with `python launch.py status {shown(args.spec)}`")
+    _supervise(plan, ids)
     return 0
+
+
+def _supervise(plan: Plan, ids: list[str]) -> None:
+    """A sweep with a retry policy: its supervisor after the first round; an earlier launch's summary and
+    cancellation set aside."""
+    if plan.sweep.retry is None:
+        return
+    dirs = plan.sweep.dirs
+    for done in (dirs.summary, dirs.cancelled):
+        if done.exists():
+            durable.set_aside(done)
+    job = supervisor.submit(manifest_mod.load(plan.manifest_path), ids, 1)
+    rounds = plan.sweep.retry.rounds
+    print(f"retry: supervisor job {job} follows the runs (afterany): it sends again what ended by "
+          f"{', '.join(plan.sweep.retry.ends)}, for at most {rounds} more round(s)")
 
 
 def _again(previous: Manifest, sweep: Sweep, args: argparse.Namespace) -> relaunch.Relaunch | None:
@@ -206,7 +228,7 @@ def _relaunches(previous: Manifest, sweep: Sweep, args: argparse.Namespace) -> b
     """Whether launching the spec again submits only its new runs (relaunch.py): a job array of runs of its own,
     submitted to Slurm before; an Optuna search's workers, submitit's array, a chain, --local runs and a sweep
     only ever written by a dry run start over as before."""
-    chained = args.chain or any(s.role for s in previous.submissions)
+    chained = args.chain or any(s.role in chain.ROLES for s in previous.submissions)
     return (not (args.local or chained) and sweep.backend == previous.backend == "sbatch" and sweep.search is None
             and previous.search is None and bool(previous.slurm_submissions()))
 
@@ -277,7 +299,8 @@ def _refuse_if_live(manifest: Manifest, name: str, spec: str) -> None:
     (even a dry run, which rewrites its configs and scripts) would change what those jobs train. The queue
     decides; when Slurm cannot say, nothing is written either (the guard fails closed)."""
     jobs = {job: manifest.runs[index].name for index, job in manifest.task_job_ids().items()}
-    jobs |= {s.job_id: f"the chain's {s.role} step" for s in manifest.submissions if s.role}
+    jobs |= {s.job_id: f"the chain's {s.role} step" if s.role in chain.ROLES else f"its retry policy's {s.role} job"
+             for s in manifest.submissions if s.role}
     if not jobs:
         return
     queued = relaunch.queued(list(jobs), name)

@@ -13,12 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tinygpt.launch.errors import LaunchError
-from tinygpt.launch.manifest import BACKENDS, Life, Manifest
-from tinygpt.launch.read.run_states import RESUBMIT_CHOICES, Row, collect, read_progress
-from tinygpt.launch.slurm.slurm_cli import RETRY, SlurmAway
+from tinygpt.launch.manifest import Life
+from tinygpt.launch.read.run_states import RESUBMIT_CHOICES, Row, read_progress
 from tinygpt.launch.spec.resources import format_time, mem_problem, parse_mem_mb, parse_time_min
-
-BAD_NODE_STATES = ("NODE_FAIL", "HUNG")  # what --exclude-failed-nodes keeps away from
 
 
 @dataclass(frozen=True)
@@ -74,15 +71,6 @@ def select(rows: list[Row], states: tuple[str, ...]) -> list[Row]:
     return chosen
 
 
-def failed_nodes(rows: list[Row], manifest: Manifest) -> list[str]:
-    """The nodes on which a run of the sweep ended in NODE_FAIL, or HUNG (the nodes of its silent ranks), now
-    or in an earlier submission."""
-    nodes = [r.nodes for r in rows if r.state.name in BAD_NODE_STATES and r.nodes]
-    for sub in manifest.submissions:
-        nodes += [b.nodes for b in (sub.previous or {}).values() if b.state in BAD_NODE_STATES and b.nodes]
-    return list(dict.fromkeys(nodes))
-
-
 def choose(rows: list[Row], states: tuple[str, ...], changes: Changes) -> dict[str, Life]:
     """The runs to submit again (`rows`: collect_rows'), each with its latest job ({run index: Life}), said in
     one line; empty when nothing matched. A backend sends them (backends.py)."""
@@ -95,17 +83,3 @@ def choose(rows: list[Row], states: tuple[str, ...], changes: Changes) -> dict[s
                       for r in chosen)
           + (f"; with {' '.join(changes.sbatch_args())}" if changes.options else ""))
     return {str(r.index): Life(job_id=r.job_id, state=r.state.name, nodes=r.nodes) for r in chosen}
-
-
-def collect_rows(manifest: Manifest) -> list[Row]:
-    """The sweep's runs, with how Slurm says their jobs ended: what resubmit chooses from."""
-    if manifest.backend not in BACKENDS or not manifest.slurm_submissions():
-        raise LaunchError("resubmit: no job of this sweep was submitted to Slurm; launch it first (runs of "
-                          "--local are run again with --local)")
-    rows = collect(manifest)
-    if rows.unheard:
-        raise SlurmAway(f"resubmit: {'; '.join(rows.unheard)}, so which runs failed cannot be told for sure; {RETRY}")
-    if rows and all(r.source == "run dir" for r in rows if r.job_id != "-"):
-        raise LaunchError("resubmit: Slurm does not say how the sweep's jobs ended (no sacct or squeue answer); "
-                          "run it where Slurm's commands work")
-    return rows

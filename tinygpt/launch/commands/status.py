@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 # Columns, and the order in which a narrow terminal hides them (first: the first to go). "#", "run", "state",
 # "step" and "val" always stay.
 COLUMNS = (("#", "right"), ("run", "left"), ("job", "left"), ("state", "left"), ("from", "left"),
-           ("restarts", "right"), ("step", "right"), ("train", "right"), ("val", "right"), ("tok/s", "right"),
-           ("ETA", "right"), ("before", "left"), ("run dir", "left"))
+           ("restarts", "right"), ("round", "right"), ("step", "right"), ("train", "right"), ("val", "right"),
+           ("tok/s", "right"), ("ETA", "right"), ("before", "left"), ("run dir", "left"))
 HIDE_ORDER = ("run dir", "before", "from", "restarts", "tok/s", "train", "job", "ETA")
 RUN_NAME_MIN = 24  # a run name narrower than this is never wrapped
 
@@ -31,6 +31,7 @@ def cells(r: Row) -> dict[str, str]:
     return {
         "#": str(r.index), "run": r.name, "job": r.job_id, "state": r.state,
         "from": r.source, "restarts": "-" if r.restarts is None else str(r.restarts),
+        "round": "-" if r.round is None else str(r.round),
         "step": "-" if r.step is None else str(r.step) if r.max_steps is None else f"{r.step}/{r.max_steps}",
         "train": "-" if r.train_loss is None else f"{r.train_loss:.4f}",
         "val": "-" if r.val_loss is None else f"{r.val_loss:.4f}",
@@ -95,6 +96,7 @@ def fitted(rows: list[Row], title: str, width: int):
 
     measure_console = Console(width=10_000)
     hidden: tuple[str, ...] = () if any(r.history for r in rows) else ("before",)  # (nothing was resubmitted)
+    hidden += () if any(r.round for r in rows) else ("round",)  # (no retry policy)
     # Measured on the rows that hold the longest text of some column: the same widths as all the rows give,
     # at the cost of a dozen rows instead of all of them.
     texts = [cells(r) for r in rows]
@@ -109,7 +111,8 @@ def fitted(rows: list[Row], title: str, width: int):
             break
         hidden += (col,)
     t = table(rows, title, hidden) if len(rows) <= PLAIN_ABOVE else plain_table(rows, title, hidden)
-    hidden_here = tuple(col for col in hidden if col != "before" or any(r.history for r in rows))
+    hidden_here = tuple(col for col in hidden if (col != "before" or any(r.history for r in rows))
+                        and (col != "round" or any(r.round for r in rows)))
     if not hidden_here:
         return t
     hidden = hidden_here
@@ -149,11 +152,12 @@ def show(manifest: Manifest, watch: bool = False, interval: float = 5.0, console
         console = output_console()
     title = f"sweep {manifest.name}  ({manifest.path})"
     rows = collect(manifest)
+    from tinygpt.launch.read.retry_round import status_lines
     from tinygpt.launch.read.run_states import chain_steps
 
     chain = chain_steps(manifest)
-    if chain:
-        console.print(chain, soft_wrap=True, markup=False)
+    for line in [chain] * bool(chain) + status_lines(manifest, rows):
+        console.print(line, soft_wrap=True, markup=False)
     if not watch:
         console.print(view(rows, title, console.width, every_row))
         _print_notes(manifest, rows, console)

@@ -44,6 +44,9 @@ from tinygpt.training.preemption import EXIT_REQUEUE
 from tinygpt.training.watchdog import EXIT_HUNG
 
 USAGE = "usage: python -m tinygpt.launch.node.supervise MANIFEST INDEX"
+# What the task says of a program that died of a signal Slurm sent it (the warning before the time limit, a
+# preemption's SIGTERM) without asking to be requeued: it could not save; a retry policy reads it as a time limit.
+UNSAVED = "died of the signal Slurm sends before the time limit, without saving"
 PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT)
 STOP_GRACE_S = 10  # a hung program gets this long between SIGTERM and SIGKILL
 HEARTBEAT = "heartbeat"  # in the run directory
@@ -156,6 +159,8 @@ def after(ended: Ended, head, run_name: str) -> int:
             return 1
         print(f"tinygpt: run {run_name} saved and asks to be requeued ({restarts} so far)", file=sys.stderr)
         return _requeue()
+    if ended.code is not None and ended.code - 128 in ended.signals:
+        print(f"tinygpt: run {run_name} {UNSAVED} ({signal.Signals(ended.code - 128).name})", file=sys.stderr)
     return ended.code
 
 

@@ -11,6 +11,7 @@ job asks for a shorter period (`sbatch_options: {acctg-freq: 1}` in the spec).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -143,6 +144,7 @@ def cells(usage: Usage | None) -> dict[str, str]:
 
 COLUMNS = ("run", "job", "state", "elapsed", "CPUs", "CPU eff", "mem peak / asked", "GPUs", "GPU util", "GPU mem",
            "flag")
+NEXT_MEM = "retry asks"  # a right-sizing retry policy's next request: peak x retry.mem_from_peak
 
 
 def table_rows(manifest: Manifest) -> list[dict[str, str]]:
@@ -154,15 +156,25 @@ def table_rows(manifest: Manifest) -> list[dict[str, str]]:
             raise slurm_cli.SlurmAway(f"efficiency: cannot measure: {silence}; {slurm_cli.AGAIN}")
         raise LaunchError("efficiency: this cluster keeps no job accounting (sacct does not answer); the figures "
                           "need slurmdbd")
-    return [{"run": run.name, "job": job_id, "state": u.state if u else "-", **cells(u)} for run, job_id, u in found]
+    margin = (manifest.retry or {}).get("mem_from_peak")
+    rows = [{"run": run.name, "job": job_id, "state": u.state if u else "-", **cells(u)} for run, job_id, u in found]
+    if margin:  # (what a retry policy that right-sizes would ask for: read/retry_round.py)
+        for row, (_, _, u) in zip(rows, found):
+            row[NEXT_MEM] = "-" if u is None or u.peak_mem_mb is None else f"{math.ceil(u.peak_mem_mb * margin):,} MB"
+    return rows
+
+
+def columns_of(rows: list[dict[str, str]]) -> tuple[str, ...]:
+    return COLUMNS + ((NEXT_MEM,) if rows and NEXT_MEM in rows[0] else ())
 
 
 def markdown(rows: list[dict[str, str]]) -> str:
     """The efficiency table as a Markdown section (for the sweep report)."""
+    columns = columns_of(rows)
     lines = ["## Efficiency (sacct)", "", f"Runs using under {IDLE_BELOW:.0%} of their CPUs (or GPUs, when Slurm "
-             "reports GPU utilisation) are flagged IDLE.", "", "| " + " | ".join(COLUMNS) + " |",
-             "|" + " --- |" * len(COLUMNS)]
-    lines += ["| " + " | ".join(row[c] for c in COLUMNS) + " |" for row in rows]
+             "reports GPU utilisation) are flagged IDLE.", "", "| " + " | ".join(columns) + " |",
+             "|" + " --- |" * len(columns)]
+    lines += ["| " + " | ".join(row[c] for c in columns) + " |" for row in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -178,9 +190,10 @@ def show(manifest: Manifest) -> None:
         return
     t = Table(title=f"sweep {manifest.name}: use of the allocation (sacct; the latest job of each run)",
               title_justify="left")
-    for col in COLUMNS:
+    columns = columns_of(rows)
+    for col in columns:
         t.add_column(col, justify="left" if col in ("run", "job", "state", "flag") else "right",
                      no_wrap=col not in ("run", "flag"))
     for row in rows:
-        t.add_row(*(f"[red]{row[c]}[/]" if c == "flag" else row[c] for c in COLUMNS))
+        t.add_row(*(f"[red]{row[c]}[/]" if c == "flag" else row[c] for c in columns))
     console().print(t)

@@ -67,6 +67,7 @@ class Row:
     nodes: str = ""  # where its latest life ran
     history: tuple[str, ...] = ()  # its earlier submissions: "JOB STATE on NODES", oldest first
     starts: str = ""  # when Slurm expects its pending job to start, where it says (squeue's estimate)
+    round: int | None = None  # under a retry policy: the round of its newest job (the launch is round 1)
 
     def __post_init__(self) -> None:
         self.state = RunState(self.state)
@@ -120,6 +121,8 @@ def collect(manifest: Manifest) -> Rows:
     wanted = sorted(set(ids.values()))
     slurm_states, unheard = job_states(wanted, manifest.first_submitted()) if wanted else ({}, [])
     history = submission_history(manifest)
+    rounds = {index: sub.round or 1 for sub in manifest.slurm_submissions() for index in sub.indices} \
+        if manifest.retry else {}
     rows = Rows()
     rows.unheard = unheard
     for run in manifest.runs:
@@ -144,7 +147,8 @@ def collect(manifest: Manifest) -> Rows:
             eta = progress["elapsed_s"] / step * (max_steps - step)
         rows.append(Row(run.index, run.name, job_id or "-", state, source, restart_count, step, max_steps,
                         progress.get("train_loss"), progress.get("val_loss"), progress.get("tokens_per_s"), eta,
-                        str(run_dir), nodes, history.get(run.index, ()), js.starts if js else ""))
+                        str(run_dir), nodes, history.get(run.index, ()), js.starts if js else "",
+                        rounds.get(run.index)))
     return rows
 
 

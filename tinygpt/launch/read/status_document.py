@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tinygpt.launch.read import retry_round
 from tinygpt.launch.read.run_states import collect
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ class RunStatus(BaseModel):
     nodes: str = Field(description="the nodes of its latest life, in Slurm's notation, or empty")
     history: list[str] = Field(description="its earlier submissions, oldest first: `JOB STATE on NODES`")
     starts: str | None = Field(description="when Slurm expects its pending job to start, where it says")
+    round: int | None = Field(description="under a retry policy, the round of its newest job (the launch is 1)")
 
 
 class SweepStatus(BaseModel):
@@ -61,6 +63,8 @@ class SweepStatus(BaseModel):
     unheard: list[str] = Field(description="Slurm's daemons that did not answer: the states may be older than "
                                            "they look (empty when every one answered)")
     counts: dict[str, int] = Field(description="runs by state name")
+    retry: list[str] = Field(description="what `status` says of its retry policy: the round, the supervisor job, "
+                                         "what the policy does next, or the summary's headline (empty: no policy)")
     runs: list[RunStatus]
 
 
@@ -71,8 +75,10 @@ def document(manifest: Manifest) -> SweepStatus:
                       state_name=r.state.name, ended=r.state.ended, failed=r.state.failed, source=r.source,
                       restarts=r.restarts, step=r.step, max_steps=r.max_steps, train_loss=r.train_loss,
                       val_loss=r.val_loss, tokens_per_s=r.tokens_per_s, eta_s=r.eta_s, run_dir=r.run_dir,
-                      nodes=r.nodes, history=list(r.history), starts=r.starts or None) for r in rows]
+                      nodes=r.nodes, history=list(r.history), starts=r.starts or None, round=r.round)
+            for r in rows]
     return SweepStatus(format=FORMAT, sweep=manifest.name, manifest=str(manifest.path), cluster=manifest.cluster,
                        backend=manifest.backend, program="command" if manifest.command else "trainer",
                        time=time.time(), unheard=list(rows.unheard),
-                       counts=dict(Counter(r.state_name for r in runs)), runs=runs)
+                       counts=dict(Counter(r.state_name for r in runs)), retry=retry_round.status_lines(manifest, rows),
+                       runs=runs)

@@ -59,6 +59,13 @@ def _run(cmd: list[str], timeout: float = TIMEOUT_S, input: str | None = None) -
         return None
 
 
+def outside_a_job() -> dict[str, str]:
+    """This environment without the job's own SLURM_* variables: a job submitted from inside another (a sweep's
+    supervisor, an salloc shell) would take them as its own (the job's SLURM_MEM_PER_CPU beside the new one's
+    --mem makes its srun refuse to start)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+
+
 def sbatch(script_path: str, extra: list[str] | None = None) -> str:
     """Submit a script with `sbatch --parsable`; return the job id. Errors carry sbatch's own message."""
     if shutil.which("sbatch") is None:
@@ -66,7 +73,7 @@ def sbatch(script_path: str, extra: list[str] | None = None) -> str:
                           "(or --dry-run to only write the scripts)")
     try:
         out = subprocess.run(["sbatch", "--parsable", *(extra or []), script_path], capture_output=True,
-                             text=True, timeout=120)
+                             text=True, timeout=120, env=outside_a_job())
     except subprocess.TimeoutExpired:
         raise LaunchError(f"sbatch {script_path} did not answer within 120 s; is slurmctld up?") from None
     if out.returncode != 0:

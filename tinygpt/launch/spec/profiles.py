@@ -22,6 +22,7 @@ and refuses, before submission, what the cluster could never give. Keys (all but
     wandb_project, wandb_entity   compute nodes have no internet (a spec or --set overrides them)
     login                       {host, user, port, identity_file, remote_dir, python, options}: how a laptop
                                 reaches the login node over SSH, to run every command there (remote/laptop.py)
+    retry                       every sweep's retry policy, where its spec says none (spec/retry.py)
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.layout import profile_dirs
 from tinygpt.launch.spec import passthrough
 from tinygpt.launch.spec.resources import MemMB, SlurmTime
+from tinygpt.launch.spec.retry import RetryPolicy
 
 PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # what `--cluster NAME` finds as NAME.yaml
 GPU_REQUESTS = ("gpus-per-node", "gres", "none")
@@ -164,6 +166,8 @@ class Profile(schema.Schema):
         [], description="extra srun options for every job, e.g. [--cpu-bind=cores]")
     login: Login | None = Field(None, description="how a laptop reaches the login node over SSH (default: this "
                                                   "is the login node)")
+    retry: RetryPolicy | None = Field(None, description="the retry policy of every sweep on this cluster (a spec's "
+                                                        "`retry` keys over it)")
     # The trainer's own keys, set for every run on this cluster (TRAINER_KEYS): typed by the trainer's schema.
     precision: Any = None
     compile: Any = None

@@ -181,7 +181,7 @@ class Resources:
         """What the manifest keeps of them (what `status` and `resubmit` read back)."""
         return {"nodes": self.nodes, "gpus_per_node": self.gpus_per_node, "tasks_per_node": self.tasks_per_node,
                 "cpus_per_task": self.cpus_per_task, "mem_mb": self.mem_mb, "time": self.time,
-                "partition": self.partition}
+                "partition": self.partition, **({"exclude": self.exclude} if self.exclude else {})}
 
     def describe(self) -> str:
         gpus = f", {self.gpus_per_node} GPU/node" if self.gpus_per_node else ""

@@ -44,9 +44,10 @@ from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.layout import SweepDirs, check_safe_name, name_problem, unwritable_dir
 from tinygpt.launch.manifest import BACKENDS
 from tinygpt.launch.spec import command as command_mod
-from tinygpt.launch.spec import passthrough, search, sweep_runs
+from tinygpt.launch.spec import passthrough, retry, search, sweep_runs
 from tinygpt.launch.spec.command import CommandSpec
 from tinygpt.launch.spec.resources import MemMB, Resources, SlurmTime, format_time
+from tinygpt.launch.spec.retry import RetryPolicy
 from tinygpt.launch.spec.search import Search
 from tinygpt.launch.spec.sweep_runs import Run, run_name
 
@@ -115,6 +116,9 @@ class SpecFile(schema.Schema):
     code_counts: bool = Field(False, description=(
         "launched again, a run last submitted with other code (the project's for a command, the launcher's for "
         "the trainer) counts as changed"))
+    retry: RetryPolicy | None = Field(None, description=(
+        "which ends of a run its supervisor job sends again, and how (over the profile's `retry`); see "
+        "launch/spec/retry.py"))
 
     @field_validator("name")
     @classmethod
@@ -141,6 +145,7 @@ class Sweep:
     command: CommandSpec | None = None  # a program of the user's instead of the trainer
     project: Path | None = None  # the folder whose files a command's jobs run
     code_counts: bool = False  # a relaunch counts a run submitted with other code as changed
+    retry: RetryPolicy | None = None  # how its supervisor job sends again the runs that ended badly
 
     @property
     def dirs(self) -> SweepDirs:
@@ -288,11 +293,11 @@ def load(path: str | Path, workdir: str | Path = ".", cluster: str | None = None
                            problems)
     resources = _resources(spec.resources, profile, problems) if profile is not None else None
     pack = _pack(spec.pack or 1, backend, optuna, resources, problems)
-    unique_problems = list(dict.fromkeys(problems))
-    if unique_problems:
-        raise LaunchError(unique_problems, str(path))
+    policy = _retry(spec, profile, resources, backend, problems)
+    if unique := list(dict.fromkeys(problems)):
+        raise LaunchError(unique, str(path))
     return Sweep(name, path, profile, backend, resources, spec.array_parallelism, workdir, runs, varying, optuna,
-                 pack, spec.snapshot_max_file_mb, code_counts=spec.code_counts)
+                 pack, spec.snapshot_max_file_mb, code_counts=spec.code_counts, retry=policy)
 
 
 def _command_sweep(spec: SpecFile, path: Path, name: str, profile: Profile | None, backend: str, workdir: Path,
@@ -318,10 +323,25 @@ def _command_sweep(spec: SpecFile, path: Path, name: str, profile: Profile | Non
             problems.extend(command_mod.check_run(command, {**run.shared, **run.own}, f"run {run.name}"))
     resources = _resources(spec.resources, profile, problems) if profile is not None else None
     pack = _pack(spec.pack or 1, backend, optuna, resources, problems)
+    policy = _retry(spec, profile, resources, backend, problems)
     if unique := list(dict.fromkeys(problems)):
         raise LaunchError(unique, str(path))
     return Sweep(name, path, profile, backend, resources, spec.array_parallelism, workdir, runs, varying, optuna,
-                 pack, spec.snapshot_max_file_mb, command, project, code_counts=spec.code_counts)
+                 pack, spec.snapshot_max_file_mb, command, project, code_counts=spec.code_counts, retry=policy)
+
+
+def _retry(spec: SpecFile, profile: Profile | None, resources: Resources | None, backend: str,
+           problems: list[str]) -> RetryPolicy | None:
+    """The sweep's retry policy (spec over profile), its caps the profile's partition and node limits."""
+    if profile is None or resources is None:
+        return None
+    part = profile.partitions.get(resources.partition or "")
+    limits = (part.max_time if part else None, profile.node.mem)
+    policy = retry.resolve(spec.retry, profile.retry, resources, limits, problems)
+    if policy is not None and backend != "sbatch":
+        problems.append("retry: a sweep's supervisor job resubmits with the sbatch backend; remove `backend: "
+                        "submitit` or `retry`")
+    return policy
 
 
 def _command_optuna(spec: SpecFile, command: CommandSpec, forced: dict[str, Any], problems: list[str]

@@ -40,9 +40,9 @@ class Backend:
         raise NotImplementedError
 
     def resubmit(self, manifest: Manifest, indices: list[int], options: dict[str, str],
-                 previous: dict[str, Life], dry_run: bool) -> list[str]:
+                 previous: dict[str, Life], dry_run: bool, round: int | None = None) -> list[str]:
         """Submit the runs `indices` again, with the sbatch long `options` changed ({"time": "04:00:00"});
-        `previous` records their last jobs. The new ids."""
+        `previous` records their last jobs, `round` the retry policy's round they begin. The new ids."""
         raise NotImplementedError
 
     def cancel(self, manifest: Manifest) -> list[str]:
@@ -70,7 +70,7 @@ class Sbatch(Backend):
         return ids
 
     def resubmit(self, manifest: Manifest, indices: list[int], options: dict[str, str],
-                 previous: dict[str, Life], dry_run: bool) -> list[str]:
+                 previous: dict[str, Life], dry_run: bool, round: int | None = None) -> list[str]:
         """One `sbatch --array=<their task ids>` per batch script the runs came from (one, unless the sweep was
         split at MaxArraySize), with the changed options on the command line over the script's own."""
         latest: dict[int, tuple[str, int, int]] = {}  # run index -> its newest job's (script, offset, pack)
@@ -93,7 +93,8 @@ class Sbatch(Backend):
             runs = sorted(i for i in latest if latest[i][:2] == (script, offset) and (i - offset) // pack in tasks)
             manifest_mod.record_submission(manifest.path, self.name, job_id, runs, array=array, offset=offset,
                                            script=script, pack=pack, changes=options,
-                                           previous={k: v for k, v in previous.items() if int(k) in group})
+                                           previous={k: v for k, v in previous.items() if int(k) in group},
+                                           **({"round": round} if round else {}))
             ids.append(job_id)
         return ids
 
@@ -152,7 +153,7 @@ class Submitit(Backend):
                              self.python_command(plan), params, task=train_task.TASK_PATH)]
 
     def resubmit(self, manifest: Manifest, indices: list[int], options: dict[str, str],
-                 previous: dict[str, Life], dry_run: bool) -> list[str]:
+                 previous: dict[str, Life], dry_run: bool, round: int | None = None) -> list[str]:
         """The runs `indices` as a new submitit array, with the parameters of the sweep's submission and the
         changed sbatch options."""
         first = next(s for s in manifest.submissions if s.backend == self.name)

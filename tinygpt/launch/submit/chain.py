@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from tinygpt.launch.submit.plan import Plan
 
 STEP_MAX_MIN = 60
+ROLES = ("data", "report")  # the steps' roles in the manifest's submissions
 
 
 def data_commands(plan: Plan, python: str) -> list[str]:

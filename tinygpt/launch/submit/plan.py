@@ -87,7 +87,8 @@ def _head(sweep: Sweep, snapshot: Snapshot | None, previous: list, base: dict[st
                         backend=sweep.backend, cluster=sweep.profile.name, workdir=str(sweep.workdir),
                         logs_dir=str(sweep.dirs.logs), resources=sweep.resources.record(),
                         code=snapshot.record() if snapshot else {"snapshot": None, "path": str(REPO_ROOT)},
-                        base=base, search=search, submissions=previous)
+                        base=base, search=search, submissions=previous,
+                        retry=sweep.retry.model_dump(mode="json") if sweep.retry else None)
 
 
 def _records(sweep: Sweep) -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.slurm import slurm_cli
 from tinygpt.launch.slurm.live_cluster import LiveCluster
-from tinygpt.launch.spec.resources import SOURCE, time_limit_min
+from tinygpt.launch.spec.resources import SOURCE, format_time, time_limit_min
 
 if TYPE_CHECKING:
     from tinygpt.launch.spec.sweep import Sweep
@@ -34,6 +34,8 @@ def before_writing(sweep: Sweep) -> LiveCluster:
         raise LaunchError(f"check: {slurm_cli.no_answer()}, {NOT_CHECKED}")
     if problems := spec_problems(sweep, cluster):
         raise LaunchError(problems, f"{sweep.spec_path} against cluster {cluster.name}")
+    if sweep.retry is not None:  # (the caps the profile did not know, as this cluster says them)
+        sweep.retry = sweep.retry.model_copy(update=dict(zip(("max_time", "max_mem"), _retry_caps(sweep, cluster))))
     return cluster
 
 
@@ -67,7 +69,33 @@ def spec_problems(sweep: Sweep, cluster: LiveCluster) -> list[str]:
     if why := cluster.refusal(partition):
         problems.append(f"{SOURCE['partition']}: partition `{partition}` is not open to you ({why}); choose "
                         f"another")
-    return problems + _size_problems(sweep, cluster, partition) + _account_problems(sweep, cluster)
+    return (problems + _size_problems(sweep, cluster, partition) + _account_problems(sweep, cluster)
+            + _retry_problems(sweep, cluster, partition))
+
+
+def _live_limits(cluster: LiveCluster, partition: str) -> tuple[int | None, int | None]:
+    """The partition's MaxTime in minutes and its largest node's memory in MB (None: no limit, not known)."""
+    mems = [s[1] for s in cluster.shapes(partition) if s[1]]
+    return time_limit_min(cluster.partitions[partition].get("MaxTime", "UNLIMITED")), max(mems, default=None)
+
+
+def _retry_problems(sweep: Sweep, cluster: LiveCluster, partition: str) -> list[str]:
+    """The retry policy's caps against what the partition gives."""
+    policy, (max_time, max_mem) = sweep.retry, _live_limits(cluster, partition)
+    problems = []
+    if policy is not None and policy.max_time and max_time and policy.max_time > max_time:
+        problems.append(f"retry.max_time: {format_time(policy.max_time)} is over partition {partition}'s MaxTime "
+                        f"{format_time(max_time)}; ask for at most that")
+    if policy is not None and policy.max_mem and max_mem and policy.max_mem > max_mem:
+        problems.append(f"retry.max_mem: {policy.max_mem} MB is more than the largest node of partition {partition} "
+                        f"holds ({max_mem} MB); ask for at most that")
+    return problems
+
+
+def _retry_caps(sweep: Sweep, cluster: LiveCluster) -> tuple[int | None, int | None]:
+    partition = sweep.resources.partition or cluster.default_partition
+    live = _live_limits(cluster, partition)
+    return sweep.retry.max_time or live[0], sweep.retry.max_mem or live[1]
 
 
 def _size_problems(sweep: Sweep, cluster: LiveCluster, partition: str) -> list[str]:

@@ -1,0 +1,160 @@
+"""A sweep's retry policy carried out by Slurm, on the real local cluster: its supervisor job reads how each run
+ended, sends again what the policy allows with what it needs, and sends one summary at the end.
+
+tests/support/foreign/ends.py ends as each run's `kind` says: a time limit it does not survive, memory over its
+request (the local cluster enforces --mem with OverMemoryKill, polling every second at --acctg-freq 1), a silent
+heartbeat, a bug of its own; each later life ends well. Nothing waits on the machine's speed: every wait is for
+an event (a job's end, a log line, a file), with a timeout that fails loudly.
+"""
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support.cluster_gate import LOCAL_CLUSTER_HOME
+from tests.support.paths import ROOT
+from tests.support.processes import launch, wait_until
+from tests.support.slurm import cancel, manifest_of, python, unique_name
+from tinygpt.launch import manifest as manifest_mod
+
+pytestmark = pytest.mark.slurm
+
+FOREIGN = ROOT / "tests" / "support" / "foreign"
+DAEMON = ROOT / "hpc_lab" / "local_cluster" / "daemon.sh"
+MAIL = LOCAL_CLUSTER_HOME / "mail"
+ADDRESS = "tester@example.org"
+
+
+def launch_ends(tmp_path: Path, kinds: list[str], retry: dict, **resources) -> tuple[Path, Path, str]:
+    """Launch a sweep of ends.py, a run per kind, under `retry`: (its spec, its workdir, its name)."""
+    name = unique_name("heal")
+    spec, work = tmp_path / f"{name}.yaml", tmp_path / "work"
+    spec.write_text(yaml.safe_dump({
+        "name": name, "grid": {"kind": kinds}, "retry": retry,
+        "command": {"project": str(FOREIGN), "argv": [python(), "ends.py", "{kind}", "{run_dir}"], "heartbeat_s": 4},
+        "resources": {"time": 1, "mem": "300M", "sbatch_options": {"acctg-freq": 1}, **resources}}))
+    out = launch(str(spec), "--workdir", str(work))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "retry: supervisor job" in out.stdout, out.stdout
+    return spec, work, name
+
+
+def every_job(manifest: manifest_mod.Manifest) -> list[str]:
+    return sorted({s.job_id for s in manifest.slurm_submissions()})
+
+
+def sent(manifest: manifest_mod.Manifest, run: str) -> list[manifest_mod.Submission]:
+    """The submissions that sent run `run` (by name)."""
+    index = manifest.find(run)[0].index
+    return [s for s in manifest.submissions if index in s.indices]
+
+
+def logs(work: Path) -> str:
+    return "\n".join(f"== {p}\n{p.read_text(errors='replace')}" for p in sorted((work / "logs").rglob("*.out")))
+
+
+def mails_of(job_id: str) -> list[str]:
+    """What the cluster's mail program was given for job `job_id` (up.sh's mail-record.sh)."""
+    texts = [p.read_text() for p in MAIL.glob("*.txt")] if MAIL.is_dir() else []
+    return [t for t in texts if f"SLURM_JOB_ID={job_id}\n" in t]
+
+
+@pytest.mark.shares_cluster
+def test_a_sweep_with_every_kind_of_end_finishes_what_can_be_retried_and_sends_one_summary(tmp_path):
+    """Five runs, one of each end: a time limit (sent again with twice the time), out of memory (twice the memory),
+    a hung heartbeat (again), a bug (given up, its error line kept) and one that ends well. The supervisor's
+    second pass finds everything ended, writes the summary, mails it through Slurm and runs the user's command
+    with it: two rounds, each run sent at most twice."""
+    delivered = tmp_path / "delivered.md"
+    keep = [python(), "-c", "import sys; open(sys.argv[1], 'w').write(sys.stdin.read() + sys.argv[2])",
+            str(delivered), "{headline}"]
+    spec, work, name = launch_ends(tmp_path, ["ok", "bug", "time", "oom", "hang"],
+                                   {"rounds": 2, "notify": {"mail": ADDRESS, "command": keep}})
+    summary = work / "runs" / name / "summary.md"
+    try:
+        wait_until(lambda: delivered.exists(), timeout=420, poll=1, what=f"the summary delivered\n{logs(work)}")
+    finally:
+        cancel(*every_job(manifest_of(work, name)))
+    manifest = manifest_of(work, name)
+    text = summary.read_text()
+    assert text.splitlines()[0] == f"# sweep {name}: 4 of 5 run(s) finished, 3 after a retry, 1 given up; 2 round(s)"
+    assert delivered.read_text() == text + text.splitlines()[0].removeprefix("# ")
+    rows = {line.split(" | ")[0].removeprefix("| "): line for line in text.splitlines() if line.startswith("| kind=")}
+    assert rows["kind=ok"] == "| kind=ok | 1 | finished | finished |"
+    assert rows["kind=time"] == "| kind=time | 2 | time_limit, finished | finished |", text
+    assert rows["kind=oom"] == "| kind=oom | 2 | out_of_memory, finished | finished |", text
+    assert rows["kind=hang"] == "| kind=hang | 2 | hung, finished | finished |", text
+    assert rows["kind=bug"].startswith("| kind=bug | 1 | program | given up: a failure of the program itself"), text
+    assert "ValueError: bad data: row 7 has no label" in text
+    # What each round asked for, and that no run went twice in a round.
+    assert [s.changes for s in sent(manifest, "kind=time")] == [None, {"time": "00:02:00"}]
+    assert [s.changes for s in sent(manifest, "kind=oom")] == [None, {"mem": "600M"}]
+    assert [(s.changes, s.round) for s in sent(manifest, "kind=hang")] == [(None, None), ({}, 2)]
+    assert len(sent(manifest, "kind=ok")) == len(sent(manifest, "kind=bug")) == 1
+    assert [s.round for s in manifest.submissions if s.role == "heal"] == [1, 2]
+    notify = [s.job_id for s in manifest.submissions if s.role == "notify"]
+    assert len(notify) == 1
+    mail = wait_until(lambda: mails_of(notify[0]), timeout=60, poll=0.5, what="Slurm's mail of the summary's job")
+    assert len(mail) == 1 and f"argv: -s Slurm Job_id={notify[0]} Name=sweep {name}: 4 of 5" in mail[0], mail
+    assert mail[0].rstrip().endswith(ADDRESS) or f" {ADDRESS}\n" in mail[0], mail
+    status = launch("status", str(spec), "--workdir", str(work))
+    assert f"retry: done: sweep {name}: 4 of 5 run(s) finished" in status.stdout, status.stdout
+
+
+@pytest.mark.slurm_release
+@pytest.mark.shares_cluster
+def test_out_of_memory_is_told_from_a_bug_on_this_release_and_gets_more_memory(tmp_path):
+    """Slurm's OverMemoryKill ends the job FAILED or OUT_OF_MEMORY, by release; either way the policy reads it
+    as out of memory (its log says so) and the next round asks for twice the memory, and finishes."""
+    spec, work, name = launch_ends(tmp_path, ["oom"], {"rounds": 1})
+    summary = work / "runs" / name / "summary.md"
+    try:
+        wait_until(summary.exists, timeout=240, poll=1, what=f"the summary\n{logs(work)}")
+    finally:
+        cancel(*every_job(manifest_of(work, name)))
+    assert "| kind=oom | 2 | out_of_memory, finished | finished |" in summary.read_text(), summary.read_text()
+    first = sent(manifest_of(work, name), "kind=oom")[1].previous["0"]
+    assert first.end == "out_of_memory" and first.state in ("FAILED", "OUT_OF_MEMORY"), first
+
+
+def daemon(action: str, name: str) -> None:
+    subprocess.run(["bash", str(DAEMON), action, name], check=True, capture_output=True, timeout=120)
+
+
+def test_the_supervisor_waits_out_a_held_lock_and_a_controller_away_and_sends_each_run_once(tmp_path):
+    """The supervisor of round 1 finds the sweep locked (a `resubmit` by hand would hold it so), then Slurm's
+    controller stopped: it waits and asks again, deciding nothing from no answer; once the controller is back it
+    sends the run that ran out of memory once, and the sweep ends with both runs finished, no run sent twice."""
+    spec, work, name = launch_ends(tmp_path, ["ok", "oom"], {"rounds": 1})
+    jobs = work / "jobs" / name
+    heal_log = lambda: "\n".join(p.read_text() for p in (work / "logs" / name).glob("heal-*.out"))  # noqa: E731
+    stopped = False
+    try:
+        with manifest_mod.sweep_lock(jobs):
+            wait_until(lambda: "is being changed by another" in heal_log(), timeout=180, poll=0.5,
+                       what=f"the supervisor waiting for the lock\n{logs(work)}")
+            daemon("stop", "slurmctld")
+            stopped = True
+        wait_until(lambda: "controller" in heal_log().rpartition("is being changed")[2], timeout=120, poll=0.5,
+                   what=f"the supervisor waiting for the controller\n{heal_log()}")
+        daemon("start", "slurmctld")
+        stopped = False
+        summary = work / "runs" / name / "summary.md"
+        wait_until(summary.exists, timeout=240, poll=1, what=f"the summary\n{logs(work)}")
+    finally:
+        if stopped:
+            daemon("start", "slurmctld")
+        cancel(*every_job(manifest_of(work, name)))
+    manifest = manifest_of(work, name)
+    assert summary.read_text().splitlines()[0].endswith("2 of 2 run(s) finished, 1 after a retry, 0 given up; "
+                                                        "2 round(s)"), summary.read_text()
+    assert len(sent(manifest, "kind=ok")) == 1 and len(sent(manifest, "kind=oom")) == 2
+    heals = [s for s in manifest.submissions if s.role == "heal"]
+    assert [s.round for s in heals] == [1, 2]
+    sacct = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID", "-j", ",".join(every_job(manifest))],
+                           capture_output=True, text=True, timeout=30).stdout.split()
+    assert len([j for j in sacct if "_" in j]) == 3, sacct  # (ok and oom in round 1, oom in round 2: no more)
+    print(json.dumps([s.model_dump() for s in manifest.submissions], indent=1))

@@ -1,0 +1,156 @@
+"""A retry policy's decisions, without a cluster: how each kind of end is read from Slurm's state and the run's
+log, what the next round asks for, when a run is given up, and the summary. (tests/cluster/test_retry.py makes
+each end for real and lets the supervisor job act on it.)"""
+
+import contextlib
+import io
+import signal
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tinygpt.launch import manifest as manifest_mod
+from tinygpt.launch.commands import cli
+from tinygpt.launch.errors import LaunchError
+from tinygpt.launch.node import supervise
+from tinygpt.launch.read import retry_round
+from tinygpt.launch.read.efficiency import Usage
+from tinygpt.launch.read.run_states import Row
+from tinygpt.launch.spec import sweep as spec_mod
+
+# (kind of the run, Slurm's state, what its log says, nodes): one run each.
+ENDS = {
+    "ok": ("COMPLETED", "ends.py: done", "node1"),
+    "bug": ("FAILED", "Traceback (most recent call last):\nValueError: bad data: row 7 has no label\n"
+                      "srun: error: node1: task 0: Exited with exit code 1", "node1"),
+    "oom": ("FAILED", "slurmstepd-node2: error: StepId=23.0 exceeded memory limit (464441344 > 314572800), being "
+                      "killed\nslurmstepd-node2: error: Exceeded job memory limit", "node2"),
+    "oom_state": ("OUT_OF_MEMORY", "", "node2"),
+    "time": ("TIMEOUT", "slurmstepd: error: *** JOB 18 ON node2 CANCELLED AT 2026-12-05T00:00:00 DUE TO TIME LIMIT ***",
+             "node2"),
+    "unsaved": ("FAILED", f"tinygpt: run 5 {supervise.UNSAVED} (SIGUSR2)", "node1"),
+    "node": ("NODE_FAIL", "", "node2"),
+    "preempted": ("PREEMPTED", "", "node1"),
+    "cancelled": ("CANCELLED by 0", "", "node1"),
+    "running": ("RUNNING", "", "node1"),
+}
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    """A command sweep with a retry policy, written by a dry run, one run per kind of end, each with a log as its
+    job's array task left it (job 100)."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "s", "grid": {"kind": list(ENDS)}, "command": {"argv": ["python", "x.py", "{kind}"]},
+        "resources": {"time": 10, "mem": "300M"},
+        "retry": {"rounds": 2, "max_time": 30, "max_mem": "1G", "mem_from_peak": 1.5}}))
+    (tmp_path / "x.py").write_text("")
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert cli.main([str(spec), "--workdir", str(tmp_path / "w"), "--dry-run", "--no-snapshot"]) == 0
+    path = tmp_path / "w" / "jobs" / "s" / "manifest.json"
+    manifest_mod.record_submission(path, "sbatch", "100", list(range(len(ENDS))), array=f"0-{len(ENDS) - 1}",
+                                   script="s.sbatch")
+    manifest = manifest_mod.load(path)
+    for index, (_, log, _) in enumerate(ENDS.values()):
+        (Path(manifest.logs_dir) / f"100_{index}.out").write_text(f"tinygpt: run {index} (command), job 100_{index}\n"
+                                                                  f"{log}\n")
+    return manifest
+
+
+def rows(manifest) -> list[Row]:
+    return [Row(i, f"kind={kind}", f"100_{i}", state, "sacct", 0, None, None, None, None, None, None, f"/runs/{kind}",
+                nodes) for i, (kind, (state, _, nodes)) in enumerate(ENDS.items())]
+
+
+def decisions(manifest, usage=None) -> dict[str, retry_round.Decision]:
+    policy = retry_round.policy_of(manifest)
+    return {d.row.name.removeprefix("kind="): d for d in retry_round.decide(manifest, rows(manifest), usage or {},
+                                                                           policy)}
+
+
+def test_each_end_is_read_from_slurms_state_and_the_runs_log(sweep):
+    found = {kind: (d.end.kind, d.action) for kind, d in decisions(sweep).items()}
+    assert found == {"ok": ("finished", "done"), "bug": ("program", "give up"), "oom": ("out_of_memory", "send"),
+                     "oom_state": ("out_of_memory", "send"), "time": ("time_limit", "send"),
+                     "unsaved": ("time_limit", "send"), "node": ("node_failure", "send"),
+                     "preempted": ("preempted", "send"), "cancelled": ("cancelled", "give up"),
+                     "running": ("live", "wait")}
+
+
+def test_the_next_round_asks_for_what_each_end_needs(sweep):
+    found = decisions(sweep)
+    assert found["time"].options == {"time": "00:20:00"} == found["unsaved"].options
+    assert found["oom"].options == {"mem": "600M"} == found["oom_state"].options
+    assert found["node"].options == {"exclude": "node2"}
+    assert found["preempted"].options == {}
+    assert found["bug"].why == "a failure of the program itself" and "ValueError: bad data" in found["bug"].end.line
+    assert found["cancelled"].why == "cancelled by a person"
+
+
+def test_growth_stops_at_the_policys_caps_and_rounds(sweep):
+    """A run at max_time or max_mem is given up; one whose newest job began the last round too."""
+    path = sweep.path
+    time_run, oom_run, node_run = (list(ENDS).index(k) for k in ("time", "oom", "node"))
+    manifest_mod.record_submission(path, "sbatch", "200", [time_run], array=str(time_run), script="s.sbatch",
+                                   changes={"time": "00:30:00"}, round=2)
+    manifest_mod.record_submission(path, "sbatch", "201", [oom_run], array=str(oom_run), script="s.sbatch",
+                                   changes={"mem": "1024M"}, round=2)
+    manifest_mod.record_submission(path, "sbatch", "202", [node_run], array=str(node_run), script="s.sbatch",
+                                   changes={"exclude": "node2"}, round=3)
+    logs = Path(sweep.logs_dir)
+    for job, index in (("200", time_run), ("201", oom_run), ("202", node_run)):  # (each ended as before)
+        (logs / f"100_{index}.out").rename(logs / f"{job}_{index}.out")
+    found = decisions(manifest_mod.load(path))
+    assert found["time"].why == "it met its time limit at the most allowed, 00:30:00"
+    assert found["oom"].why == "it ran out of memory at the most allowed, 1024 MB"
+    assert (found["node"].action, found["node"].why) == ("give up", "its 2 retry round(s) are spent")
+    assert found["preempted"].action == "send"
+
+
+def test_a_run_sent_again_asks_for_its_measured_peak_times_the_margin(sweep):
+    usage = {"100_4": Usage("100_4", "TIMEOUT", 60, 1, 60.0, 300.0, peak_mem_mb=100.0),
+             "100_2": Usage("100_2", "FAILED", 5, 1, 5.0, 300.0, peak_mem_mb=300.0)}
+    found = decisions(sweep, usage)
+    assert found["time"].options == {"time": "00:20:00", "mem": "150M"}  # (right-sized down: 100 MB x 1.5)
+    assert found["oom"].options == {"mem": "600M"}  # (out of memory: grown, never right-sized below its need)
+
+
+def test_the_summary_names_every_run_and_each_given_up_ones_error_line(sweep):
+    text = retry_round.summary(sweep, list(decisions(sweep).values()), {4: ["node_failure"]})
+    assert text.splitlines()[0] == "# sweep s: 1 of 10 run(s) finished, 0 after a retry, 2 given up; 1 round(s)"
+    assert "| kind=time | 1 | node_failure, time_limit | time_limit |" in text
+    assert "- kind=bug (100_1 FAILED, program): ValueError: bad data: row 7 has no label" in text
+
+
+def test_a_program_that_dies_of_the_warning_signal_is_said_to_have_not_saved(capsys):
+    """What the classifier reads as a time limit: the program died of the signal passed on to it."""
+    ended = supervise.Ended(128 + signal.SIGUSR2, [signal.SIGUSR2])
+    assert supervise.after(ended, None, "r") == 128 + signal.SIGUSR2
+    assert f"run r {supervise.UNSAVED} (SIGUSR2)" in capsys.readouterr().err
+    assert supervise.after(supervise.Ended(1, [signal.SIGUSR2]), None, "r") == 1
+    assert supervise.UNSAVED not in capsys.readouterr().err
+
+
+def test_a_profiles_policy_is_every_sweeps_and_a_spec_changes_or_ends_it(tmp_path):
+    profile = tmp_path / "p.yaml"
+    profile.write_text("name: p\npartitions: {short: {max_time: '01:00:00'}}\nnode: {mem: 8G}\n"
+                       "retry: {rounds: 4, mem_factor: 3}\n")
+    spec = tmp_path / "s.yaml"
+    for retry, expected in [(None, (4, 3.0, 60, 8192)), ({"rounds": 1}, (1, 3.0, 60, 8192)), ({"rounds": 0}, None)]:
+        spec.write_text(yaml.safe_dump({"name": "s", "cluster": str(profile), "resources": {"time": 10},
+                                        **({"retry": retry} if retry else {})}))
+        policy = spec_mod.load(spec, tmp_path).retry
+        assert (policy and (policy.rounds, policy.mem_factor, policy.max_time, policy.max_mem)) == expected
+
+
+def test_a_policy_refuses_what_it_cannot_do(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({"name": "s", "backend": "submitit", "resources": {"time": 30},
+                                    "retry": {"max_time": 20, "ends": ["hung"]}}))
+    with pytest.raises(LaunchError) as err:
+        spec_mod.load(spec, tmp_path)
+    assert err.value.problems == [
+        "retry.max_time: 00:20:00 is less than resources.time 00:30:00; a retry never asks for less",
+        "retry: a sweep's supervisor job resubmits with the sbatch backend; remove `backend: submitit` or `retry`"]

@@ -1,0 +1,52 @@
+"""A program that ends as it is told, for a retry policy's tests: `ends.py KIND RUN_DIR`.
+
+    ok       ends 0
+    bug      raises an error of its own (never retried)
+    time     its first life sleeps past any time limit, deaf to the signal Slurm sends before it (so Slurm ends
+             it TIMEOUT); a later one ends 0
+    oom      holds --mb megabytes until Slurm kills it for them; a later life holds them 3 s, then ends 0
+    hang     its first life stops beating its heartbeat ($TINYGPT_HEARTBEAT), deaf to that signal too; a later
+             one ends 0
+
+A life is counted by a file in RUN_DIR. Every life but a hung one beats its heartbeat once a second.
+"""
+
+import argparse
+import os
+import signal
+import time
+from pathlib import Path
+
+parser = argparse.ArgumentParser()
+parser.add_argument("kind", choices=("ok", "bug", "time", "oom", "hang"))
+parser.add_argument("run_dir")
+parser.add_argument("--mb", type=int, default=400)
+args = parser.parse_args()
+lives = Path(args.run_dir) / "lives"
+first = not lives.exists()
+with lives.open("a") as f:
+    f.write(f"{os.environ.get('SLURM_JOB_ID')}\n")
+print(f"ends.py: {args.kind}, life {lives.read_text().count(chr(10))}", flush=True)
+
+
+def beat_for(seconds: float) -> None:
+    heartbeat = os.environ.get("TINYGPT_HEARTBEAT")
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if heartbeat:
+            Path(heartbeat).touch()
+        time.sleep(1)
+
+
+if first and args.kind in ("time", "hang"):
+    signal.signal(getattr(signal, os.environ.get("TINYGPT_STOP_SIGNAL", "SIGUSR2")), signal.SIG_IGN)
+if args.kind == "bug":
+    raise ValueError("bad data: row 7 has no label")
+if args.kind == "oom":
+    held = b"x" * (args.mb * 2**20)  # (written, so every page is resident)
+    beat_for(10**9 if first else 3)
+elif first and args.kind == "time":
+    beat_for(10**9)
+elif first and args.kind == "hang":
+    time.sleep(10**9)
+print("ends.py: done", flush=True)

@@ -1,0 +1,161 @@
+"""`launch.py heal SPEC`: one pass of a sweep's retry policy; what its supervisor job runs after each round.
+
+Under the sweep's lock (a `resubmit` by hand beside it waits its turn, so no run is sent twice) it reads how
+each run's newest job ended (read/run_ends.py), sends again those the policy allows as the next round, with
+what they need (read/retry_round.py), and submits the supervisor again after every job still to end. When
+nothing is left to end, it writes the sweep's summary (runs/<sweep>/summary.md) and sends it where the
+policy's `notify` says, once. While Slurm's controller or its accounting does not answer, or another command
+holds the lock, it waits and asks again: it never decides from no answer. A sweep `cancel` has cancelled
+sends nothing more.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import time
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from tinygpt.base import durable
+from tinygpt.launch import manifest as manifest_mod
+from tinygpt.launch.errors import LaunchError
+from tinygpt.launch.manifest import Life, SweepBusy
+from tinygpt.launch.read import efficiency, retry_round
+from tinygpt.launch.read.retry_round import GIVE_UP, SEND, WAIT, Decision
+from tinygpt.launch.read.run_ends import collect_rows
+from tinygpt.launch.read.run_states import jobs_of
+from tinygpt.launch.slurm.slurm_cli import SlurmAway
+from tinygpt.launch.submit import backends, supervisor
+from tinygpt.launch.submit.supervisor import HEAL
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from tinygpt.launch.manifest import Manifest
+
+WAIT_S = 10.0  # between two tries while Slurm does not answer or the sweep is locked
+NOTIFY_TIMEOUT_S = 300
+
+
+def run(path: Path, wait_s: float = WAIT_S) -> int:
+    manifest_mod.load(path)  # (a sweep never launched is an error here, before the lock makes its folder)
+    while True:
+        try:
+            with manifest_mod.sweep_lock(path.parent):
+                return one_pass(manifest_mod.load(path))
+        except (SlurmAway, SweepBusy) as err:
+            print(f"heal: waiting: {err}; asking again in {wait_s:.0f} s", flush=True)
+            time.sleep(wait_s)
+
+
+def one_pass(manifest: Manifest) -> int:
+    policy = retry_round.policy_of(manifest)
+    if policy is None:
+        print(f"heal: sweep {manifest.name} has no retry policy: nothing to do")
+        return 0
+    if manifest.dirs.cancelled.exists():
+        print(f"heal: sweep {manifest.name} was cancelled: nothing is sent")
+        return 0
+    if superseded(manifest):
+        print("heal: a later supervisor of this sweep was submitted already: nothing to do")
+        return 0
+    rows = collect_rows(manifest)
+    usage = _usage(manifest) if policy.mem_from_peak else {}
+    decisions = retry_round.decide(manifest, rows, usage, policy)
+    for d in decisions:
+        if d.action not in (WAIT, retry_round.DONE):
+            print(f"heal: {d.row.name} ({d.row.job_id}) ended {d.end.kind}: "
+                  + (f"round {d.round + 1} with {_options(d.options)}" if d.action == SEND else f"given up: {d.why}"),
+                  flush=True)
+    with _no_sigterm():  # (Slurm's SIGTERM between a submission and its record would lose the record)
+        sent, refused = send(manifest, [d for d in decisions if d.action == SEND])
+        decisions = [refused.get(d.row.index, d) for d in decisions]
+        live = jobs_of([d.row.job_id for d in decisions if d.action == WAIT])
+        if sent or live:
+            next_round = max(d.round + (d.action == SEND) for d in decisions)
+            job = supervisor.submit(manifest, [*sent, *live], next_round)
+            print(f"heal: supervisor {job} follows round {next_round} (after {', '.join([*sent, *live])})")
+            return 0
+    finish(manifest, decisions, policy.notify)
+    return 0
+
+
+def superseded(manifest: Manifest) -> bool:
+    """Whether a supervisor was submitted after this one (this job, requeued, runs its pass again)."""
+    mine = os.environ.get("SLURM_JOB_ID")
+    heals = [s.job_id for s in manifest.submissions if s.role == HEAL]
+    return mine in heals and heals.index(mine) < len(heals) - 1
+
+
+def send(manifest: Manifest, chosen: list[Decision]) -> tuple[list[str], dict[int, Decision]]:
+    """The chosen runs as the next round, one array per distinct request: the new job ids, and the runs whose
+    request Slurm refused (given up, with its words)."""
+    groups: dict[tuple, list[Decision]] = {}
+    for d in chosen:
+        groups.setdefault((tuple(sorted(d.options.items())), d.round + 1), []).append(d)
+    ids, refused = [], {}
+    for (options, round_), group in groups.items():
+        previous = {str(d.row.index): Life(job_id=d.row.job_id, state=d.row.state.name, nodes=d.row.nodes,
+                                           end=d.end.kind) for d in group}
+        try:
+            ids += backends.of(manifest.backend).resubmit(manifest, [d.row.index for d in group], dict(options),
+                                                          previous, False, round_)
+        except SlurmAway:
+            raise
+        except LaunchError as err:  # (Slurm's own limits, which neither the profile nor the policy knew)
+            print(f"heal: {err}", flush=True)
+            refused |= {d.row.index: dataclasses.replace(d, action=GIVE_UP, why=f"Slurm refused its next round: {err}")
+                        for d in group}
+        manifest = manifest_mod.load(manifest.path)  # (with the submission just recorded)
+    return ids, refused
+
+
+def finish(manifest: Manifest, decisions: list[Decision], notify) -> None:
+    """The summary, written, and sent once (a supervisor requeued after it sent it sends nothing)."""
+    if manifest.dirs.summary.exists():  # (launch removes an earlier launch's)
+        print(f"heal: the summary was written already: {manifest.dirs.summary}")
+        return
+    ends = {}
+    for sub in manifest.submissions:
+        for index, life in (sub.previous or {}).items():
+            ends.setdefault(int(index), []).append(life.end or life.state)
+    text = retry_round.summary(manifest, decisions, ends)
+    headline = retry_round.headline(manifest, decisions)
+    durable.write(manifest.dirs.summary, text)
+    print(text, flush=True)
+    if notify is not None and notify.mail:
+        job = supervisor.mail(manifest, headline, notify.mail)
+        print(f"heal: the summary's mail goes to {notify.mail} at the end of job {job}")
+    if notify is not None and notify.command:
+        _run_command(manifest, notify.command, headline, text)
+
+
+def _run_command(manifest: Manifest, argv: list[str], headline: str, text: str) -> None:
+    values = {"summary": str(manifest.dirs.summary), "sweep": manifest.name, "headline": headline}
+    words = [word.format_map(values) for word in argv]
+    try:
+        done = subprocess.run(words, input=text, text=True, timeout=NOTIFY_TIMEOUT_S, check=False)
+        print(f"heal: notify.command ended {done.returncode}")
+    except (OSError, subprocess.TimeoutExpired) as err:
+        print(f"heal: notify.command could not be run: {err}")
+
+
+def _usage(manifest: Manifest) -> dict:
+    found = efficiency.of_sweep(manifest)
+    return {job: u for _, job, u in found or [] if u is not None}
+
+
+def _options(options: dict[str, str]) -> str:
+    return " ".join(f"--{k}={v}" for k, v in options.items()) or "what it had"
+
+
+@contextmanager
+def _no_sigterm():
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})

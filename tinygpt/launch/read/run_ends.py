@@ -1,0 +1,94 @@
+"""How each run of a sweep ended, in a retry policy's words: the kind of end and the line that says why.
+
+    finished        its program ended well (Slurm's COMPLETED, or its run directory says so)
+    time_limit      Slurm ended it at its time limit (TIMEOUT): it did not save and requeue itself in time; or
+                    the program died of the signal Slurm sends before the limit (node/supervise.py's UNSAVED)
+    out_of_memory   OUT_OF_MEMORY, or a job whose log says Slurm killed it for its memory (a cluster that
+                    enforces memory by polling, JobAcctGatherParams=OverMemoryKill, ends it FAILED with
+                    "Exceeded job memory limit" in its log)
+    node_failure    a node it ran on failed (NODE_FAIL, BOOT_FAIL)
+    hung            the watchdog or the heartbeat found ranks that stopped answering (HUNG)
+    preempted       Slurm ended it to make room (PREEMPTED)
+    cancelled       a person cancelled it (CANCELLED), or it ran past its deadline (DEADLINE)
+    program         it ended with an error of its own (FAILED): a Python error, bad data, a NaN loss
+    unknown         Slurm keeps no record of its job
+    live            it has not ended (pending, running, requeued)
+
+The same for our trainer and for a program of the user's: Slurm's state first, then the latest life of the
+run's log (read/log_files.py).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tinygpt.launch.errors import LaunchError
+from tinygpt.launch.manifest import BACKENDS
+from tinygpt.launch.node.supervise import UNSAVED
+from tinygpt.launch.read import log_files
+from tinygpt.launch.read.run_states import Row, collect
+from tinygpt.launch.slurm.slurm_cli import RETRY, SlurmAway
+
+if TYPE_CHECKING:
+    from tinygpt.launch.manifest import Manifest
+
+BAD_NODE_STATES = ("NODE_FAIL", "HUNG")  # what --exclude-failed-nodes (and a policy's retry) keeps away from
+BY_STATE = {"COMPLETED": "finished", "FINISHED": "finished", "PRUNED": "finished", "TIMEOUT": "time_limit",
+            "OUT_OF_MEMORY": "out_of_memory", "NODE_FAIL": "node_failure", "BOOT_FAIL": "node_failure",
+            "HUNG": "hung", "PREEMPTED": "preempted", "CANCELLED": "cancelled", "DEADLINE": "cancelled",
+            "FAILED": "program"}
+# What slurmstepd (OverMemoryKill), the kernel's OOM killer and Slurm's cgroup plugin write when memory ended a job.
+MEMORY_KILL = re.compile(r"exceeded (job |step )?memory limit|out[- ]of[- ]memory|oom[-_ ]kill", re.I)
+
+
+@dataclass(frozen=True)
+class End:
+    kind: str
+    line: str  # why: the run's last error line where its log has one, else Slurm's state
+
+
+def of_run(row: Row, manifest: Manifest) -> End:
+    """How run `row` ended (its latest job)."""
+    state = row.state
+    if not state.ended:
+        return End("unknown" if row.source == "run dir" else "live", str(state))
+    kind = BY_STATE.get(state.name, "program")
+    if kind == "finished":
+        return End(kind, str(state))
+    line = log_files.last_error(manifest, row.index) or str(state)
+    if kind in ("program", "cancelled"):
+        life = latest_life(manifest, row.index)
+        kind = "out_of_memory" if MEMORY_KILL.search(life) else "time_limit" if UNSAVED in life else kind
+    return End(kind, line)
+
+
+def latest_life(manifest: Manifest, index: int) -> str:
+    """What the run's latest job wrote in its latest life (every log of that job)."""
+    jobs = log_files.run_jobs(manifest, index)
+    return "\n".join(log_files.latest_life(log_files.read(path)) for path in jobs[-1][1]) if jobs else ""
+
+
+def failed_nodes(rows: list[Row], manifest: Manifest) -> list[str]:
+    """The nodes on which a run of the sweep ended in NODE_FAIL, or HUNG (the nodes of its silent ranks), now
+    or in an earlier submission."""
+    nodes = [r.nodes for r in rows if r.state.name in BAD_NODE_STATES and r.nodes]
+    for sub in manifest.submissions:
+        nodes += [b.nodes for b in (sub.previous or {}).values() if b.state in BAD_NODE_STATES and b.nodes]
+    return list(dict.fromkeys(nodes))
+
+
+def collect_rows(manifest: Manifest) -> list[Row]:
+    """The sweep's runs, with how Slurm says their jobs ended: what resubmit and a retry policy choose from.
+    Fails closed: while a daemon of Slurm's does not answer, SlurmAway."""
+    if manifest.backend not in BACKENDS or not manifest.slurm_submissions():
+        raise LaunchError("resubmit: no job of this sweep was submitted to Slurm; launch it first (runs of "
+                          "--local are run again with --local)")
+    rows = collect(manifest)
+    if rows.unheard:
+        raise SlurmAway(f"resubmit: {'; '.join(rows.unheard)}, so which runs failed cannot be told for sure; {RETRY}")
+    if rows and all(r.source == "run dir" for r in rows if r.job_id != "-"):
+        raise LaunchError("resubmit: Slurm does not say how the sweep's jobs ended (no sacct or squeue answer); "
+                          "run it where Slurm's commands work")
+    return rows

@@ -1,0 +1,130 @@
+"""A spec's `retry:` (and a profile's default): which ends of a run its sweep's supervisor job sends again, how.
+
+    retry:
+      rounds: 3                      # at most this many rounds after the first (0: none)
+      ends: [time_limit, out_of_memory, node_failure, hung, preempted]   # the ends retried (default: all five)
+      time_factor: 2                 # a run that met its time limit asks for this much more time ...
+      max_time: "04:00:00"           # ... up to this (default: its partition's MaxTime)
+      mem_factor: 2                  # a run that ran out of memory asks for this much more memory ...
+      max_mem: 64G                   # ... up to this (default: a node's memory, as the profile says)
+      mem_from_peak: 1.5             # right-sizing: a run sent again asks for its measured peak x this
+      notify:                        # one summary when the last round has ended
+        mail: me@example.org         # Slurm's own mail (--mail-type=END) of a one-line job named by the summary
+        command: [curl, -sS, --data-binary, "@{summary}", "https://hooks.example.org/x"]
+
+A failure of the program itself (a Python error, bad data, a NaN loss: it ended with an error of its own) and a
+run cancelled by a person are never retried: they are not among the kinds `ends` takes. `notify.command` is
+started with these words, never through a shell, on the compute node where the sweep's last supervisor job
+runs (many clusters' nodes reach no internet: point it at something they reach); `{summary}` is the summary's
+path, `{sweep}` the sweep's name, `{headline}` its first line. The supervisor (commands/heal.py) does the rest.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from tinygpt.base import schema
+from tinygpt.base.schema import Int, OptFloat, OptText, Text
+from tinygpt.launch.spec.command import names
+from tinygpt.launch.spec.resources import MemMB, Resources, SlurmTime, format_time
+
+# The ends of a run a policy may retry, and what a retry changes.
+KINDS = {"time_limit": "more time", "out_of_memory": "more memory", "node_failure": "without the nodes that failed",
+         "hung": "without the nodes of its silent ranks", "preempted": "as it was"}
+NEVER = {"program": "a failure of the program itself", "cancelled": "cancelled by a person"}
+NOTIFY_VALUES = ("summary", "sweep", "headline")
+MAX_ROUNDS = 100
+
+
+class Notify(schema.Schema):
+    """Where the sweep's summary goes when its last round has ended."""
+
+    mail: OptText = Field(None, description=(
+        "an address for Slurm's own mail: a one-line job named by the summary ends with --mail-type=END"))
+    command: list[Text] | None = Field(None, min_length=1, description=(
+        "a program and its words, run where the last supervisor job runs (a compute node): {summary} is the "
+        "summary's path, {sweep} the sweep's name, {headline} its first line; never through a shell"))
+
+    @field_validator("mail")
+    @classmethod
+    def _an_address(cls, mail: str | None) -> str | None:
+        if mail is not None and (not mail.strip() or mail.startswith("-") or any(
+                ch.isspace() or ch in "\x00'\"`$;|&<>\\" for ch in mail)):
+            raise ValueError(f"{mail!r} is not a mail address for sbatch --mail-user; give e.g. me@example.org")
+        return mail
+
+    @field_validator("command")
+    @classmethod
+    def _words(cls, argv: list[str] | None) -> list[str] | None:
+        for i, word in enumerate(argv or []):
+            if "\0" in word:
+                raise ValueError(f"command[{i}] holds a NUL character, which no program can be given")
+            unknown = [n for n in names(word, f"command[{i}]") if n not in NOTIFY_VALUES]
+            if unknown:
+                raise ValueError(f"command[{i}]: {{{unknown[0]}}} is not one of "
+                                 f"{', '.join('{' + n + '}' for n in NOTIFY_VALUES)}")
+        if argv and (not argv[0].strip() or "{" in argv[0]):
+            raise ValueError("command[0] is the program: a name or path, without placeholders")
+        return argv
+
+
+class RetryPolicy(schema.Schema):
+    """How a sweep's supervisor job sends again the runs that ended badly, by how they ended."""
+
+    rounds: Int = Field(3, ge=0, le=MAX_ROUNDS, description="at most this many rounds after the first (0: none)")
+    ends: list[Literal[tuple(KINDS)]] = Field(list(KINDS), description=(
+        "the ends retried: time_limit, out_of_memory, node_failure, hung, preempted (a failure of the program "
+        "itself never is)"))
+    time_factor: float = Field(2.0, gt=1, le=100, description="a run that met its time limit asks for this much "
+                                                                "more time, up to max_time")
+    max_time: SlurmTime = Field(None, description="the most time a retried run asks for (default: its partition's "
+                                                  "MaxTime)")
+    mem_factor: float = Field(2.0, gt=1, le=100, description="a run that ran out of memory asks for this much more, "
+                                                               "up to max_mem")
+    max_mem: MemMB = Field(None, description="the most memory a retried run asks for (default: a node's, as the "
+                                             "profile says)")
+    mem_from_peak: OptFloat = Field(None, ge=1, le=100, description=(
+        "right-sizing: a run sent again asks for its measured peak memory x this (never less than it needed)"))
+    notify: Notify | None = Field(None, description="where the summary goes at the end: mail, command")
+
+    @field_validator("ends", mode="before")
+    @classmethod
+    def _never_the_program(cls, ends):
+        for kind in ends if isinstance(ends, list) else []:
+            if kind in NEVER:
+                raise ValueError(f"`{kind}` ({NEVER[kind]}) is never retried; retry any of {', '.join(KINDS)}")
+        return ends
+
+    @field_validator("max_time")
+    @classmethod
+    def _finite(cls, minutes: int | None) -> int | None:
+        if minutes is not None and minutes < 1:
+            raise ValueError("give a finite time of at least one minute (e.g. '04:00:00'), or leave it out for "
+                             "the partition's MaxTime")
+        return minutes
+
+
+def resolve(spec: RetryPolicy | None, profile: RetryPolicy | None, resources: Resources, limits: tuple,
+            problems: list[str]) -> RetryPolicy | None:
+    """The sweep's policy: the spec's keys over the profile's, its caps filled in from `limits` (the partition's
+    MaxTime, a node's memory, each None where unknown) and checked against them; None for no retries."""
+    if spec is None and profile is None:
+        return None
+    given = {**(profile.model_dump(exclude_unset=True) if profile else {}),
+             **(spec.model_dump(exclude_unset=True) if spec else {})}
+    policy = RetryPolicy.model_validate(given)
+    if policy.rounds == 0:
+        return None
+    max_time, max_mem = limits
+    if policy.max_time is not None and max_time is not None and policy.max_time > max_time:
+        problems.append(f"retry.max_time: {format_time(policy.max_time)} is over the MaxTime "
+                        f"{format_time(max_time)} of partition `{resources.partition}`; ask for at most that")
+    if policy.max_mem is not None and max_mem is not None and policy.max_mem > max_mem:
+        problems.append(f"retry.max_mem: {policy.max_mem} MB is more than the {max_mem} MB of a node; ask for at "
+                        f"most that")
+    if policy.max_time is not None and policy.max_time < resources.time_min:
+        problems.append(f"retry.max_time: {format_time(policy.max_time)} is less than resources.time "
+                        f"{resources.time}; a retry never asks for less")
+    return policy.model_copy(update={"max_time": policy.max_time or max_time, "max_mem": policy.max_mem or max_mem})

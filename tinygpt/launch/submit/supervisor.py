@@ -1,0 +1,66 @@
+"""A retry policy's small jobs (spec/retry.py): the sweep's supervisor and the summary's mail.
+
+    <sweep>-heal     one small task after a round's jobs (--dependency=afterany): `launch.py heal` reads how
+                     each run ended, sends again what the policy allows as the next round, and submits itself
+                     again after that round; after the last, it writes the summary and sends it
+    <sweep>-notify   one small task that prints the summary, named by its headline, with Slurm's own mail at
+                     its end (--mail-type=END): submitted once, by the last supervisor, where notify.mail says
+
+Both scripts are written at launch, beside the array's, and ask for what a chain's steps ask for (chain.py): one
+CPU, no GPU, the sweep's partition and account, at most an hour.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from typing import TYPE_CHECKING
+
+from tinygpt.base import durable
+from tinygpt.launch import manifest as manifest_mod
+from tinygpt.launch.layout import STEP_LOG_PATTERN
+from tinygpt.launch.slurm import slurm_cli
+from tinygpt.launch.submit.chain import STEP_MAX_MIN
+from tinygpt.launch.submit.sbatch import render_step
+from tinygpt.launch.submit.slurm_options import container_prefix
+
+if TYPE_CHECKING:
+    from tinygpt.launch.manifest import Manifest
+    from tinygpt.launch.submit.plan import Plan
+
+HEAL, NOTIFY = "heal", "notify"  # the jobs' roles in the manifest's submissions
+JOB_NAME_MAX = 120  # characters of the headline the summary's job is named by (the mail's subject)
+
+
+def write_scripts(plan: Plan) -> None:
+    """The supervisor's and the summary's batch scripts, for a sweep with a retry policy."""
+    sweep = plan.sweep
+    small = dataclasses.replace(sweep.resources, nodes=1, gpus_per_node=0, tasks_per_node=1, cpus_per_task=1,
+                                mem_mb=None, time_min=min(sweep.resources.time_min, STEP_MAX_MIN), srun_args=(),
+                                exclude=None)
+    python = f'{container_prefix(sweep.profile)}"$PYTHON"'
+    q = shlex.quote
+    commands = {HEAL: [f"{python} -m tinygpt.launch.commands.cli heal {q(str(plan.manifest_path))}"],
+                NOTIFY: [f"cat {q(str(sweep.dirs.summary))}"]}
+    for step, lines in commands.items():
+        text = render_step(f"{sweep.name}-{step}", lines, small, sweep.profile, str(plan.workdir),
+                           str(plan.logs_dir / STEP_LOG_PATTERN.format(step=step)), plan.python, str(plan.code),
+                           of="a sweep's retry policy")
+        durable.write(sweep.dirs.step_script(step), text)
+
+
+def submit(manifest: Manifest, after: list[str], round: int) -> str:
+    """The supervisor of round `round`, to start once every job of `after` has ended; its id."""
+    script = manifest.dirs.step_script(HEAL)
+    job_id = slurm_cli.sbatch(str(script), [f"--dependency=afterany:{':'.join(after)}"])
+    manifest_mod.record_submission(manifest.path, "sbatch", job_id, [], role=HEAL, round=round, script=str(script))
+    return job_id
+
+
+def mail(manifest: Manifest, headline: str, address: str) -> str:
+    """The summary's job, named by `headline`, with Slurm's mail to `address` at its end; its id."""
+    script = manifest.dirs.step_script(NOTIFY)
+    job_id = slurm_cli.sbatch(str(script), [f"--job-name={headline[:JOB_NAME_MAX]}", "--mail-type=END",
+                                            f"--mail-user={address}"])
+    manifest_mod.record_submission(manifest.path, "sbatch", job_id, [], role=NOTIFY, script=str(script))
+    return job_id
