@@ -16,15 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.paths import ROOT
 from tests.support.processes import launch, run_world
 from tests.support.slurm import (
     TERMINAL,
     cancel,
     events,
+    in_service,
     job_env,
     launched,
     manifest_of,
+    node,
     reference,
     run_to_completion,
     take_every_node,
@@ -38,7 +39,6 @@ from tinygpt.launch import manifest as manifest_mod
 from tinygpt.launch.read import run_states
 
 pytestmark = pytest.mark.slurm
-NODE_SH = ROOT / "hpc_lab" / "local_cluster" / "node.sh"
 FOREVER = 10**9
 
 
@@ -167,21 +167,6 @@ def two_rank_reference(tmp_path: Path, keys: dict, max_steps: int) -> Path:
 
 def scontrol(action: str, job: str) -> None:
     done = subprocess.run(["scontrol", action, job], capture_output=True, text=True, timeout=30)
-    assert done.returncode == 0, done.stdout + done.stderr
-
-
-def in_service(name: str) -> bool:
-    """Whether slurmctld has the node back (sinfo: idle, or running other tests' jobs), not down or unresponsive,
-    and its slurmd has registered (a node that answers pings before that shows SlurmdStartTime=None)."""
-    out = subprocess.run(["sinfo", "-h", "-n", name, "-o", "%t"], capture_output=True, text=True, timeout=30)
-    states = set(out.stdout.split())
-    shown = subprocess.run(["scontrol", "-o", "show", "node", name], capture_output=True, text=True, timeout=30)
-    registered = shown.returncode == 0 and "SlurmdStartTime=None" not in shown.stdout
-    return bool(states) and states <= {"idle", "mix", "alloc", "comp"} and registered
-
-
-def node(action: str, name: str) -> None:
-    done = subprocess.run(["bash", str(NODE_SH), action, name], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
 
 

@@ -17,7 +17,18 @@ import yaml
 from tests.support.cluster_gate import LOCAL_CLUSTER_HOME
 from tests.support.paths import ROOT
 from tests.support.processes import launch, wait_until
-from tests.support.slurm import cancel, manifest_of, python, unique_name
+from tests.support.slurm import (
+    cancel,
+    in_service,
+    manifest_of,
+    node,
+    python,
+    sbatch,
+    squeue_nodes,
+    unique_name,
+    wait,
+)
+from tests.support.tiny import tiny_train
 from tinygpt.launch import manifest as manifest_mod
 
 pytestmark = pytest.mark.slurm
@@ -30,12 +41,16 @@ ADDRESS = "tester@example.org"
 
 def launch_ends(tmp_path: Path, kinds: list[str], retry: dict, **resources) -> tuple[Path, Path, str]:
     """Launch a sweep of ends.py, a run per kind, under `retry`: (its spec, its workdir, its name)."""
+    return launch_spec(tmp_path, {
+        "grid": {"kind": kinds}, "retry": retry,
+        "command": {"project": str(FOREIGN), "argv": [python(), "ends.py", "{kind}", "{run_dir}"], "heartbeat_s": 4},
+        "resources": {"time": 1, "mem": "300M", "sbatch_options": {"acctg-freq": 1}, **resources}})
+
+
+def launch_spec(tmp_path: Path, keys: dict) -> tuple[Path, Path, str]:
     name = unique_name("heal")
     spec, work = tmp_path / f"{name}.yaml", tmp_path / "work"
-    spec.write_text(yaml.safe_dump({
-        "name": name, "grid": {"kind": kinds}, "retry": retry,
-        "command": {"project": str(FOREIGN), "argv": [python(), "ends.py", "{kind}", "{run_dir}"], "heartbeat_s": 4},
-        "resources": {"time": 1, "mem": "300M", "sbatch_options": {"acctg-freq": 1}, **resources}}))
+    spec.write_text(yaml.safe_dump({"name": name, **keys}))
     out = launch(str(spec), "--workdir", str(work))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "retry: supervisor job" in out.stdout, out.stdout
@@ -92,7 +107,8 @@ def test_a_sweep_with_every_kind_of_end_finishes_what_can_be_retried_and_sends_o
     # What each round asked for, and that no run went twice in a round.
     assert [s.changes for s in sent(manifest, "kind=time")] == [None, {"time": "00:02:00"}]
     assert [s.changes for s in sent(manifest, "kind=oom")] == [None, {"mem": "600M"}]
-    assert [(s.changes, s.round) for s in sent(manifest, "kind=hang")] == [(None, None), ({}, 2)]
+    hang = sent(manifest, "kind=hang")  # (again, but not where it hung)
+    assert (hang[1].round, hang[1].changes) == (2, {"exclude": hang[1].previous["4"].nodes}), hang
     assert len(sent(manifest, "kind=ok")) == len(sent(manifest, "kind=bug")) == 1
     assert [s.round for s in manifest.submissions if s.role == "heal"] == [1, 2]
     notify = [s.job_id for s in manifest.submissions if s.role == "notify"]
@@ -158,3 +174,76 @@ def test_the_supervisor_waits_out_a_held_lock_and_a_controller_away_and_sends_ea
                            capture_output=True, text=True, timeout=30).stdout.split()
     assert len([j for j in sacct if "_" in j]) == 3, sacct  # (ok and oom in round 1, oom in round 2: no more)
     print(json.dumps([s.model_dump() for s in manifest.submissions], indent=1))
+
+
+@pytest.mark.shares_cluster
+def test_our_trainer_out_of_its_memory_is_sent_again_with_more_and_finishes(tmp_path, tiny_corpus):
+    """The trainer, asked for less memory than torch alone takes, is killed for it; the next round asks for four
+    times as much and trains to its end."""
+    spec, work, name = launch_spec(tmp_path, {
+        "train": tiny_train(data_file=str(tiny_corpus), data_dir=str(tmp_path / "data"), max_steps=4),
+        "resources": {"time": 5, "mem": "150M", "sbatch_options": {"acctg-freq": 1}},
+        "retry": {"rounds": 1, "mem_factor": 6}})
+    summary = work / "runs" / name / "summary.md"
+    try:
+        wait_until(summary.exists, timeout=300, poll=1, what=f"the summary\n{logs(work)}")
+    finally:
+        cancel(*every_job(manifest_of(work, name)))
+    assert "| base | 2 | out_of_memory, finished | finished |" in summary.read_text(), summary.read_text()
+    assert [s.changes for s in sent(manifest_of(work, name), "base")] == [None, {"mem": "900M"}]
+
+
+def test_a_preempted_run_and_one_on_a_lost_node_go_again_the_second_elsewhere(tmp_path):
+    """Two runs on partition low-cancel, a node each. One loses its node (made not requeueable first, so that
+    Slurm ends it NODE_FAIL and leaves it to the policy); a job of partition high takes the other's node
+    (PreemptMode=CANCEL: PREEMPTED). The next round sends both again, the first without the lost node."""
+    spec, work, name = launch_ends(tmp_path, ["stay", "time"], {"rounds": 1}, time=10, partition="low-cancel",
+                                   cpus_per_task=2)
+    manifest = manifest_of(work, name)
+    lost, preempted = manifest.task_job_ids()[0], manifest.task_job_ids()[1]
+    where = wait_until(lambda: (squeue_nodes(lost), squeue_nodes(preempted)) if all(
+        (squeue_nodes(lost), squeue_nodes(preempted))) else None, timeout=120, poll=0.5, what="both runs running")
+    blocker = None
+    try:
+        subprocess.run(["scontrol", "update", f"jobid={lost}", "requeue=0"], check=True, timeout=30)
+        node("crash", where[0])
+        try:
+            assert wait(lost, timeout=120) == "NODE_FAIL"
+            blocker = sbatch("-p", "high", "-w", where[1], "-c", "2", "-J", unique_name("high"), "-o", "/dev/null",
+                             "--wrap", "sleep 1")
+            assert wait(preempted, timeout=120) == "PREEMPTED"
+        finally:
+            node("boot", where[0])
+        wait_until(lambda: in_service(where[0]), timeout=120, poll=0.5, what=f"{where[0]} back in service")
+        summary = work / "runs" / name / "summary.md"
+        wait_until(summary.exists, timeout=240, poll=1, what=f"the summary\n{logs(work)}")
+    finally:
+        cancel(*every_job(manifest_of(work, name)), *([blocker] if blocker else []))
+    text = summary.read_text()
+    assert "| kind=stay | 2 | node_failure, finished | finished |" in text, text
+    assert "| kind=time | 2 | preempted, finished | finished |" in text, text
+    manifest = manifest_of(work, name)
+    assert [s.changes for s in sent(manifest, "kind=stay")] == [None, {"exclude": where[0]}]
+    assert [s.changes for s in sent(manifest, "kind=time")] == [None, {}]
+
+
+@pytest.mark.shares_cluster
+def test_status_shows_the_round_and_the_supervisor_and_cancel_ends_both(tmp_path):
+    """While its run is live, `status` names the round, the supervisor job waiting on it and the column of
+    rounds; `cancel` cancels the supervisor with the runs, and nothing is sent after."""
+    spec, work, name = launch_ends(tmp_path, ["stay"], {"rounds": 2}, time=5)
+    manifest = manifest_of(work, name)
+    heal = next(s.job_id for s in manifest.submissions if s.role == "heal")
+    wait_until(lambda: squeue_nodes(manifest.task_job_ids()[0]), timeout=120, poll=0.5, what="the run running")
+    status = launch("status", str(spec), "--workdir", str(work))
+    assert f"retry: round 1 of at most 3; supervisor {heal} PENDING (Dependency)" in status.stdout, status.stdout
+    header = next(line for line in status.stdout.splitlines() if "round" in line and "state" in line)
+    row = next(line for line in status.stdout.splitlines() if "kind=stay" in line)
+    cells = dict(zip((c.strip() for c in header.split("┃")[1:-1]), (c.strip() for c in row.split("│")[1:-1])))
+    assert cells["round"] == "1", status.stdout
+    done = launch("cancel", str(spec), "--workdir", str(work))
+    assert done.returncode == 0 and heal in done.stdout, done.stdout + done.stderr
+    assert wait(heal) == "CANCELLED" and wait(manifest.task_job_ids()[0]) == "CANCELLED"
+    after = manifest_of(work, name)
+    assert len(after.submissions) == len(manifest.submissions) and (work / "jobs" / name / "cancelled").exists()
+    assert "cancelled: nothing more is sent" in launch("status", str(spec), "--workdir", str(work)).stdout

@@ -9,6 +9,7 @@ import time
 import uuid
 from pathlib import Path
 
+from tests.support.paths import ROOT
 from tests.support.processes import launch, python_env, wait_until
 from tests.support.sweeps import sweep_dirs
 from tests.support.tiny import read_metrics
@@ -252,3 +253,27 @@ def slurm_release() -> str:
     """The release of the Slurm commands on PATH ("24.11.5": `sbatch --version` says "slurm-wlm 24.11.5")."""
     out = subprocess.run(["sbatch", "--version"], capture_output=True, text=True, timeout=30, check=True).stdout
     return re.search(r"\b\d+\.\d+\.\d+\b", out).group(0)
+
+
+def in_service(name: str) -> bool:
+    """Whether slurmctld has the node back (sinfo: idle, or running other tests' jobs), not down or unresponsive,
+    and its slurmd has registered (a node that answers pings before that shows SlurmdStartTime=None)."""
+    out = subprocess.run(["sinfo", "-h", "-n", name, "-o", "%t"], capture_output=True, text=True, timeout=30)
+    states = set(out.stdout.split())
+    shown = subprocess.run(["scontrol", "-o", "show", "node", name], capture_output=True, text=True, timeout=30)
+    registered = shown.returncode == 0 and "SlurmdStartTime=None" not in shown.stdout
+    return bool(states) and states <= {"idle", "mix", "alloc", "comp"} and registered
+
+
+def node(action: str, name: str) -> None:
+    """`node.sh crash|boot NAME` on a node of the local cluster."""
+    done = subprocess.run(["bash", str(ROOT / "hpc_lab" / "local_cluster" / "node.sh"), action, name],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def squeue_nodes(job_id: str) -> str:
+    """The node list of a running job, '' while it is not running."""
+    out = subprocess.run(["squeue", "-h", "-j", job_id, "-t", "R", "-o", "%N"], capture_output=True, text=True,
+                         timeout=30)
+    return out.stdout.strip() if out.returncode == 0 else ""

@@ -5,6 +5,7 @@
     time     its first life sleeps past any time limit, deaf to the signal Slurm sends before it (so Slurm ends
              it TIMEOUT); a later one ends 0
     oom      holds --mb megabytes until Slurm kills it for them; a later life holds them 3 s, then ends 0
+    stay     its first life stays until Slurm ends it (deaf to the warning signal too); a later one ends 0
     hang     its first life stops beating its heartbeat ($TINYGPT_HEARTBEAT), deaf to that signal too; a later
              one ends 0
 
@@ -18,7 +19,7 @@ import time
 from pathlib import Path
 
 parser = argparse.ArgumentParser()
-parser.add_argument("kind", choices=("ok", "bug", "time", "oom", "hang"))
+parser.add_argument("kind", choices=("ok", "bug", "time", "oom", "hang", "stay"))
 parser.add_argument("run_dir")
 parser.add_argument("--mb", type=int, default=400)
 args = parser.parse_args()
@@ -38,14 +39,14 @@ def beat_for(seconds: float) -> None:
         time.sleep(1)
 
 
-if first and args.kind in ("time", "hang"):
+if first and args.kind in ("time", "hang", "stay"):
     signal.signal(getattr(signal, os.environ.get("TINYGPT_STOP_SIGNAL", "SIGUSR2")), signal.SIG_IGN)
 if args.kind == "bug":
     raise ValueError("bad data: row 7 has no label")
 if args.kind == "oom":
     held = b"x" * (args.mb * 2**20)  # (written, so every page is resident)
     beat_for(10**9 if first else 3)
-elif first and args.kind == "time":
+elif first and args.kind in ("time", "stay"):
     beat_for(10**9)
 elif first and args.kind == "hang":
     time.sleep(10**9)

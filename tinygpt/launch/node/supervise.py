@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -191,8 +192,10 @@ def _last_step(run_dir: Path) -> int:
 def _hung(program: subprocess.Popen, run_dir: Path, silent: float) -> None:
     step = _last_step(run_dir)
     print(f"tinygpt: the program's heartbeat is {silent:.0f} s old: hung; stopping it", file=sys.stderr)
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()  # (where it hung: a retry goes elsewhere)
     durable.append_line(metrics.of_run(run_dir), json.dumps({"event": "hung", "step": step, "heartbeat_age_s":
-                                                             round(silent, 1), "time": time.time()}))
+                                                             round(silent, 1), "silent_nodes": [node],
+                                                             "time": time.time()}))
     _stop(program)
 
 
