@@ -204,7 +204,9 @@ def test_a_program_of_the_users_launched_from_the_laptop_runs_its_project_there(
     args = ["--workdir", str(tmp_path)]
     out = on_laptop(laptop, str(spec), "--cluster", str(laptop["profile"]), *args, cwd=tmp_path)
     assert out.returncode == 0 and "submitted 1 run(s)" in out.stdout, out.stderr
-    assert f"({ROOT / 'tests/support/foreign'}): 4 files" in out.stderr, out.stderr  # (the project, sent)
+    tracked = subprocess.run(["git", "ls-files", "tests/support/foreign"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    assert f"({ROOT / 'tests/support/foreign'}): {len(tracked)} files" in out.stderr, out.stderr  # (the project, sent)
     watched = on_laptop(laptop, "status", str(spec), "--watch", "--interval", "1", *args, cwd=tmp_path)
     assert "COMPLETED" in watched.stdout.rsplit(f"sweep {name}", 1)[-1], watched
     logs = on_laptop(laptop, "logs", str(spec), "base", *args, cwd=tmp_path)

@@ -7,7 +7,6 @@ heartbeat, a bug of its own; each later life ends well. Nothing waits on the mac
 an event (a job's end, a log line, a file), with a timeout that fails loudly.
 """
 
-import json
 import subprocess
 from pathlib import Path
 
@@ -79,7 +78,8 @@ def mails_of(job_id: str) -> list[str]:
 
 @pytest.mark.shares_cluster
 def test_a_sweep_with_every_kind_of_end_finishes_what_can_be_retried_and_sends_one_summary(tmp_path):
-    """Five runs, one of each end: a time limit (sent again with twice the time), out of memory (twice the memory),
+    """Five runs, one of each end: a time limit it cannot save for (the signal Slurm sends before the limit ends it;
+    sent again with twice the time), out of memory (twice the memory),
     a hung heartbeat (again), a bug (given up, its error line kept) and one that ends well. The supervisor's
     second pass finds everything ended, writes the summary, mails it through Slurm and runs the user's command
     with it: two rounds, each run sent at most twice."""
@@ -140,42 +140,6 @@ def daemon(action: str, name: str) -> None:
     subprocess.run(["bash", str(DAEMON), action, name], check=True, capture_output=True, timeout=120)
 
 
-def test_the_supervisor_waits_out_a_held_lock_and_a_controller_away_and_sends_each_run_once(tmp_path):
-    """The supervisor of round 1 finds the sweep locked (a `resubmit` by hand would hold it so), then Slurm's
-    controller stopped: it waits and asks again, deciding nothing from no answer; once the controller is back it
-    sends the run that ran out of memory once, and the sweep ends with both runs finished, no run sent twice."""
-    spec, work, name = launch_ends(tmp_path, ["ok", "oom"], {"rounds": 1})
-    jobs = work / "jobs" / name
-    heal_log = lambda: "\n".join(p.read_text() for p in (work / "logs" / name).glob("heal-*.out"))  # noqa: E731
-    stopped = False
-    try:
-        with manifest_mod.sweep_lock(jobs):
-            wait_until(lambda: "is being changed by another" in heal_log(), timeout=180, poll=0.5,
-                       what=f"the supervisor waiting for the lock\n{logs(work)}")
-            daemon("stop", "slurmctld")
-            stopped = True
-        wait_until(lambda: "controller" in heal_log().rpartition("is being changed")[2], timeout=120, poll=0.5,
-                   what=f"the supervisor waiting for the controller\n{heal_log()}")
-        daemon("start", "slurmctld")
-        stopped = False
-        summary = work / "runs" / name / "summary.md"
-        wait_until(summary.exists, timeout=240, poll=1, what=f"the summary\n{logs(work)}")
-    finally:
-        if stopped:
-            daemon("start", "slurmctld")
-        cancel(*every_job(manifest_of(work, name)))
-    manifest = manifest_of(work, name)
-    assert summary.read_text().splitlines()[0].endswith("2 of 2 run(s) finished, 1 after a retry, 0 given up; "
-                                                        "2 round(s)"), summary.read_text()
-    assert len(sent(manifest, "kind=ok")) == 1 and len(sent(manifest, "kind=oom")) == 2
-    heals = [s for s in manifest.submissions if s.role == "heal"]
-    assert [s.round for s in heals] == [1, 2]
-    sacct = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID", "-j", ",".join(every_job(manifest))],
-                           capture_output=True, text=True, timeout=30).stdout.split()
-    assert len([j for j in sacct if "_" in j]) == 3, sacct  # (ok and oom in round 1, oom in round 2: no more)
-    print(json.dumps([s.model_dump() for s in manifest.submissions], indent=1))
-
-
 @pytest.mark.shares_cluster
 def test_our_trainer_out_of_its_memory_is_sent_again_with_more_and_finishes(tmp_path, tiny_corpus):
     """The trainer, asked for less memory than torch alone takes, is killed for it; the next round asks for four
@@ -193,38 +157,60 @@ def test_our_trainer_out_of_its_memory_is_sent_again_with_more_and_finishes(tmp_
     assert [s.changes for s in sent(manifest_of(work, name), "base")] == [None, {"mem": "900M"}]
 
 
-def test_a_preempted_run_and_one_on_a_lost_node_go_again_the_second_elsewhere(tmp_path):
+def test_runs_lost_to_a_node_and_to_a_preemption_go_again_through_slurm_away_each_once(tmp_path):
     """Two runs on partition low-cancel, a node each. One loses its node (made not requeueable first, so that
     Slurm ends it NODE_FAIL and leaves it to the policy); a job of partition high takes the other's node
-    (PreemptMode=CANCEL: PREEMPTED). The next round sends both again, the first without the lost node."""
+    (PreemptMode=CANCEL: PREEMPTED). The supervisor then finds the sweep locked (as a `resubmit` by hand holds
+    it), then Slurm's controller and accounting stopped: it waits and asks again, deciding nothing from no answer,
+    through the controller's return while accounting is still away. Once both are back it sends each run once
+    more, the first without the lost node, and both finish."""
     spec, work, name = launch_ends(tmp_path, ["stay", "time"], {"rounds": 1}, time=10, partition="low-cancel",
                                    cpus_per_task=2)
     manifest = manifest_of(work, name)
     lost, preempted = manifest.task_job_ids()[0], manifest.task_job_ids()[1]
     where = wait_until(lambda: (squeue_nodes(lost), squeue_nodes(preempted)) if all(
         (squeue_nodes(lost), squeue_nodes(preempted))) else None, timeout=120, poll=0.5, what="both runs running")
-    blocker = None
+    heal_log = lambda: "\n".join(p.read_text() for p in (work / "logs" / name).glob("heal-*.out"))  # noqa: E731
+    waited = lambda words: heal_log().rpartition("then asking again: ")[2].startswith(words)  # noqa: E731
+    blocker, stopped, crashed = None, [], False
     try:
-        subprocess.run(["scontrol", "update", f"jobid={lost}", "requeue=0"], check=True, timeout=30)
-        node("crash", where[0])
-        try:
-            assert wait(lost, timeout=120) == "NODE_FAIL"
+        with manifest_mod.sweep_lock(work / "jobs" / name):
+            subprocess.run(["scontrol", "update", f"jobid={lost}", "requeue=0"], check=True, timeout=30)
+            node("crash", where[0])
+            crashed = True
             blocker = sbatch("-p", "high", "-w", where[1], "-c", "2", "-J", unique_name("high"), "-o", "/dev/null",
                              "--wrap", "sleep 1")
-            assert wait(preempted, timeout=120) == "PREEMPTED"
-        finally:
-            node("boot", where[0])
-        wait_until(lambda: in_service(where[0]), timeout=120, poll=0.5, what=f"{where[0]} back in service")
+            assert (wait(lost, timeout=120), wait(preempted, timeout=120)) == ("NODE_FAIL", "PREEMPTED")
+            wait_until(lambda: "is being changed by another" in heal_log(), timeout=180, poll=0.5,
+                       what=f"the supervisor waiting for the lock\n{logs(work)}")
+            for daemon_name in ("slurmdbd", "slurmctld"):
+                daemon("stop", daemon_name)
+                stopped.append(daemon_name)
+        wait_until(lambda: waited("the Slurm controller"), timeout=120, poll=0.5,
+                   what=f"the supervisor waiting for the controller\n{heal_log()}")
+        daemon("start", stopped.pop())
+        wait_until(lambda: waited("Slurm's accounting"), timeout=120, poll=0.5,
+                   what=f"the supervisor waiting for accounting\n{heal_log()}")
+        daemon("start", stopped.pop())
         summary = work / "runs" / name / "summary.md"
         wait_until(summary.exists, timeout=240, poll=1, what=f"the summary\n{logs(work)}")
     finally:
+        for daemon_name in reversed(stopped):
+            daemon("start", daemon_name)
+        if crashed:
+            node("boot", where[0])
         cancel(*every_job(manifest_of(work, name)), *([blocker] if blocker else []))
+        wait_until(lambda: in_service(where[0]), timeout=120, poll=0.5, what=f"{where[0]} back in service")
     text = summary.read_text()
     assert "| kind=stay | 2 | node_failure, finished | finished |" in text, text
     assert "| kind=time | 2 | preempted, finished | finished |" in text, text
     manifest = manifest_of(work, name)
     assert [s.changes for s in sent(manifest, "kind=stay")] == [None, {"exclude": where[0]}]
     assert [s.changes for s in sent(manifest, "kind=time")] == [None, {}]
+    assert [s.round for s in manifest.submissions if s.role == "heal"] == [1, 2]
+    sacct = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID", "-j", ",".join(every_job(manifest))],
+                           capture_output=True, text=True, timeout=30).stdout.split()
+    assert len([j for j in sacct if "_" in j]) == 4, sacct  # (both runs in round 1 and in round 2: no more)
 
 
 @pytest.mark.shares_cluster

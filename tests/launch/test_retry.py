@@ -90,7 +90,8 @@ def test_the_next_round_asks_for_what_each_end_needs(sweep):
 
 
 def test_growth_stops_at_the_policys_caps_and_rounds(sweep):
-    """A run at max_time or max_mem is given up; one whose newest job began the last round too."""
+    """A run at max_time or max_mem is given up; one whose newest job began the last round too (a resubmission
+    by hand leaves a run in its round)."""
     path = sweep.path
     time_run, oom_run, node_run = (list(ENDS).index(k) for k in ("time", "oom", "node"))
     manifest_mod.record_submission(path, "sbatch", "200", [time_run], array=str(time_run), script="s.sbatch",
@@ -99,8 +100,10 @@ def test_growth_stops_at_the_policys_caps_and_rounds(sweep):
                                    changes={"mem": "1024M"}, round=2)
     manifest_mod.record_submission(path, "sbatch", "202", [node_run], array=str(node_run), script="s.sbatch",
                                    changes={"exclude": "node2"}, round=3)
+    manifest_mod.record_submission(path, "sbatch", "203", [node_run], array=str(node_run), script="s.sbatch",
+                                   changes={"exclude": "node2"})  # (a `resubmit` by hand: the run stays in round 3)
     logs = Path(sweep.logs_dir)
-    for job, index in (("200", time_run), ("201", oom_run), ("202", node_run)):  # (each ended as before)
+    for job, index in (("200", time_run), ("201", oom_run), ("203", node_run)):  # (each ended as before)
         (logs / f"100_{index}.out").rename(logs / f"{job}_{index}.out")
     found = decisions(manifest_mod.load(path))
     assert found["time"].why == "it met its time limit at the most allowed, 00:30:00"

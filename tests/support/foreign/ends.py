@@ -2,8 +2,8 @@
 
     ok       ends 0
     bug      raises an error of its own (never retried)
-    time     its first life sleeps past any time limit, deaf to the signal Slurm sends before it (so Slurm ends
-             it TIMEOUT); a later one ends 0
+    time     its first life runs past any time limit and cannot save: the signal Slurm sends before the limit
+             ends it (that signal's default action); a later one ends 0
     oom      holds --mb megabytes until Slurm kills it for them; a later life holds them 3 s, then ends 0
     stay     its first life stays until Slurm ends it (deaf to the warning signal too); a later one ends 0
     hang     its first life stops beating its heartbeat ($TINYGPT_HEARTBEAT), deaf to that signal too; a later
@@ -39,7 +39,7 @@ def beat_for(seconds: float) -> None:
         time.sleep(1)
 
 
-if first and args.kind in ("time", "hang", "stay"):
+if first and args.kind in ("hang", "stay"):
     signal.signal(getattr(signal, os.environ.get("TINYGPT_STOP_SIGNAL", "SIGUSR2")), signal.SIG_IGN)
 if args.kind == "bug":
     raise ValueError("bad data: row 7 has no label")

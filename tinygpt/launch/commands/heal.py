@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     from tinygpt.launch.manifest import Manifest
 
-WAIT_S = 10.0  # between two tries while Slurm does not answer or the sweep is locked
+WAIT_S = 5.0  # between two tries while Slurm does not answer or the sweep is locked
 NOTIFY_TIMEOUT_S = 300
 
 
@@ -47,7 +47,7 @@ def run(path: Path, wait_s: float = WAIT_S) -> int:
             with manifest_mod.sweep_lock(path.parent):
                 return one_pass(manifest_mod.load(path))
         except (SlurmAway, SweepBusy) as err:
-            print(f"heal: waiting: {err}; asking again in {wait_s:.0f} s", flush=True)
+            print(f"heal: waiting {wait_s:.0f} s, then asking again: {err}", flush=True)
             time.sleep(wait_s)
 
 
@@ -62,7 +62,7 @@ def one_pass(manifest: Manifest) -> int:
     if superseded(manifest):
         print("heal: a later supervisor of this sweep was submitted already: nothing to do")
         return 0
-    rows = collect_rows(manifest)
+    rows = collect_rows(manifest, who="")
     usage = _usage(manifest) if policy.mem_from_peak else {}
     decisions = retry_round.decide(manifest, rows, usage, policy)
     for d in decisions:

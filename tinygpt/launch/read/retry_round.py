@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tinygpt.launch.read.run_ends import End, failed_nodes, of_run
+from tinygpt.launch.read.run_states import retry_rounds
 from tinygpt.launch.spec.resources import format_time, parse_mem_mb, parse_time_min
 from tinygpt.launch.spec.retry import NEVER, RetryPolicy
 
@@ -38,15 +39,6 @@ def policy_of(manifest: Manifest) -> RetryPolicy | None:
     return RetryPolicy.model_validate(manifest.retry) if manifest.retry else None
 
 
-def rounds(manifest: Manifest) -> dict[int, int]:
-    """Run index -> the round of its newest submission."""
-    found: dict[int, int] = {}
-    for sub in manifest.slurm_submissions():
-        for index in sub.indices:
-            found[index] = sub.round or 1
-    return found
-
-
 def asked(manifest: Manifest) -> dict[int, dict[str, str]]:
     """Run index -> the sbatch options its newest job got over the batch script's own."""
     found: dict[int, dict[str, str]] = {}
@@ -58,7 +50,7 @@ def asked(manifest: Manifest) -> dict[int, dict[str, str]]:
 
 def decide(manifest: Manifest, rows: list[Row], usage: dict[str, Usage], policy: RetryPolicy) -> list[Decision]:
     """What the policy does with each run (`usage`: sacct's figures by job id, for right-sizing)."""
-    round_of, options_of = rounds(manifest), asked(manifest)
+    round_of, options_of = retry_rounds(manifest), asked(manifest)
     bad = failed_nodes(rows, manifest)
     decisions = []
     for row in rows:

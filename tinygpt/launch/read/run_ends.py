@@ -79,16 +79,16 @@ def failed_nodes(rows: list[Row], manifest: Manifest) -> list[str]:
     return list(dict.fromkeys(nodes))
 
 
-def collect_rows(manifest: Manifest) -> list[Row]:
-    """The sweep's runs, with how Slurm says their jobs ended: what resubmit and a retry policy choose from.
-    Fails closed: while a daemon of Slurm's does not answer, SlurmAway."""
+def collect_rows(manifest: Manifest, who: str = "resubmit: ") -> list[Row]:
+    """The sweep's runs, with how Slurm says their jobs ended: what resubmit and a retry policy choose from
+    (`who` heads the messages). Fails closed: while a daemon of Slurm's does not answer, SlurmAway."""
     if manifest.backend not in BACKENDS or not manifest.slurm_submissions():
-        raise LaunchError("resubmit: no job of this sweep was submitted to Slurm; launch it first (runs of "
-                          "--local are run again with --local)")
+        raise LaunchError(f"{who}no job of this sweep was submitted to Slurm; launch it first (runs of --local are "
+                          f"run again with --local)")
     rows = collect(manifest)
     if rows.unheard:
-        raise SlurmAway(f"resubmit: {'; '.join(rows.unheard)}, so which runs failed cannot be told for sure; {RETRY}")
+        raise SlurmAway(f"{who}{'; '.join(rows.unheard)}, so which runs failed cannot be told for sure; {RETRY}")
     if rows and all(r.source == "run dir" for r in rows if r.job_id != "-"):
-        raise LaunchError("resubmit: Slurm does not say how the sweep's jobs ended (no sacct or squeue answer); "
-                          "run it where Slurm's commands work")
+        raise LaunchError(f"{who}Slurm does not say how the sweep's jobs ended (no sacct or squeue answer); run it "
+                          f"where Slurm's commands work")
     return rows

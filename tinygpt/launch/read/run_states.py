@@ -121,8 +121,7 @@ def collect(manifest: Manifest) -> Rows:
     wanted = sorted(set(ids.values()))
     slurm_states, unheard = job_states(wanted, manifest.first_submitted()) if wanted else ({}, [])
     history = submission_history(manifest)
-    rounds = {index: sub.round or 1 for sub in manifest.slurm_submissions() for index in sub.indices} \
-        if manifest.retry else {}
+    rounds = retry_rounds(manifest) if manifest.retry else {}
     rows = Rows()
     rows.unheard = unheard
     for run in manifest.runs:
@@ -150,6 +149,16 @@ def collect(manifest: Manifest) -> Rows:
                         str(run_dir), nodes, history.get(run.index, ()), js.starts if js else "",
                         rounds.get(run.index)))
     return rows
+
+
+def retry_rounds(manifest: Manifest) -> dict[int, int]:
+    """Run index -> the retry policy's round of its newest submission (a `resubmit` by hand leaves a run in its
+    round; the launch is round 1)."""
+    found: dict[int, int] = {}
+    for sub in manifest.slurm_submissions():
+        for index in sub.indices:
+            found[index] = sub.round or found.get(index, 1)
+    return found
 
 
 def job_states(wanted: list[str], since: float | None) -> tuple[dict[str, slurm_cli.JobState], list[str]]:
