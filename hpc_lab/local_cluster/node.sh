@@ -23,7 +23,10 @@ ns=/run/netns/tg$node
 slurmd_alive() {
   local pid
   pid=$(cat "$RUN/$node/slurmd.pid" 2>/dev/null) || return 1
-  [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = slurmd ]
+  [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = slurmd ] || return 1
+  # (a slurmd just killed by `crash` can linger as a zombie until it is reaped, its name still slurmd: a boot
+  # right after the crash must not take it for a live one)
+  [ "$(cut -d' ' -f3 "/proc/$pid/stat" 2>/dev/null)" != Z ]
 }
 
 case "$action" in

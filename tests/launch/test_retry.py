@@ -121,9 +121,16 @@ def test_a_run_sent_again_asks_for_its_measured_peak_times_the_margin(sweep):
 
 
 def test_the_summary_names_every_run_and_each_given_up_ones_error_line(sweep):
-    text = retry_round.summary(sweep, list(decisions(sweep).values()), {4: ["node_failure"]})
-    assert text.splitlines()[0] == "# sweep s: 1 of 10 run(s) finished, 0 after a retry, 2 given up; 1 round(s)"
-    assert "| kind=time | 1 | node_failure, time_limit | time_limit |" in text
+    time_run = list(ENDS).index("time")
+    manifest_mod.record_submission(sweep.path, "sbatch", "150", [time_run], array=str(time_run), script="s.sbatch",
+                                   changes={"exclude": "node2"}, round=2, previous={str(time_run): manifest_mod.Life(
+                                       job_id="100_4", state="NODE_FAIL", nodes="node2", end="node_failure")})
+    logs = Path(sweep.logs_dir)
+    (logs / f"100_{time_run}.out").rename(logs / f"150_{time_run}.out")
+    manifest = manifest_mod.load(sweep.path)
+    text = retry_round.summary(manifest, list(decisions(manifest).values()))
+    assert text.splitlines()[0] == "# sweep s: 1 of 10 run(s) finished, 1 after a retry, 2 given up; 2 round(s)"
+    assert "| kind=time | 2 | node_failure, time_limit | as launched; --exclude=node2 | time_limit |" in text, text
     assert "- kind=bug (100_1 FAILED, program): ValueError: bad data: row 7 has no label" in text
 
 

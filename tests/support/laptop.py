@@ -98,7 +98,10 @@ def watch_interrupted_then_cancelled(laptop: dict, spec: Path, args: list[str], 
         assert watch.wait(timeout=60) == 130, watch.stderr.read()
     finally:
         watch.kill()
-    assert (started[0] / "status").read_text() == "130"  # (the watch there ended: Ctrl-C reached it)
+    # (the watch there ended: Ctrl-C reached it; its keeper writes the status a moment after the laptop hears)
+    status = wait_until(lambda: (started[0] / "status").exists() and (started[0] / "status").read_text(),
+                        timeout=60, what="the watch's status on the login node")
+    assert status == "130", status
     assert "PENDING" in on_laptop(laptop, "status", str(spec), *args, cwd=cwd).stdout
 
     cancelled = on_laptop(laptop, "cancel", str(spec), *args, cwd=cwd)

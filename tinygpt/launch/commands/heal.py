@@ -118,11 +118,7 @@ def finish(manifest: Manifest, decisions: list[Decision], notify) -> None:
     if manifest.dirs.summary.exists():  # (launch removes an earlier launch's)
         print(f"heal: the summary was written already: {manifest.dirs.summary}")
         return
-    ends = {}
-    for sub in manifest.submissions:
-        for index, life in (sub.previous or {}).items():
-            ends.setdefault(int(index), []).append(life.end or life.state)
-    text = retry_round.summary(manifest, decisions, ends)
+    text = retry_round.summary(manifest, decisions)
     headline = retry_round.headline(manifest, decisions)
     durable.write(manifest.dirs.summary, text)
     print(text, flush=True)

@@ -128,15 +128,23 @@ def headline(manifest: Manifest, decisions: list[Decision]) -> str:
             f"{gave_up} given up; {last} round(s)")
 
 
-def summary(manifest: Manifest, decisions: list[Decision], ends: dict[int, list[str]]) -> str:
-    """The sweep's summary in Markdown: its headline, then each run's ends by round (`ends`: run index -> the
-    ends of its earlier jobs), final state, and each given-up run's error line."""
-    lines = [f"# {headline(manifest, decisions)}", "", "| run | round | ends, oldest first | final |",
-             "| --- | --- | --- | --- |"]
+def summary(manifest: Manifest, decisions: list[Decision]) -> str:
+    """The sweep's summary in Markdown: its headline, then each run's ends and requests round by round, final
+    state, and each given-up run's error line."""
+    ends: dict[int, list[str]] = {}
+    asks: dict[int, list[str]] = {}
+    for sub in manifest.slurm_submissions():
+        for index, life in (sub.previous or {}).items():
+            ends.setdefault(int(index), []).append(life.end or life.state)
+        for index in sub.indices:
+            asks.setdefault(index, []).append(" ".join(f"--{k}={v}" for k, v in (sub.changes or {}).items())
+                                              or ("as launched" if sub.changes is None else "as before"))
+    lines = [f"# {headline(manifest, decisions)}", "",
+             "| run | round | ends, oldest first | asked, job by job | final |", "| --- | --- | --- | --- | --- |"]
     for d in decisions:
         final = "finished" if d.action == DONE else f"given up: {d.why}" if d.action == GIVE_UP else d.end.kind
         lines.append(f"| {d.row.name} | {d.round} | {', '.join([*ends.get(d.row.index, []), d.end.kind])} | "
-                     f"{final} |")
+                     f"{'; '.join(asks.get(d.row.index, []))} | {final} |")
     given_up = [d for d in decisions if d.action == GIVE_UP]
     if given_up:
         lines += ["", "## Given up", ""]
