@@ -43,7 +43,9 @@ def launch_ends(tmp_path: Path, kinds: list[str], retry: dict, **resources) -> t
     return launch_spec(tmp_path, {
         "grid": {"kind": kinds}, "retry": retry,
         "command": {"project": str(FOREIGN), "argv": [python(), "ends.py", "{kind}", "{run_dir}"], "heartbeat_s": 4},
-        "resources": {"time": 1, "mem": "300M", "sbatch_options": {"acctg-freq": 1}, **resources}})
+        # (5 minutes: Slurm's own warning, 120 s before the limit, comes after every test is done; a test that
+        # means a run to meet its time limit sends the warning itself, as Slurm does)
+        "resources": {"time": 5, "mem": "300M", "sbatch_options": {"acctg-freq": 1}, **resources}})
 
 
 def launch_spec(tmp_path: Path, keys: dict) -> tuple[Path, Path, str]:
@@ -76,54 +78,80 @@ def mails_of(job_id: str) -> list[str]:
     return [t for t in texts if f"SLURM_JOB_ID={job_id}\n" in t]
 
 
-@pytest.mark.slurm_release  # (out of memory: Slurm ends the job FAILED or OUT_OF_MEMORY, by release)
 @pytest.mark.shares_cluster
 def test_a_sweep_with_every_kind_of_end_finishes_what_can_be_retried_and_sends_one_summary(tmp_path):
-    """Five runs, one of each end: a time limit it cannot save for (the signal Slurm sends before the limit ends it;
-    sent again with twice the time), out of memory (twice the memory),
-    a hung heartbeat (again), a bug (given up, its error line kept) and one that ends well. The supervisor's
-    second pass finds everything ended, writes the summary, mails it through Slurm and runs the user's command
-    with it: two rounds, each run sent at most twice."""
+    """Four runs, one of each end: a time limit it cannot save for (the signal Slurm sends before the limit ends it;
+    sent again with twice the time), out of memory (twice the memory), a hung heartbeat (again, elsewhere) and a
+    bug (given up, its error line kept). The supervisor's second pass finds everything ended, writes the summary,
+    mails it through Slurm and runs the user's command with it: two rounds, each run sent at most twice.
+
+    The warning is sent as Slurm sends it (`scancel -s USR2` to the job's steps) once the program runs: slurmctld
+    itself sends it at its next look at the time limits, up to 30 s later."""
     delivered = tmp_path / "delivered.md"
     keep = [python(), "-c", "import sys; open(sys.argv[1], 'w').write(sys.stdin.read() + sys.argv[2])",
             str(delivered), "{headline}"]
-    spec, work, name = launch_ends(tmp_path, ["ok", "bug", "time", "oom", "hang"],
+    spec, work, name = launch_ends(tmp_path, ["bug", "time", "oom", "hang"],
                                    {"rounds": 2, "notify": {"mail": ADDRESS, "command": keep}})
     summary = work / "runs" / name / "summary.md"
+    manifest = manifest_of(work, name)
     try:
+        timed = manifest.find("kind=time")[0]
+        wait_until(lambda: (Path(timed.out_dir) / "lives").exists(), timeout=120, poll=0.2, what="the program running")
+        subprocess.run(["scancel", "-s", "USR2", manifest.task_job_ids()[timed.index]], check=True, timeout=30)
         wait_until(lambda: delivered.exists(), timeout=420, poll=1, what=f"the summary delivered\n{logs(work)}")
+        manifest = manifest_of(work, name)
+        notify = [s.job_id for s in manifest.submissions if s.role == "notify"]
+        mail = wait_until(lambda: mails_of(notify[0]), timeout=60, poll=0.5, what="Slurm's mail of the summary's job")
     finally:
         cancel(*every_job(manifest_of(work, name)))
-    manifest = manifest_of(work, name)
     text = summary.read_text()
-    assert text.splitlines()[0] == f"# sweep {name}: 4 of 5 run(s) finished, 3 after a retry, 1 given up; 2 round(s)"
+    assert text.splitlines()[0] == f"# sweep {name}: 3 of 4 run(s) finished, 3 after a retry, 1 given up; 2 round(s)"
     assert delivered.read_text() == text + text.splitlines()[0].removeprefix("# ")
     rows = {line.split(" | ")[0].removeprefix("| "): line for line in text.splitlines() if line.startswith("| kind=")}
-    assert rows["kind=ok"] == "| kind=ok | 1 | finished | as launched | finished |"
-    assert rows["kind=time"] == "| kind=time | 2 | time_limit, finished | as launched; --time=00:02:00 | finished |"
+    assert rows["kind=time"] == "| kind=time | 2 | time_limit, finished | as launched; --time=00:10:00 | finished |"
     assert rows["kind=oom"] == "| kind=oom | 2 | out_of_memory, finished | as launched; --mem=600M | finished |"
     assert rows["kind=hang"].startswith("| kind=hang | 2 | hung, finished | as launched; --exclude=node"), text
     assert rows["kind=bug"].startswith("| kind=bug | 1 | program | as launched | given up: a failure of the program "
                                        "itself"), text
     assert "ValueError: bad data: row 7 has no label" in text
     # What each round asked for, and that no run went twice in a round.
-    assert [s.changes for s in sent(manifest, "kind=time")] == [None, {"time": "00:02:00"}]
+    assert [s.changes for s in sent(manifest, "kind=time")] == [None, {"time": "00:10:00"}]
     assert [s.changes for s in sent(manifest, "kind=oom")] == [None, {"mem": "600M"}]
     hang = sent(manifest, "kind=hang")  # (again, but not where it hung)
-    assert (hang[1].round, hang[1].changes) == (2, {"exclude": hang[1].previous["4"].nodes}), hang
-    assert len(sent(manifest, "kind=ok")) == len(sent(manifest, "kind=bug")) == 1
+    assert (hang[1].round, hang[1].changes) == (2, {"exclude": hang[1].previous["3"].nodes}), hang
+    assert len(sent(manifest, "kind=bug")) == 1
     assert [s.round for s in manifest.submissions if s.role == "heal"] == [1, 2]
-    notify = [s.job_id for s in manifest.submissions if s.role == "notify"]
-    assert len(notify) == 1
-    mail = wait_until(lambda: mails_of(notify[0]), timeout=60, poll=0.5, what="Slurm's mail of the summary's job")
-    assert len(mail) == 1 and f"argv: -s Slurm Job_id={notify[0]} Name=sweep {name}: 4 of 5" in mail[0], mail
+    assert len(notify) == 1 and "COMPLETED" in mail[0], mail
+    assert len(mail) == 1 and f"argv: -s Slurm Job_id={notify[0]} Name=sweep {name}: 3 of 4" in mail[0], mail
     assert mail[0].rstrip().endswith(ADDRESS) or f" {ADDRESS}\n" in mail[0], mail
     status = launch("status", str(spec), "--workdir", str(work))
-    assert f"retry: done: sweep {name}: 4 of 5 run(s) finished" in status.stdout, status.stdout
+    assert f"retry: done: sweep {name}: 3 of 4 run(s) finished" in status.stdout, status.stdout
 
 
 def daemon(action: str, name: str) -> None:
     subprocess.run(["bash", str(DAEMON), action, name], check=True, capture_output=True, timeout=120)
+
+
+@pytest.mark.slurm_release
+@pytest.mark.shares_cluster
+def test_out_of_memory_is_told_from_a_bug_on_this_release_and_the_summary_mailed(tmp_path):
+    """Slurm's OverMemoryKill ends the job FAILED or OUT_OF_MEMORY, by release; either way the policy reads it
+    as out of memory (its log says so), the next round asks for twice the memory and finishes, and this release's
+    slurmctld mails the summary's job."""
+    spec, work, name = launch_ends(tmp_path, ["oom"], {"rounds": 1, "notify": {"mail": ADDRESS}})
+    summary = work / "runs" / name / "summary.md"
+    try:
+        wait_until(summary.exists, timeout=240, poll=1, what=f"the summary\n{logs(work)}")
+        notify = next(s.job_id for s in manifest_of(work, name).submissions if s.role == "notify")
+        mail = wait_until(lambda: mails_of(notify), timeout=60, poll=0.5, what="Slurm's mail of the summary's job")
+    finally:
+        cancel(*every_job(manifest_of(work, name)))
+    assert "| kind=oom | 2 | out_of_memory, finished | as launched; --mem=600M | finished |" in summary.read_text(), \
+        summary.read_text()
+    first = sent(manifest_of(work, name), "kind=oom")[1].previous["0"]
+    assert first.end == "out_of_memory" and first.state in ("FAILED", "OUT_OF_MEMORY"), first
+    assert f"Name=sweep {name}: 1 of 1 run(s) finished" in mail[0] and "COMPLETED" in mail[0], mail
+    assert ADDRESS in mail[0], mail
 
 
 @pytest.mark.shares_cluster
@@ -217,7 +245,7 @@ def test_runs_lost_to_a_node_and_to_a_preemption_go_again_through_a_controller_a
 def test_status_shows_the_round_and_the_supervisor_and_cancel_ends_both(tmp_path):
     """While its run is live, `status` names the round, the supervisor job waiting on it and the column of
     rounds; `cancel` cancels the supervisor with the runs, and nothing is sent after."""
-    spec, work, name = launch_ends(tmp_path, ["stay"], {"rounds": 2}, time=5)
+    spec, work, name = launch_ends(tmp_path, ["stay"], {"rounds": 2})
     manifest = manifest_of(work, name)
     heal = next(s.job_id for s in manifest.submissions if s.role == "heal")
     wait_until(lambda: squeue_nodes(manifest.task_job_ids()[0]), timeout=120, poll=0.5, what="the run running")

@@ -89,15 +89,21 @@ def run_program(head, run_name: str, values: dict, run_dir: Path, watch=None) ->
         if under_torchrun:
             argv = torchrun_start.words(argv, procs, Path(ends), dict(os.environ), _master())
             env = torchrun_start.environment(env, head.command.stop_signal)
-        program = subprocess.Popen(argv, cwd=head.command.project, env=env)
         received: list[int] = []
+        started: list[subprocess.Popen] = []
 
         def passed_on(signum, _):  # (torchrun gets the job's signals itself, as every process of the step does)
             received.append(signum)
-            if not under_torchrun:
-                program.send_signal(signum)
+            if started and not under_torchrun:
+                started[0].send_signal(signum)
+        # (handled before the program starts: a signal at its start, such as a time limit's warning sent as the
+        # job starts, would otherwise end this process and leave the program without its supervisor)
         before = {signum: signal.signal(signum, passed_on) for signum in PASSED_ON}
         try:
+            program = subprocess.Popen(argv, cwd=head.command.project, env=env)
+            started.append(program)
+            for signum in received if not under_torchrun else []:  # (those that came while it started)
+                program.send_signal(signum)
             code = _wait(program, head.command.heartbeat_s, run_dir, watch)
         finally:
             for signum, handler in before.items():  # (a search worker's own, between its trials)

@@ -181,8 +181,8 @@ def status_lines(manifest: Manifest, rows: list[Row]) -> list[str]:
 def _job_state(job: str) -> str:
     from tinygpt.launch.slurm import slurm_cli
 
-    states = (slurm_cli.squeue_states([job]) if slurm_cli.controller_silence() is None else None) or {}
-    states = {**states, **(slurm_cli.sacct_states([job]) or {})}
+    queued = (slurm_cli.squeue_states([job]) if slurm_cli.controller_silence() is None else None) or {}
+    states = {**(slurm_cli.sacct_states([job]) or {}), **queued}  # (the controller's word, with its reason, first)
     found = states.get(job)
     if found is None:
         return "(Slurm does not say)"
