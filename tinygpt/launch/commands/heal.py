@@ -66,10 +66,8 @@ def one_pass(manifest: Manifest) -> int:
     usage = _usage(manifest) if policy.mem_from_peak else {}
     decisions = retry_round.decide(manifest, rows, usage, policy)
     for d in decisions:
-        if d.action not in (WAIT, retry_round.DONE):
-            print(f"heal: {d.row.name} ({d.row.job_id}) ended {d.end.kind}: "
-                  + (f"round {d.round + 1} with {_options(d.options)}" if d.action == SEND else f"given up: {d.why}"),
-                  flush=True)
+        if d.action in (SEND, GIVE_UP):
+            print(f"heal: {d.said()}", flush=True)
     with _no_sigterm():  # (Slurm's SIGTERM between a submission and its record would lose the record)
         sent, refused = send(manifest, [d for d in decisions if d.action == SEND])
         decisions = [refused.get(d.row.index, d) for d in decisions]
@@ -142,10 +140,6 @@ def _run_command(manifest: Manifest, argv: list[str], headline: str, text: str) 
 def _usage(manifest: Manifest) -> dict:
     found = efficiency.of_sweep(manifest)
     return {job: u for _, job, u in found or [] if u is not None}
-
-
-def _options(options: dict[str, str]) -> str:
-    return " ".join(f"--{k}={v}" for k, v in options.items()) or "what it had"
 
 
 @contextmanager

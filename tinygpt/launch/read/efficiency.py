@@ -11,10 +11,10 @@ job asks for a shorter period (`sbatch_options: {acctg-freq: 1}` in the spec).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tinygpt.launch.read.retry_round import policy_of, right_size
 from tinygpt.launch.slurm import slurm_cli
 from tinygpt.launch.spec.resources import duration_s, size_mb, tres
 
@@ -156,11 +156,11 @@ def table_rows(manifest: Manifest) -> list[dict[str, str]]:
             raise slurm_cli.SlurmAway(f"efficiency: cannot measure: {silence}; {slurm_cli.AGAIN}")
         raise LaunchError("efficiency: this cluster keeps no job accounting (sacct does not answer); the figures "
                           "need slurmdbd")
-    margin = (manifest.retry or {}).get("mem_from_peak")
+    policy = policy_of(manifest)
     rows = [{"run": run.name, "job": job_id, "state": u.state if u else "-", **cells(u)} for run, job_id, u in found]
-    if margin:  # (what a retry policy that right-sizes would ask for: read/retry_round.py)
+    if policy is not None and policy.mem_from_peak:  # (what the policy would ask for next)
         for row, (_, _, u) in zip(rows, found):
-            row[NEXT_MEM] = "-" if u is None or u.peak_mem_mb is None else f"{math.ceil(u.peak_mem_mb * margin):,} MB"
+            row[NEXT_MEM] = "-" if (asks := right_size(u, policy)) is None else f"{asks:,} MB"
     return rows
 
 

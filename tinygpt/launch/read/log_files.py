@@ -54,12 +54,21 @@ def read(path: Path) -> str:
         return ""
 
 
+def latest_text(manifest: Manifest, index: int) -> str | None:
+    """What the run's latest job wrote in its latest life (each of that job's logs); None: it has no job."""
+    jobs = run_jobs(manifest, index)
+    return "\n".join(latest_life(read(path)) for path in jobs[-1][1]) if jobs else None
+
+
 def last_error(manifest: Manifest, index: int) -> str | None:
     """The last line of the run's latest life that looks like the reason it ended (else its last line)."""
-    jobs = run_jobs(manifest, index)
-    if not jobs:
-        return None
-    lines = [line.strip() for path in jobs[-1][1] for line in latest_life(read(path)).splitlines() if line.strip()]
+    text = latest_text(manifest, index)
+    return None if text is None else error_line(text)
+
+
+def error_line(text: str) -> str | None:
+    """The last line of a life's text that looks like the reason it ended (else its last line)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     for pattern in ERROR_LINES:
         found = [line for line in lines if pattern.search(line)]
         if found:

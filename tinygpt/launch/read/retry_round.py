@@ -34,6 +34,17 @@ class Decision:
     why: str = ""  # a give-up's reason
     options: dict[str, str] = field(default_factory=dict)  # SEND: the sbatch long options its next job gets
 
+    def said(self) -> str:
+        """What the policy does with the run, in a line (the supervisor's log, `status`)."""
+        what = (f"round {self.round + 1} with {options_text(self.options) or 'what it had'}" if self.action == SEND
+                else f"given up: {self.why}: {self.end.line}")
+        return f"{self.row.name} ({self.row.job_id}) ended {self.end.kind}: {what}"
+
+
+def options_text(options: dict[str, str]) -> str:
+    """sbatch long options as a job is given them: `--time=00:10:00 --mem=600M`."""
+    return " ".join(f"--{k}={v}" for k, v in options.items())
+
 
 def policy_of(manifest: Manifest) -> RetryPolicy | None:
     return RetryPolicy.model_validate(manifest.retry) if manifest.retry else None
@@ -137,7 +148,7 @@ def summary(manifest: Manifest, decisions: list[Decision]) -> str:
         for index, life in (sub.previous or {}).items():
             ends.setdefault(int(index), []).append(life.end or life.state)
         for index in sub.indices:
-            asks.setdefault(index, []).append(" ".join(f"--{k}={v}" for k, v in (sub.changes or {}).items())
+            asks.setdefault(index, []).append(options_text(sub.changes or {})
                                               or ("as launched" if sub.changes is None else "as before"))
     lines = [f"# {headline(manifest, decisions)}", "",
              "| run | round | ends, oldest first | asked, job by job | final |", "| --- | --- | --- | --- | --- |"]
@@ -169,13 +180,7 @@ def status_lines(manifest: Manifest, rows: list[Row]) -> list[str]:
     now = max((d.round for d in decisions), default=1)
     lines = [f"retry: round {now} of at most {1 + policy.rounds}; supervisor {job or '-'} {state}"
              + ("; cancelled: nothing more is sent" if manifest.dirs.cancelled.exists() else "")]
-    for d in decisions:
-        if d.action == SEND:
-            lines.append(f"  next: {d.row.name} ended {d.end.kind}: round {d.round + 1} with "
-                         + (" ".join(f"--{k}={v}" for k, v in d.options.items()) or "what it had"))
-        elif d.action == GIVE_UP:
-            lines.append(f"  given up: {d.row.name} ended {d.end.kind}: {d.why}: {d.end.line}")
-    return lines
+    return lines + [f"  {d.said()}" for d in decisions if d.action in (SEND, GIVE_UP)]
 
 
 def _job_state(job: str) -> str:

@@ -57,17 +57,10 @@ def of_run(row: Row, manifest: Manifest) -> End:
     kind = BY_STATE.get(state.name, "program")
     if kind == "finished":
         return End(kind, str(state))
-    line = log_files.last_error(manifest, row.index) or str(state)
+    life = log_files.latest_text(manifest, row.index) or ""
     if kind in ("program", "cancelled"):
-        life = latest_life(manifest, row.index)
         kind = "out_of_memory" if MEMORY_KILL.search(life) else "time_limit" if UNSAVED in life else kind
-    return End(kind, line)
-
-
-def latest_life(manifest: Manifest, index: int) -> str:
-    """What the run's latest job wrote in its latest life (every log of that job)."""
-    jobs = log_files.run_jobs(manifest, index)
-    return "\n".join(log_files.latest_life(log_files.read(path)) for path in jobs[-1][1]) if jobs else ""
+    return End(kind, log_files.error_line(life) or str(state))
 
 
 def failed_nodes(rows: list[Row], manifest: Manifest) -> list[str]:

@@ -69,13 +69,22 @@ class CommandSpec(schema.Schema):
     @field_validator("argv")
     @classmethod
     def _words(cls, argv: list[str]) -> list[str]:
-        for i, word in enumerate(argv):
-            if "\0" in word:
-                raise ValueError(f"argv[{i}] holds a NUL character, which no program can be given")
-            names(word, f"argv[{i}]")
-        if not argv[0].strip() or "{" in argv[0]:
-            raise ValueError("argv[0] is the program: a name or path, without placeholders")
-        return argv
+        return check_words(argv, "argv")
+
+
+def check_words(argv: list[str], field: str, allowed: tuple[str, ...] | None = None) -> list[str]:
+    """A program's words as a field gives them (`field[i]`), or a ValueError: a NUL, a placeholder that is not one
+    (or not among `allowed`), a program that is not a plain name or path."""
+    for i, word in enumerate(argv):
+        if "\0" in word:
+            raise ValueError(f"{field}[{i}] holds a NUL character, which no program can be given")
+        unknown = [n for n in names(word, f"{field}[{i}]") if allowed is not None and n not in allowed]
+        if unknown:
+            raise ValueError(f"{field}[{i}]: {{{unknown[0]}}} is not one of "
+                             f"{', '.join('{' + n + '}' for n in allowed)}")
+    if argv and (not argv[0].strip() or "{" in argv[0]):
+        raise ValueError(f"{field}[0] is the program: a name or path, without placeholders")
+    return argv
 
 
 def names(word: str, where: str) -> list[str]:

@@ -27,7 +27,7 @@ from pydantic import Field, field_validator
 
 from tinygpt.base import schema
 from tinygpt.base.schema import Int, OptFloat, OptText, Text
-from tinygpt.launch.spec.command import names
+from tinygpt.launch.spec.command import check_words
 from tinygpt.launch.spec.resources import MemMB, Resources, SlurmTime, format_time
 
 # The ends of a run a policy may retry, and what a retry changes.
@@ -58,16 +58,7 @@ class Notify(schema.Schema):
     @field_validator("command")
     @classmethod
     def _words(cls, argv: list[str] | None) -> list[str] | None:
-        for i, word in enumerate(argv or []):
-            if "\0" in word:
-                raise ValueError(f"command[{i}] holds a NUL character, which no program can be given")
-            unknown = [n for n in names(word, f"command[{i}]") if n not in NOTIFY_VALUES]
-            if unknown:
-                raise ValueError(f"command[{i}]: {{{unknown[0]}}} is not one of "
-                                 f"{', '.join('{' + n + '}' for n in NOTIFY_VALUES)}")
-        if argv and (not argv[0].strip() or "{" in argv[0]):
-            raise ValueError("command[0] is the program: a name or path, without placeholders")
-        return argv
+        return None if argv is None else check_words(argv, "command", NOTIFY_VALUES)
 
 
 class RetryPolicy(schema.Schema):
