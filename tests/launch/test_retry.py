@@ -29,10 +29,21 @@ ENDS = {
     "oom_state": ("OUT_OF_MEMORY", "", "node2"),
     "time": ("TIMEOUT", "slurmstepd: error: *** JOB 18 ON node2 CANCELLED AT 2026-12-05T00:00:00 DUE TO TIME LIMIT ***",
              "node2"),
-    "unsaved": ("FAILED", f"tinygpt: run 5 {supervise.UNSAVED} (SIGUSR2)", "node1"),
+    "unsaved": ("FAILED", f"tinygpt: run kind=x {supervise.UNSAVED} (SIGUSR2)", "node1"),
+    # What a program prints is no evidence: Slurm's processes' and the supervisor's lines are.
+    "says_oom": ("FAILED", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+                           f"slurmstepd: error: x\nsays: tinygpt: run kind=x {supervise.UNSAVED} (SIGUSR2)", "node1"),
+    # Task 0's own failure, after which srun ended task 1 (SIGTERM) or the warning signal reached it first.
+    "peer": ("FAILED", f"ValueError: bad shape\ntinygpt: run kind=x {supervise.FAILED} 1\n"
+                       f"tinygpt: run kind=x {supervise.STOPPED} (SIGTERM)\ntinygpt: run kind=x {supervise.UNSAVED} (SIGUSR2)",
+             "node1"),
     "node": ("NODE_FAIL", "", "node2"),
     "preempted": ("PREEMPTED", "", "node1"),
     "cancelled": ("CANCELLED by 0", "", "node1"),
+    # A scancel of a program that cleans up, then dies of the SIGTERM (or of the warning the scancel sent).
+    "scancelled": ("CANCELLED by 0", f"tinygpt: run kind=x {supervise.STOPPED} (SIGTERM)\n"
+                                     f"tinygpt: run kind=x {supervise.UNSAVED} (SIGUSR2)\nslurmstepd: error: Exceeded "
+                                     f"job memory limit", "node1"),
     "running": ("RUNNING", "", "node1"),
 }
 
@@ -74,9 +85,10 @@ def test_each_end_is_read_from_slurms_state_and_the_runs_log(sweep):
     found = {kind: (d.end.kind, d.action) for kind, d in decisions(sweep).items()}
     assert found == {"ok": ("finished", "done"), "bug": ("program", "give up"), "oom": ("out_of_memory", "send"),
                      "oom_state": ("out_of_memory", "send"), "time": ("time_limit", "send"),
-                     "unsaved": ("time_limit", "send"), "node": ("node_failure", "send"),
+                     "unsaved": ("time_limit", "send"), "says_oom": ("program", "give up"),
+                     "peer": ("program", "give up"), "node": ("node_failure", "send"),
                      "preempted": ("preempted", "send"), "cancelled": ("cancelled", "give up"),
-                     "running": ("live", "wait")}
+                     "scancelled": ("cancelled", "give up"), "running": ("live", "wait")}
 
 
 def test_the_next_round_asks_for_what_each_end_needs(sweep):
@@ -129,18 +141,22 @@ def test_the_summary_names_every_run_and_each_given_up_ones_error_line(sweep):
     (logs / f"100_{time_run}.out").rename(logs / f"150_{time_run}.out")
     manifest = manifest_mod.load(sweep.path)
     text = retry_round.summary(manifest, list(decisions(manifest).values()))
-    assert text.splitlines()[0] == "# sweep s: 1 of 10 run(s) finished, 1 after a retry, 2 given up; 2 round(s)"
+    assert text.splitlines()[0] == "# sweep s: 1 of 13 run(s) finished, 1 after a retry, 5 given up; 2 round(s)"
     assert "| kind=time | 2 | node_failure, time_limit | as launched; --exclude=node2 | time_limit |" in text, text
     assert "- kind=bug (100_1 FAILED, program): ValueError: bad data: row 7 has no label" in text
 
 
-def test_a_program_that_dies_of_the_warning_signal_is_said_to_have_not_saved(capsys):
-    """What the classifier reads as a time limit: the program died of the signal passed on to it."""
-    ended = supervise.Ended(128 + signal.SIGUSR2, [signal.SIGUSR2])
-    assert supervise.after(ended, None, "r") == 128 + signal.SIGUSR2
-    assert f"run r {supervise.UNSAVED} (SIGUSR2)" in capsys.readouterr().err
-    assert supervise.after(supervise.Ended(1, [signal.SIGUSR2]), None, "r") == 1
-    assert supervise.UNSAVED not in capsys.readouterr().err
+def test_the_supervisor_says_how_its_program_ended_as_the_classifier_reads_it(sweep, capsys):
+    """Died of the stop signal passed on to it: unsaved (a time limit). Died of a SIGTERM: stopped (a scancel, a
+    preemption, srun ending a step whose other task failed), never a time limit. Its own status: its failure."""
+    head = sweep  # (its command's stop signal is the profile's)
+    stop = getattr(signal, f"SIG{head.command.stop_signal}")
+    for ended, said in [((128 + stop, [stop]), f"run r {supervise.UNSAVED} ({stop.name})"),
+                        ((128 + signal.SIGTERM, [signal.SIGTERM, stop]), f"run r {supervise.STOPPED} (SIGTERM)"),
+                        ((1, [stop]), f"run r {supervise.FAILED} 1"), ((0, []), None)]:
+        assert supervise.after(supervise.Ended(*ended), head, "r") == ended[0]
+        err = capsys.readouterr().err
+        assert (said in err) if said else err == "", (ended, err)
 
 
 def test_a_profiles_policy_is_every_sweeps_and_a_spec_changes_or_ends_it(tmp_path):
@@ -164,3 +180,23 @@ def test_a_policy_refuses_what_it_cannot_do(tmp_path):
     assert err.value.problems == [
         "retry.max_time: 00:20:00 is less than resources.time 00:30:00; a retry never asks for less",
         "retry: a sweep's supervisor job resubmits with the sbatch backend; remove `backend: submitit` or `retry`"]
+
+
+def test_a_policy_below_what_a_run_asks_is_refused_and_names_where_it_came_from(tmp_path):
+    """Each cap below the spec's own request, from the spec and from the profile: the profile's is named, with
+    how one spec sets it or turns the profile's policy off."""
+    profile = tmp_path / "p.yaml"
+    profile.write_text("name: p\nnode: {mem: 8G}\nretry: {max_time: 5, max_mem: 100M}\n")
+    spec = tmp_path / "s.yaml"
+    for own, said in [({}, " (from profile `p`'s retry:; set retry.{key} in the spec, or turn retries off for this "
+                           "sweep with retry: {{rounds: 0}})"),
+                      ({"retry": {"max_time": 5, "max_mem": "100M"}}, "")]:
+        spec.write_text(yaml.safe_dump({"name": "s", "cluster": str(profile), "resources": {"time": 30, "mem": "1G"},
+                                        **own}))
+        with pytest.raises(LaunchError) as err:
+            spec_mod.load(spec, tmp_path)
+        assert err.value.problems == [
+            "retry.max_time: 00:05:00 is less than resources.time 00:30:00; a retry never asks for less"
+            + said.format(key="max_time"),
+            "retry.max_mem: 100 MB is less than resources.mem 1024 MB; a retry never asks for less"
+            + said.format(key="max_mem")]

@@ -45,9 +45,13 @@ from tinygpt.training.preemption import EXIT_REQUEUE
 from tinygpt.training.watchdog import EXIT_HUNG
 
 USAGE = "usage: python -m tinygpt.launch.node.supervise MANIFEST INDEX"
-# What the task says of a program that died of a signal Slurm sent it (the warning before the time limit, a
-# preemption's SIGTERM) without asking to be requeued: it could not save; a retry policy reads it as a time limit.
+# What the task says of a program that died of the stop signal Slurm sends before the time limit, without asking
+# to be requeued: it could not save; a retry policy reads it as a time limit. Said by this process alone, at the
+# start of its line (read/run_ends.py reads no other line as evidence), and only for the profile's stop signal: a
+# SIGTERM is a scancel, a preemption, or srun ending the task because another task of the step failed.
 UNSAVED = "died of the signal Slurm sends before the time limit, without saving"
+STOPPED = "died of SIGTERM (a scancel, a preemption, or srun ending the step after another task failed)"
+FAILED = "ended with an error of its own, status"  # a status the program chose: its own failure, never retried
 PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT)
 STOP_GRACE_S = 10  # a hung program gets this long between SIGTERM and SIGKILL
 HEARTBEAT = "heartbeat"  # in the run directory
@@ -167,7 +171,11 @@ def after(ended: Ended, head, run_name: str) -> int:
         print(f"tinygpt: run {run_name} saved and asks to be requeued ({restarts} so far)", file=sys.stderr)
         return _requeue()
     if ended.code is not None and ended.code - 128 in ended.signals:
-        print(f"tinygpt: run {run_name} {UNSAVED} ({signal.Signals(ended.code - 128).name})", file=sys.stderr)
+        name = signal.Signals(ended.code - 128).name
+        print(f"tinygpt: run {run_name} {UNSAVED if name == f'SIG{head.command.stop_signal}' else STOPPED} ({name})",
+              file=sys.stderr)
+    elif ended.code not in (0, None) and ended.code < 128 and ended.code != EXIT_HUNG:
+        print(f"tinygpt: run {run_name} {FAILED} {ended.code}", file=sys.stderr)
     return ended.code
 
 

@@ -20,7 +20,7 @@ from tinygpt.launch.layout import packed_run_log, submitit_logs, task_log
 if TYPE_CHECKING:
     from tinygpt.launch.manifest import Manifest, RunRecord
 
-LIFE_START = re.compile(r"^(tinygpt: run \d+ |submitit INFO .*Starting with JobEnvironment)", re.M)
+LIFE_START = re.compile(r"^(tinygpt: run \d+ \(.*\), job |submitit INFO .*Starting with JobEnvironment)", re.M)
 # What says why a run ended, best first: our own messages, a Python exception, then Slurm's words.
 ERROR_LINES = (re.compile(r"^(error: |tinygpt: setup failed)"),
                re.compile(r"^[\w.]*(Error|Exception|Interrupt)\b"),

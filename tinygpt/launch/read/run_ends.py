@@ -2,10 +2,11 @@
 
     finished        its program ended well (Slurm's COMPLETED, or its run directory says so)
     time_limit      Slurm ended it at its time limit (TIMEOUT): it did not save and requeue itself in time; or
-                    the program died of the signal Slurm sends before the limit (node/supervise.py's UNSAVED)
-    out_of_memory   OUT_OF_MEMORY, or a job whose log says Slurm killed it for its memory (a cluster that
-                    enforces memory by polling, JobAcctGatherParams=OverMemoryKill, ends it FAILED with
-                    "Exceeded job memory limit" in its log)
+                    it FAILED as its program died of the stop signal Slurm sends before the limit (its supervisor,
+                    node/supervise.py, says UNSAVED) while no task of it failed on its own
+    out_of_memory   OUT_OF_MEMORY, or a job that FAILED with slurmstepd's word that it was killed for its memory
+                    (a cluster that enforces memory by polling, JobAcctGatherParams=OverMemoryKill, ends it
+                    FAILED with "slurmstepd: error: Exceeded job memory limit" in its log)
     node_failure    a node it ran on failed (NODE_FAIL, BOOT_FAIL)
     hung            the watchdog or the heartbeat found ranks that stopped answering (HUNG)
     preempted       Slurm ended it to make room (PREEMPTED)
@@ -14,8 +15,9 @@
     unknown         Slurm keeps no record of its job
     live            it has not ended (pending, running, requeued)
 
-The same for our trainer and for a program of the user's: Slurm's state first, then the latest life of the
-run's log (read/log_files.py).
+The same for our trainer and for a program of the user's: Slurm's state first, then, for a FAILED job only, the
+latest life of the run's log (read/log_files.py), of which only the lines Slurm's processes and the launcher
+wrote count: what a program prints is never evidence.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.manifest import BACKENDS
-from tinygpt.launch.node.supervise import UNSAVED
+from tinygpt.launch.node.supervise import FAILED, UNSAVED
 from tinygpt.launch.read import log_files
 from tinygpt.launch.read.run_states import Row, collect
 from tinygpt.launch.slurm.slurm_cli import RETRY, SlurmAway
@@ -39,8 +41,13 @@ BY_STATE = {"COMPLETED": "finished", "FINISHED": "finished", "PRUNED": "finished
             "OUT_OF_MEMORY": "out_of_memory", "NODE_FAIL": "node_failure", "BOOT_FAIL": "node_failure",
             "HUNG": "hung", "PREEMPTED": "preempted", "CANCELLED": "cancelled", "DEADLINE": "cancelled",
             "FAILED": "program"}
-# What slurmstepd (OverMemoryKill), the kernel's OOM killer and Slurm's cgroup plugin write when memory ended a job.
-MEMORY_KILL = re.compile(r"exceeded (job |step )?memory limit|out[- ]of[- ]memory|oom[-_ ]kill", re.I)
+# The evidence read from a life's log: lines that Slurm's own processes (slurmstepd when OverMemoryKill or the
+# cgroup plugin ends a step for its memory, srun) and the run's supervisor (node/supervise.py) wrote, each known by
+# how its line starts; never what the program printed (a program that prints "CUDA out of memory" and exits 1 failed).
+MEMORY_KILL = re.compile(r"^(slurmstepd|srun)(-[\w.-]+)?: error: .*(exceeded (job |step )?memory limit|out[- ]of[- ]memory"
+                         r"|oom[-_ ]kill)", re.I | re.M)
+UNSAVED_LINE = re.compile(rf"^tinygpt: run \S+ {re.escape(UNSAVED)}", re.M)
+FAILED_LINE = re.compile(rf"^tinygpt: run \S+ {re.escape(FAILED)}", re.M)
 
 
 @dataclass(frozen=True)
@@ -58,8 +65,9 @@ def of_run(row: Row, manifest: Manifest) -> End:
     if kind == "finished":
         return End(kind, str(state))
     life = log_files.latest_text(manifest, row.index) or ""
-    if kind in ("program", "cancelled"):
-        kind = "out_of_memory" if MEMORY_KILL.search(life) else "time_limit" if UNSAVED in life else kind
+    if kind == "program":  # (FAILED: Slurm says no more; a CANCELLED is a person's, whatever the program did then)
+        kind = ("out_of_memory" if MEMORY_KILL.search(life) else "program" if FAILED_LINE.search(life)
+                else "time_limit" if UNSAVED_LINE.search(life) else kind)
     return End(kind, log_files.error_line(life) or str(state))
 
 

@@ -98,24 +98,31 @@ class RetryPolicy(schema.Schema):
 
 
 def resolve(spec: RetryPolicy | None, profile: RetryPolicy | None, resources: Resources, limits: tuple,
-            problems: list[str]) -> RetryPolicy | None:
+            problems: list[str], profile_name: str = "the profile") -> RetryPolicy | None:
     """The sweep's policy: the spec's keys over the profile's, its caps filled in from `limits` (the partition's
-    MaxTime, a node's memory, each None where unknown) and checked against them; None for no retries."""
+    MaxTime, a node's memory, each None where unknown) and checked against them; None for no retries. A problem
+    with a key the profile gave names the profile, and how a spec sets it or turns the policy off."""
     if spec is None and profile is None:
         return None
-    given = {**(profile.model_dump(exclude_unset=True) if profile else {}),
-             **(spec.model_dump(exclude_unset=True) if spec else {})}
-    policy = RetryPolicy.model_validate(given)
+    from_spec = spec.model_dump(exclude_unset=True) if spec else {}
+    policy = RetryPolicy.model_validate({**(profile.model_dump(exclude_unset=True) if profile else {}), **from_spec})
     if policy.rounds == 0:
         return None
+
+    def refuse(key: str, why: str) -> None:
+        where = "" if key in from_spec else (f" (from {profile_name}'s retry:; set retry.{key} in the spec, or "
+                                             f"turn retries off for this sweep with retry: {{rounds: 0}})")
+        problems.append(f"retry.{key}: {why}{where}")
     max_time, max_mem = limits
     if policy.max_time is not None and max_time is not None and policy.max_time > max_time:
-        problems.append(f"retry.max_time: {format_time(policy.max_time)} is over the MaxTime "
-                        f"{format_time(max_time)} of partition `{resources.partition}`; ask for at most that")
+        refuse("max_time", f"{format_time(policy.max_time)} is over the MaxTime {format_time(max_time)} of "
+                           f"partition `{resources.partition}`; ask for at most that")
     if policy.max_mem is not None and max_mem is not None and policy.max_mem > max_mem:
-        problems.append(f"retry.max_mem: {policy.max_mem} MB is more than the {max_mem} MB of a node; ask for at "
-                        f"most that")
+        refuse("max_mem", f"{policy.max_mem} MB is more than the {max_mem} MB of a node; ask for at most that")
     if policy.max_time is not None and policy.max_time < resources.time_min:
-        problems.append(f"retry.max_time: {format_time(policy.max_time)} is less than resources.time "
-                        f"{resources.time}; a retry never asks for less")
+        refuse("max_time", f"{format_time(policy.max_time)} is less than resources.time {resources.time}; a retry "
+                           f"never asks for less")
+    if policy.max_mem is not None and resources.mem_mb is not None and policy.max_mem < resources.mem_mb:
+        refuse("max_mem", f"{policy.max_mem} MB is less than resources.mem {resources.mem_mb} MB; a retry never "
+                          f"asks for less")
     return policy.model_copy(update={"max_time": policy.max_time or max_time, "max_mem": policy.max_mem or max_mem})

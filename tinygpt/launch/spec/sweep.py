@@ -337,7 +337,7 @@ def _retry(spec: SpecFile, profile: Profile | None, resources: Resources | None,
         return None
     part = profile.partitions.get(resources.partition or "")
     limits = (part.max_time if part else None, profile.node.mem)
-    policy = retry.resolve(spec.retry, profile.retry, resources, limits, problems)
+    policy = retry.resolve(spec.retry, profile.retry, resources, limits, problems, f"profile `{profile.name}`")
     if policy is not None and backend != "sbatch":
         problems.append("retry: a sweep's supervisor job resubmits with the sbatch backend; remove `backend: "
                         "submitit` or `retry`")
