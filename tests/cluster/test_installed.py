@@ -31,6 +31,8 @@ def installed(tmp_path: Path) -> Path:
 
 @pytest.mark.shares_cluster
 def test_the_installed_command_launches_from_outside_the_checkout_with_a_profile_of_the_users(tmp_path):
+    """... and says its hints as the user typed it, and its retry supervisor job runs from the installed package's
+    snapshot (its batch script's files too) and writes the summary."""
     target, outside, config = installed(tmp_path), tmp_path / "elsewhere", tmp_path / "config"
     (config / "tinygpt-hpc" / "clusters").mkdir(parents=True)
     shutil.copy(ROOT / "hpc_lab" / "clusters" / "local.yaml", config / "tinygpt-hpc" / "clusters" / "mine.yaml")
@@ -38,7 +40,8 @@ def test_the_installed_command_launches_from_outside_the_checkout_with_a_profile
     name = unique_name("installed")
     spec = outside / "sweep.yaml"
     spec.write_text(yaml.safe_dump({"name": name, "cluster": "mine", "resources": {"time": "00:05:00"},
-                                    "command": {"argv": ["sh", "-c", "echo installed {run_name}"]}}))
+                                    "command": {"argv": ["sh", "-c", "echo installed {run_name}"]},
+                                    "retry": {"rounds": 1}}))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(PYTHONPATH=str(target), XDG_CONFIG_HOME=str(config))
     where = subprocess.run([sys.executable, "-c", "import tinygpt.launch.layout as l; print(l.REPO_ROOT, "
@@ -50,12 +53,15 @@ def test_the_installed_command_launches_from_outside_the_checkout_with_a_profile
     out = subprocess.run([str(target / "bin" / "tinygpt-launch"), "sweep.yaml", "--workdir", "work"], cwd=outside,
                          env=env, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0 and "not a git checkout: the package files" in out.stdout, out.stdout + out.stderr
+    assert "follow with `tinygpt-launch status sweep.yaml --workdir work`" in out.stdout, out.stdout
     manifest = manifest_of(outside / "work", name)
-    job = manifest.task_job_ids()[0]
+    job, heal = manifest.task_job_ids()[0], next(s.job_id for s in manifest.submissions if s.role == "heal")
     try:
-        assert wait(job) == "COMPLETED"
+        assert wait(job) == "COMPLETED" and wait(heal) == "COMPLETED"
     finally:
-        cancel(job)
+        cancel(job, heal)
+    summary = outside / "work" / "runs" / name / "summary.md"
+    assert summary.read_text().startswith(f"# sweep {name}: 1 of 1 run(s) finished"), summary.read_text()
     code = Path(manifest.code["path"])
     assert (code / "tinygpt" / "launch" / "node" / "supervise.py").exists() and not (code / "launch.py").exists()
     log = wait_until(lambda: "".join(p.read_text() for p in (outside / "work" / "logs" / name).glob("*.out")),

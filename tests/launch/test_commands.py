@@ -62,7 +62,7 @@ def test_each_run_starts_its_own_words_whatever_its_values_hold(tmp_path):
         == ("lr=0.1", "s", "SIGUSR2", "75")
     assert not (tmp_path / "pwned").exists()
     shown = launch("status", str(spec), "--workdir", str(tmp_path / "work"))
-    assert shown.returncode == 0 and "no run of this program has written a metrics.jsonl" in shown.stdout, shown
+    assert shown.returncode == 0 and "no run of this program has reported a step" in shown.stdout, shown
 
 
 def supervise(manifest: Path, index: int, **env: str) -> subprocess.CompletedProcess:
@@ -323,3 +323,21 @@ def test_under_torchrun_the_stop_signal_reaches_every_worker_and_the_node_asks_f
     assert proc.returncode == 75 and "saved and asks to be requeued" in err, err
     assert "stopped at step" in out and (run_dir / "ckpt.pt").exists()
     assert {json.loads(line)["world"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()} == {2}
+
+
+def test_a_program_of_yours_gets_one_task_and_no_gpu_unless_its_spec_asks(tmp_path):
+    """A profile's GPUs are the trainer's default, and a ceiling for a program the launcher knows nothing of: one
+    task per GPU would start it once per GPU, each copy told a RANK. --dry-run says what a run asks for, and why."""
+    profile = tmp_path / "gpus.yaml"
+    profile.write_text("name: gpus\nnode: {gpus: 4, cpus: 32, mem: 64G}\ncpus_per_gpu: 8\nmem_per_gpu: 16G\n")
+    for asked, said in [({}, "1 node(s) x 1 task(s), 1 CPU/task, 00:05:00"),
+                        ({"gpus_per_node": 2}, "1 node(s) x 2 task(s), 2 GPU/node, 8 CPU/task, 32768 MB")]:
+        spec = write(tmp_path, {"argv": ["true"]}, cluster=str(profile),
+                     resources={"time": "00:05:00", **asked})
+        out = launch(str(spec), "--dry-run", "--workdir", str(tmp_path / "work"), "--no-snapshot")
+        assert out.returncode == 0 and f"resources per run: {said}" in out.stdout, out.stdout + out.stderr
+        note = "a program of yours gets one task and no GPU unless `resources` asks"
+        assert (note in out.stdout) == (not asked), out.stdout
+    trainer = tmp_path / "t.yaml"
+    trainer.write_text(yaml.safe_dump({"name": "t", "cluster": str(profile), "resources": {"time": "00:05:00"}}))
+    assert spec_mod.load(trainer, tmp_path / "work").resources.gpus_per_node == 4

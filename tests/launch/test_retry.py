@@ -34,8 +34,10 @@ ENDS = {
     "says_oom": ("FAILED", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
                            f"slurmstepd: error: x\nsays: tinygpt: run kind=x {supervise.UNSAVED} (SIGUSR2)", "node1"),
     # Task 0's own failure, after which srun ended task 1 (SIGTERM) or the warning signal reached it first.
-    "peer": ("FAILED", f"ValueError: bad shape\ntinygpt: run kind=x {supervise.FAILED} 1\n"
-                       f"tinygpt: run kind=x {supervise.STOPPED} (SIGTERM)\ntinygpt: run kind=x {supervise.UNSAVED} (SIGUSR2)",
+    "peer": ("FAILED", f"ValueError: bad shape\n"
+                       f"tinygpt: run kind=x {supervise.FAILED} 1\n"
+                       f"tinygpt: run kind=x {supervise.STOPPED} (SIGTERM)\n"
+                       f"tinygpt: run kind=x {supervise.UNSAVED} (SIGUSR2)",
              "node1"),
     "node": ("NODE_FAIL", "", "node2"),
     "preempted": ("PREEMPTED", "", "node1"),

@@ -5,6 +5,7 @@ user names it, in what a command tells them to run next."""
 from __future__ import annotations
 
 import os
+import shlex
 
 
 def console():
@@ -17,8 +18,36 @@ def console():
 
 
 SPEC_AS = "TINYGPT_SPEC_AS"  # how the user named the spec on the laptop that sent this command (remote/laptop.py)
+# How the user runs the launcher, with the --workdir they gave: on a login node running a laptop's command, the
+# laptop's words (remote/laptop.py sends them); else this process's own (commands/cli.py says them once).
+INVOKED_AS = "TINYGPT_INVOKED_AS"
+_invoked = {"program": "python launch.py", "workdir": ""}
 
 
 def shown(spec: str) -> str:
     """The spec as its user names it: on a login node running a laptop's command, the laptop's name for it."""
     return os.environ.get(SPEC_AS) or spec
+
+
+def invoked(argv0: str, workdir: str | None) -> None:
+    """Remember how this process was run (`tinygpt-launch`, `python -m tinygpt.launch`, `python launch.py`) and the
+    --workdir the user gave, for every hint it prints."""
+    name = os.path.basename(argv0)
+    program = ("python launch.py" if name == "launch.py" else "python -m tinygpt.launch"
+               if name in ("__main__.py", "-m") else name or "tinygpt-launch")
+    _invoked.update(program=program, workdir="" if workdir in (None, ".") else f" --workdir {shlex.quote(workdir)}")
+
+
+def said_as() -> str:
+    """How the user runs the launcher, with their --workdir: what a laptop sends the login node as INVOKED_AS."""
+    return os.environ.get(INVOKED_AS) or _invoked["program"] + _invoked["workdir"]
+
+
+def next_command(words: str, spec: str | None = None) -> str:
+    """A command the user may run next, as they run the launcher: `tinygpt-launch status s.yaml --workdir w`
+    (the --workdir only with a spec: a command of a sweep)."""
+    said = said_as()
+    program, _, workdir = said.partition(" --workdir ")
+    if spec is None:
+        return f"{program} {words}"
+    return f"{program} {words} {shlex.quote(shown(spec))}" + (f" --workdir {workdir}" if workdir else "")

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tinygpt.base.errors import blank_arguments, not_utf8
+from tinygpt.launch import console
 from tinygpt.launch.errors import LaunchError
 
 if TYPE_CHECKING:
@@ -238,6 +239,7 @@ def _launched(args: argparse.Namespace) -> Manifest:
 
 
 def main(argv: list[str] | None = None) -> int:
+    invoked_here = argv is None
     argv = sys.argv[1:] if argv is None else argv
     if problems := not_utf8(argv):
         print(f"error: {LaunchError(problems)}", file=sys.stderr)
@@ -247,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] not in HANDLERS and argv[0] not in ("-h", "--help"):
         argv = ["launch", *argv]  # (`launch.py SPEC`)
     args = top.parse_args(argv)
+    if invoked_here:  # (the hints say the command as the user runs it; a test's call keeps `python launch.py`)
+        console.invoked(sys.argv[0], getattr(args, "workdir", None))
     try:
         if problems := _blank(top, args):
             raise LaunchError(problems)
@@ -365,9 +369,7 @@ def _resubmit(args) -> int:
         ids = backends.of(manifest.backend).resubmit(manifest, [int(i) for i in previous], changes.options,
                                                      previous, args.dry_run) if previous else []
     if ids:
-        from tinygpt.launch.console import shown
-
-        print(f"submitted as job array {', '.join(ids)}; follow with `python launch.py status {shown(args.spec)}`")
+        print(f"submitted as job array {', '.join(ids)}; follow with `{console.next_command('status', args.spec)}`")
     return 0
 
 

@@ -22,7 +22,7 @@ from tinygpt.base import durable
 from tinygpt.launch import manifest as manifest_mod
 from tinygpt.launch.commands import relaunch
 from tinygpt.launch.console import console as output_console
-from tinygpt.launch.console import shown
+from tinygpt.launch.console import next_command
 from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.layout import REPO_ROOT
 from tinygpt.launch.read import run_states
@@ -167,15 +167,15 @@ def _launch_locked(sweep: Sweep, args: argparse.Namespace, cluster: LiveCluster 
         ids = chain.submit(plan, steps, lambda dependency: backend.submit(plan, False, dependency), args.hold)
         data = f"data job {ids['data'][0]}, " if "data" in ids else ""
         print(f"submitted the chain: {data}training array {', '.join(ids['training'])}, report job "
-              f"{ids['report'][0]}; follow with `python launch.py status {shown(args.spec)}`")
+              f"{ids['report'][0]}; follow with `{next_command('status', args.spec)}`")
         return 0
     ids = backend.submit(plan, args.hold, None)
     if args.local:
-        print(f"see `python launch.py status {shown(args.spec)}`"
+        print(f"see `{next_command('status', args.spec)}`"
               + ("; its retry policy is Slurm's: here each run ran once" if sweep.retry else ""))
         return 0
     print(f"submitted {len(again.submit) if again else len(sweep.runs)} run(s) as job array {', '.join(ids)}; "
-          f"follow with `python launch.py status {shown(args.spec)}`")
+          f"follow with `{next_command('status', args.spec)}`")
     _supervise(plan, ids)
     return 0
 
@@ -256,7 +256,7 @@ def _chain_here(plan: Plan, backend: backends.Backend, spec: str) -> int:
         from tinygpt.launch.read import sweep_report
 
         reported = sweep_report.make(manifest_mod.load(plan.manifest_path), None)
-    print(f"see `python launch.py status {shown(spec)}`")
+    print(f"see `{next_command('status', spec)}`")
     return reported
 
 
@@ -309,7 +309,7 @@ def _refuse_if_live(manifest: Manifest, name: str, spec: str) -> None:
     if live:
         raise LaunchError(f"sweep `{name}` has jobs that are still live: {', '.join(live)}. They read this "
                           f"sweep's files when they start, so nothing was written; wait for them to end, cancel "
-                          f"them (python launch.py cancel {spec}), or launch the spec under another `name`")
+                          f"them ({next_command('cancel', spec)}), or launch the spec under another `name`")
 
 
 def _refuse_changed_search(manifest: Manifest, sweep: Sweep) -> None:
@@ -342,6 +342,10 @@ def _print_plan(plan: Plan, args: argparse.Namespace, steps: dict) -> None:
         console.print(f"... {len(sweep.runs) - len(shown)} more runs not shown")
     console.print(f"resources per run: {sweep.resources.describe()}"
                   + (f"; at most {sweep.array_parallelism} at once" if sweep.array_parallelism else ""))
+    if sweep.command is not None and not sweep.resources.gpus_per_node and sweep.profile.node.gpus:
+        console.print(f"  (a program of yours gets one task and no GPU unless `resources` asks: gpus_per_node: N, "
+                      f"tasks_per_node: N; a node of `{sweep.profile.name}` has {sweep.profile.node.gpus})",
+                      markup=False)
     for path, array, _, _ in plan.scripts:
         console.print(f"script: {path} (array {array})")
     for step, path in steps.items():

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tinygpt.launch import manifest as manifest_mod
+from tinygpt.launch.console import next_command
 from tinygpt.launch.read.run_states import SUMMARY_ABOVE, Row, Rows, collect
 
 if TYPE_CHECKING:
@@ -178,8 +179,9 @@ def _print_notes(manifest: Manifest, rows: Rows, console) -> None:
     """Under the table: what it cannot say by itself."""
     _print_unheard(rows, console)
     if manifest.command is not None and manifest.search is None and all(r.step is None for r in rows):
-        console.print("note: no run of this program has written a metrics.jsonl in its run directory: the states "
-                      "are Slurm's alone (`launch.py logs SPEC RUN` shows what a run printed)", soft_wrap=True,
+        console.print("note: no run of this program has reported a step (in a metrics.jsonl of its run directory, "
+                      "or in its log through command.progress): the states "
+                      f"are Slurm's alone (`{next_command('logs')} SPEC RUN` shows what a run printed)", soft_wrap=True,
                       markup=False)
     _print_failures(manifest, rows, console)
     _print_trials(manifest, console)
@@ -215,8 +217,8 @@ def _print_failures(manifest: Manifest, rows: list[Row], console) -> None:
     failed = [r for r in rows if r.state.failed]
     if not failed:
         return
-    console.print("[red]failed[/] (`launch.py logs SPEC RUN` shows the whole log; `launch.py resubmit SPEC` runs "
-                  "them again):")
+    console.print(f"[red]failed[/] (`{next_command('logs')} SPEC RUN` shows the whole log; "
+                  f"`{next_command('resubmit')} SPEC` runs them again):")
     for r in failed:
         line = log_files.last_error(manifest, r.index) or "(no log)"
         console.print(f"  {escape(r.name)} ({r.job_id} {r.state.name}): {escape(line)}", soft_wrap=True)

@@ -44,8 +44,8 @@ BY_STATE = {"COMPLETED": "finished", "FINISHED": "finished", "PRUNED": "finished
 # The evidence read from a life's log: lines that Slurm's own processes (slurmstepd when OverMemoryKill or the
 # cgroup plugin ends a step for its memory, srun) and the run's supervisor (node/supervise.py) wrote, each known by
 # how its line starts; never what the program printed (a program that prints "CUDA out of memory" and exits 1 failed).
-MEMORY_KILL = re.compile(r"^(slurmstepd|srun)(-[\w.-]+)?: error: .*(exceeded (job |step )?memory limit|out[- ]of[- ]memory"
-                         r"|oom[-_ ]kill)", re.I | re.M)
+MEMORY_KILL = re.compile(r"^(slurmstepd|srun)(-[\w.-]+)?: error: .*"
+                         r"(exceeded (job |step )?memory limit|out[- ]of[- ]memory|oom[-_ ]kill)", re.I | re.M)
 UNSAVED_LINE = re.compile(rf"^tinygpt: run \S+ {re.escape(UNSAVED)}", re.M)
 FAILED_LINE = re.compile(rf"^tinygpt: run \S+ {re.escape(FAILED)}", re.M)
 

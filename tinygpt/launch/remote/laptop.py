@@ -42,7 +42,7 @@ import yaml
 
 from tinygpt.base import durable
 from tinygpt.base.config import PATH_KEYS
-from tinygpt.launch.console import SPEC_AS
+from tinygpt.launch.console import INVOKED_AS, SPEC_AS, said_as
 from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.layout import REMOTE_RECORD, REPO_ROOT, SweepDirs
 from tinygpt.launch.remote import login_side
@@ -508,6 +508,7 @@ def run_there(conn: Connection, python: str, code: str, arguments: list[str], sp
     """The launcher's ARGUMENTS on the login node, in remote_dir, with the code sent as `code`: its exit status."""
     env, words = launcher_there(conn, python, code)
     env += [f"{SPEC_AS}={spec_as}"] if spec_as else []
+    env += [f"{INVOKED_AS}={said_as()}"]
     return conn.stream("run", conn.root, *env, *_terminal(), "--", *words, *arguments)
 
 

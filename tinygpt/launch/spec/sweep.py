@@ -198,9 +198,12 @@ def _check_keys(mapping: dict, where: str, problems: list[str]) -> dict[str, Any
     return flat
 
 
-def _resources(asked: ResourcesRequest, profile: Profile, problems: list[str]) -> Resources:
-    """What each job asks Slurm for: the spec's `resources`, the profile's defaults where it is silent."""
-    gpus = profile.node.gpus if asked.gpus_per_node is None else asked.gpus_per_node
+def _resources(asked: ResourcesRequest, profile: Profile, problems: list[str], ours: bool = True) -> Resources:
+    """What each job asks Slurm for: the spec's `resources`, the profile's defaults where it is silent. A program
+    that is not `ours` (the trainer) gets no GPU unless the spec asks: of a program the launcher knows nothing
+    of, a profile's GPUs are the most it may ask for, not what it is given (one task per GPU would start it
+    several times, each copy told a RANK)."""
+    gpus = (profile.node.gpus if ours else 0) if asked.gpus_per_node is None else asked.gpus_per_node
     cpus = asked.cpus_per_task or (profile.cpus_per_gpu if (gpus and profile.cpus_per_gpu) else 1)
     mem_mb = asked.mem if asked.mem is not None else (gpus * profile.mem_per_gpu if gpus and profile.mem_per_gpu
                                                       else None)
@@ -321,7 +324,7 @@ def _command_sweep(spec: SpecFile, path: Path, name: str, profile: Profile | Non
                                      str(SweepDirs(workdir, name).runs), problems)
         for run in runs if optuna is None else []:  # (a worker's values are its trials': checked above)
             problems.extend(command_mod.check_run(command, {**run.shared, **run.own}, f"run {run.name}"))
-    resources = _resources(spec.resources, profile, problems) if profile is not None else None
+    resources = _resources(spec.resources, profile, problems, ours=False) if profile is not None else None
     pack = _pack(spec.pack or 1, backend, optuna, resources, problems)
     policy = _retry(spec, profile, resources, backend, problems)
     if unique := list(dict.fromkeys(problems)):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from tinygpt.launch.console import next_command
 from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.slurm import slurm_cli
 from tinygpt.launch.slurm.live_cluster import LiveCluster
@@ -61,7 +62,7 @@ def spec_problems(sweep: Sweep, cluster: LiveCluster) -> list[str]:
     if prof.cluster_name and cluster.name and prof.cluster_name != cluster.name:
         problems.append(f"cluster: profile `{prof.name}` is for cluster `{prof.cluster_name}`, and this Slurm is "
                         f"`{cluster.name}`; use --cluster auto (this cluster's profile), or write one with "
-                        f"`python launch.py profile new`")
+                        f"`{next_command('profile new')}`")
     partition = r.partition or cluster.default_partition
     if partition not in cluster.partitions:
         return [*problems, f"{SOURCE['partition']}: `{partition}` is not a partition of cluster {cluster.name} (it "

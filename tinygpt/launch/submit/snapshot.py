@@ -8,9 +8,9 @@ and the batch scripts put that folder first on PYTHONPATH. Launching unchanged c
 folder; a changed checkout makes a new one that shares its unchanged files with the earlier ones (hard
 links into `code/.objects/`, each content stored once). Only what is inside the repository is taken: a link
 that points outside is copied as the file it points to, and a tracked file over `snapshot_max_file_mb`
-(10 MB) is refused at launch. A checkout that is not a git repository snapshots the package (`tinygpt/`, `launch.py`,
-`pyproject.toml`). `SNAPSHOT.json` in the folder says what it holds; the trainer copies it into each
-run's provenance.json.
+(10 MB) is refused at launch. A checkout that is not a git repository snapshots the package (every file of
+`tinygpt/` but caches, `launch.py`, `pyproject.toml`). `SNAPSHOT.json` in the folder says what it holds; the
+trainer copies it into each run's provenance.json.
 """
 
 from __future__ import annotations
@@ -69,8 +69,9 @@ def source_files(root: Path, everything: bool = False) -> tuple[list[str], str |
                  and not any(part.startswith(".") or part in LEFT_OUT for part in p.relative_to(root).parts)
                  and not venvs.intersection(p.parents)]
         return files, None, None
-    if not listed:
-        files = [str(p.relative_to(root)) for p in sorted((root / "tinygpt").rglob("*.py"))]
+    if not listed:  # (every file of the package, as pip laid it out: its scripts and data too, not only *.py)
+        files = [str(p.relative_to(root)) for p in sorted((root / "tinygpt").rglob("*"))
+                 if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".pyo")]
         files += [name for name in ("launch.py", "pyproject.toml") if (root / name).is_file()]
         return files, None, None
     commit = (_git(root, "rev-parse", "HEAD") or "").strip() or None
