@@ -115,23 +115,23 @@ def runs(work: Path) -> list[dict]:
     time.sleep(20)
     daemon("start", "slurmctld")
     states = [wait(task, timeout=600) for task in tasks(work, "restart")]
-    for i, run in enumerate(("seed=1", "seed=2")):
+    for i, run in enumerate(("seed-1", "seed-2")):
         digest, val = final(work, "restart", run)
         rows.append({"case": "controller away as the step starts (20 s)", "run": run, "slurm": states[i],
                      "lost": int(digest is None), "same": digest == final(work, "alone", run)[0], "val": val})
     requeued = write_spec(work, "requeued")
     assert launch(str(requeued), "--workdir", str(work))[0] == 0
     [task] = tasks(work, "requeued")
-    run_dir = SweepDirs(work, "requeued").run("seed=1")
+    run_dir = SweepDirs(work, "requeued").run("seed-1")
     while not (metrics.of_run(run_dir).exists() and metrics.of_run(run_dir).read_text().count('"lr"') >= 8):
         time.sleep(0.1)
     subprocess.run(["scontrol", "requeue", task], check=True, capture_output=True, timeout=30)
     daemon("restart", "slurmctld")
     state, restarts = run_to_completion(task, timeout=600)
-    digest, val = final(work, "requeued", "seed=1")
-    rows.append({"case": "controller restarted as the job is requeued", "run": "seed=1",
+    digest, val = final(work, "requeued", "seed-1")
+    rows.append({"case": "controller restarted as the job is requeued", "run": "seed-1",
                  "slurm": f"{state} after {restarts} restart(s)", "lost": int(digest is None),
-                 "same": digest == final(work, "alone", "seed=1")[0], "val": val})
+                 "same": digest == final(work, "alone", "seed-1")[0], "val": val})
     return rows
 
 

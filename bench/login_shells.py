@@ -51,7 +51,7 @@ def flow(checkout: Path, user: str, here: Path) -> dict[str, str]:
         return results | {step: "-" for step in STEPS[1:]}
     done = run("status", str(spec), "--watch", "--interval", "1")
     results["status"] = outcome(done, done.returncode == 0 and "COMPLETED" in done.stdout)
-    done = run("logs", str(spec), "lr=0.001", "--tail", "2")
+    done = run("logs", str(spec), "lr-0.001", "--tail", "2")
     results["logs"] = outcome(done, done.returncode == 0 and bool(done.stdout.strip()))
     done = run("report", str(spec))
     results["report"] = outcome(done, done.returncode == 0 and (here / "runs" / name / "report.md").is_file())

@@ -230,7 +230,7 @@ def test_a_chain_of_a_program_runs_its_array_then_its_report_without_a_data_step
     finally:
         cancel(report)
     text = (work / "runs" / manifest.name / "report.md").read_text()
-    assert "![loss](loss.png)" in text and "| lr=0.2 | 0.2 | 20 |" in text
+    assert "![loss](loss.png)" in text and "| lr-0.2 | 0.2 | 20 |" in text
 
 
 @pytest.mark.shares_cluster
@@ -246,4 +246,4 @@ def test_an_optuna_search_of_a_program_on_the_cluster_scores_each_trial_by_its_n
     finally:
         cancel(job)
     shown = launch("status", str(manifest.spec), "--workdir", str(work)).stdout
-    assert shown.count("COMPLETE ") >= 2 and "lr=0." in shown, shown
+    assert shown.count("COMPLETE ") >= 2 and "lr=0." in shown, shown  # (a trial's values, as drawn)

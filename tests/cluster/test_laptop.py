@@ -57,14 +57,14 @@ def test_a_sweep_launched_from_the_laptop_runs_there_and_its_report_comes_back(l
 
     again = on_laptop(laptop, "resubmit", str(spec), "--dry-run", *args, cwd=tmp_path)
     assert again.returncode == 0 and "nothing to resubmit" in again.stdout, again
-    logs = on_laptop(laptop, "logs", str(spec), "lr=0.002", "--tail", "3", *args, cwd=tmp_path)
+    logs = on_laptop(laptop, "logs", str(spec), "lr-0.002", "--tail", "3", *args, cwd=tmp_path)
     assert logs.returncode == 0 and logs.stdout.strip(), logs.stderr
 
     report = on_laptop(laptop, "report", str(spec), *args, cwd=tmp_path)
     assert report.returncode == 0, report.stderr
     here = tmp_path / "runs" / name
-    assert "lr=0.001" in (here / "report.md").read_text() and (here / "val_loss.png").is_file()
-    assert sorted(p.parent.name for p in here.glob("*/metrics.jsonl")) == ["lr=0.001", "lr=0.002"]
+    assert "lr-0.001" in (here / "report.md").read_text() and (here / "val_loss.png").is_file()
+    assert sorted(p.parent.name for p in here.glob("*/metrics.jsonl")) == ["lr-0.001", "lr-0.002"]
     assert not list(here.glob("*/checkpoints"))  # (checkpoints only with pull --checkpoints)
     pulled = on_laptop(laptop, "pull", str(spec), "--checkpoints", *args, cwd=tmp_path)
     assert pulled.returncode == 0 and len(list(here.glob("*/checkpoints/*.pt"))) >= 2, pulled.stderr

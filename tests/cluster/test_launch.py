@@ -61,7 +61,7 @@ def test_sweep_is_one_sbatch_call_and_every_run_completes(tmp_path, workdir, tin
     states = wait_all(workdir, "sweep4")
     assert set(states.values()) == {"COMPLETED"}, states
     run_dirs = sorted(p.name for p in (workdir / "runs" / "sweep4").iterdir())
-    assert run_dirs == sorted(["n_layer=1,lr=0.001", "n_layer=1,lr=0.002", "n_layer=2,lr=0.001", "n_layer=2,lr=0.002"])
+    assert run_dirs == sorted(["n_layer-1_lr-0.001", "n_layer-1_lr-0.002", "n_layer-2_lr-0.001", "n_layer-2_lr-0.002"])
     for d in run_dirs:
         assert read_metrics(workdir / "runs" / "sweep4" / d)[-1]["event"] == "finished"
     logs = list((workdir / "logs" / "sweep4").glob("*.out"))
@@ -220,9 +220,9 @@ def test_a_live_sweep_is_never_changed_behind_its_jobs(tmp_path, workdir, tiny_c
         again = launch(str(spec), *extra, "--workdir", str(workdir))
         assert again.returncode == 1 and "Traceback" not in again.stderr, again.stderr
         assert "that the spec now defines otherwise" in again.stderr and "(a live one: cancel it first)" in \
-            again.stderr and "n_layer=1,lr=0.001 (queued " in again.stderr
+            again.stderr and "n_layer-1_lr-0.001 (queued " in again.stderr
     local = launch(str(spec), "--local", "--workdir", str(workdir))  # (--local starts over: refused while live)
-    assert local.returncode == 1 and "sweep `live` has jobs that are still live: n_layer=1,lr=0.001 (job " in \
+    assert local.returncode == 1 and "sweep `live` has jobs that are still live: n_layer-1_lr-0.001 (job " in \
         local.stderr and "PENDING" in local.stderr and f"python launch.py cancel {spec}" in local.stderr
     # A controller that does not answer (squeue fails as on a socket time-out): the guard fails closed.
     bindir = tmp_path / "failing-bin"

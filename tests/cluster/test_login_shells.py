@@ -99,10 +99,10 @@ def test_the_whole_laptop_flow_under_tcsh_and_fish(shell, tmp_path):
     assert BANNER not in out.stdout + out.stderr
     watched = on_laptop(laptop, "status", str(spec), "--watch", "--interval", "1", *args, cwd=tmp_path)
     assert watched.returncode == 0 and "COMPLETED" in watched.stdout.rsplit(f"sweep {name}", 1)[-1], watched
-    logs = on_laptop(laptop, "logs", str(spec), "lr=0.001", "--tail", "3", *args, cwd=tmp_path)
+    logs = on_laptop(laptop, "logs", str(spec), "lr-0.001", "--tail", "3", *args, cwd=tmp_path)
     assert logs.returncode == 0 and logs.stdout.strip() and BANNER not in logs.stdout, logs.stderr
     report = on_laptop(laptop, "report", str(spec), *args, cwd=tmp_path)
-    assert report.returncode == 0 and "lr=0.001" in (tmp_path / "runs" / name / "report.md").read_text(), report
+    assert report.returncode == 0 and "lr-0.001" in (tmp_path / "runs" / name / "report.md").read_text(), report
     pulled = on_laptop(laptop, "pull", str(spec), "--checkpoints", *args, cwd=tmp_path)
     assert pulled.returncode == 0 and list((tmp_path / "runs" / name).glob("*/checkpoints/*.pt")), pulled.stderr
 

@@ -150,11 +150,11 @@ def test_one_signalled_array_task_requeues_alone(tmp_path, tiny_corpus):
     ids = manifest.task_job_ids()
     runs = {r.name: Path(r.out_dir) for r in manifest.runs}
     try:
-        signal_when_training(ids[1], runs["lr=0.003"] / "metrics.jsonl")
+        signal_when_training(ids[1], runs["lr-0.003"] / "metrics.jsonl")
         results = {i: run_to_completion(j) for i, j in ids.items()}
     finally:
         cancel(*ids.values())
     assert results == {0: ("COMPLETED", 0), 1: ("COMPLETED", 1)}
-    assert [e["restarts"] for e in events(runs["lr=0.003"], "start")] == [0, 1]
-    assert [e["event"] for e in events(runs["lr=0.002"])] == ["start", "finished"]
-    assert loss_series(runs["lr=0.003"]) == loss_series(ref)
+    assert [e["restarts"] for e in events(runs["lr-0.003"], "start")] == [0, 1]
+    assert [e["event"] for e in events(runs["lr-0.002"])] == ["start", "finished"]
+    assert loss_series(runs["lr-0.003"]) == loss_series(ref)

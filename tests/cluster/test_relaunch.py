@@ -135,8 +135,9 @@ def test_two_specs_with_one_sweep_name_never_train_a_run_twice(tmp_path):
 
 @pytest.mark.shares_cluster
 def test_ten_thousand_finished_runs_and_ten_new_queue_ten_tasks(tmp_path):
-    """The runs written finished long ago (sacct no longer knows their job: finished_sweep.forgotten); the
-    relaunch's time is bench/relaunch.py's to measure."""
+    """The runs written finished long ago (sacct no longer knows their job: finished_sweep.forgotten), by a launcher
+    that named runs `i=7` (finished_sweep.named_as_before): each is found where it is and none trained again, and
+    the new ones are named as the sweep's others. The relaunch's time is bench/relaunch.py's to measure."""
     name, work = unique_name("big"), tmp_path / "work"
 
     def spec(runs: int) -> Path:
@@ -146,12 +147,16 @@ def test_ten_thousand_finished_runs_and_ten_new_queue_ten_tasks(tmp_path):
         return path
 
     assert launch(str(spec(10_000)), "--dry-run", "--workdir", str(work)).returncode == 0
+    finished_sweep.named_as_before(work / "jobs" / name / "manifest.json")
     finished_sweep.forgotten(work / "jobs" / name / "manifest.json")
     again = launch(str(spec(10_010)), "--hold", "--workdir", str(work))
-    newest = manifest_of(work, name).submissions[1:]
+    manifest = manifest_of(work, name)
+    newest = manifest.submissions[1:]
     try:
         assert again.returncode == 0 and "relaunch: 10000 finished, 10 new" in again.stdout, again.stdout[-2000:]
         assert [(s.indices, s.array, s.offset) for s in newest] == [(list(range(10_000, 10_010)), "0-9", 10_000)]
+        assert [r.name for r in manifest.runs[9_999:10_001]] == ["i=9999", "i=10000"]
+        assert manifest.runs[0].out_dir == str(work / "runs" / name / "i=0") and manifest.naming == 1
     finally:
         cancel(*(s.job_id for s in newest))
 

@@ -95,7 +95,7 @@ def test_a_sweep_with_every_kind_of_end_finishes_what_can_be_retried_and_sends_o
     summary = work / "runs" / name / "summary.md"
     manifest = manifest_of(work, name)
     try:
-        timed = manifest.find("kind=time")[0]
+        timed = manifest.find("kind-time")[0]
         wait_until(lambda: (Path(timed.out_dir) / "lives").exists(), timeout=120, poll=0.2, what="the program running")
         subprocess.run(["scancel", "-s", "USR2", manifest.task_job_ids()[timed.index]], check=True, timeout=30)
         wait_until(lambda: delivered.exists(), timeout=420, poll=1, what=f"the summary delivered\n{logs(work)}")
@@ -107,19 +107,19 @@ def test_a_sweep_with_every_kind_of_end_finishes_what_can_be_retried_and_sends_o
     text = summary.read_text()
     assert text.splitlines()[0] == f"# sweep {name}: 3 of 4 run(s) finished, 3 after a retry, 1 given up; 2 round(s)"
     assert delivered.read_text() == text + text.splitlines()[0].removeprefix("# ")
-    rows = {line.split(" | ")[0].removeprefix("| "): line for line in text.splitlines() if line.startswith("| kind=")}
-    assert rows["kind=time"] == "| kind=time | 2 | time_limit, finished | as launched; --time=00:10:00 | finished |"
-    assert rows["kind=oom"] == "| kind=oom | 2 | out_of_memory, finished | as launched; --mem=600M | finished |"
-    assert rows["kind=hang"].startswith("| kind=hang | 2 | hung, finished | as launched; --exclude=node"), text
-    assert rows["kind=bug"].startswith("| kind=bug | 1 | program | as launched | given up: a failure of the program "
+    rows = {line.split(" | ")[0].removeprefix("| "): line for line in text.splitlines() if line.startswith("| kind-")}
+    assert rows["kind-time"] == "| kind-time | 2 | time_limit, finished | as launched; --time=00:10:00 | finished |"
+    assert rows["kind-oom"] == "| kind-oom | 2 | out_of_memory, finished | as launched; --mem=600M | finished |"
+    assert rows["kind-hang"].startswith("| kind-hang | 2 | hung, finished | as launched; --exclude=node"), text
+    assert rows["kind-bug"].startswith("| kind-bug | 1 | program | as launched | given up: a failure of the program "
                                        "itself"), text
     assert "ValueError: bad data: row 7 has no label" in text
     # What each round asked for, and that no run went twice in a round.
-    assert [s.changes for s in sent(manifest, "kind=time")] == [None, {"time": "00:10:00"}]
-    assert [s.changes for s in sent(manifest, "kind=oom")] == [None, {"mem": "600M"}]
-    hang = sent(manifest, "kind=hang")  # (again, but not where it hung)
+    assert [s.changes for s in sent(manifest, "kind-time")] == [None, {"time": "00:10:00"}]
+    assert [s.changes for s in sent(manifest, "kind-oom")] == [None, {"mem": "600M"}]
+    hang = sent(manifest, "kind-hang")  # (again, but not where it hung)
     assert (hang[1].round, hang[1].changes) == (2, {"exclude": hang[1].previous["3"].nodes}), hang
-    assert len(sent(manifest, "kind=bug")) == 1
+    assert len(sent(manifest, "kind-bug")) == 1
     assert [s.round for s in manifest.submissions if s.role == "heal"] == [1, 2]
     assert len(notify) == 1 and "COMPLETED" in mail[0], mail
     assert len(mail) == 1 and f"argv: -s Slurm Job_id={notify[0]} Name=sweep {name}: 3 of 4" in mail[0], mail
@@ -146,9 +146,9 @@ def test_out_of_memory_is_told_from_a_bug_on_this_release_and_the_summary_mailed
         mail = wait_until(lambda: mails_of(notify), timeout=60, poll=0.5, what="Slurm's mail of the summary's job")
     finally:
         cancel(*every_job(manifest_of(work, name)))
-    assert "| kind=oom | 2 | out_of_memory, finished | as launched; --mem=600M | finished |" in summary.read_text(), \
+    assert "| kind-oom | 2 | out_of_memory, finished | as launched; --mem=600M | finished |" in summary.read_text(), \
         summary.read_text()
-    first = sent(manifest_of(work, name), "kind=oom")[1].previous["0"]
+    first = sent(manifest_of(work, name), "kind-oom")[1].previous["0"]
     assert first.end == "out_of_memory" and first.state in ("FAILED", "OUT_OF_MEMORY"), first
     assert f"Name=sweep {name}: 1 of 1 run(s) finished" in mail[0] and "COMPLETED" in mail[0], mail
     assert ADDRESS in mail[0], mail
@@ -229,11 +229,11 @@ def test_runs_lost_to_a_node_and_to_a_preemption_go_again_through_a_controller_a
         cancel(*every_job(manifest_of(work, name)), *([blocker] if blocker else []))
         wait_until(lambda: in_service(where[0]), timeout=120, poll=0.5, what=f"{where[0]} back in service")
     text = summary.read_text()
-    assert f"| kind=stay | 2 | node_failure, finished | as launched; --exclude={where[0]} | finished |" in text, text
-    assert "| kind=time | 2 | preempted, finished | as launched; as before | finished |" in text, text
+    assert f"| kind-stay | 2 | node_failure, finished | as launched; --exclude={where[0]} | finished |" in text, text
+    assert "| kind-time | 2 | preempted, finished | as launched; as before | finished |" in text, text
     manifest = manifest_of(work, name)
-    assert [s.changes for s in sent(manifest, "kind=stay")] == [None, {"exclude": where[0]}]
-    assert [s.changes for s in sent(manifest, "kind=time")] == [None, {}]
+    assert [s.changes for s in sent(manifest, "kind-stay")] == [None, {"exclude": where[0]}]
+    assert [s.changes for s in sent(manifest, "kind-time")] == [None, {}]
     assert [s.round for s in manifest.submissions if s.role == "heal"] == [1, 2]
     training = [s.job_id for s in manifest.submissions if s.indices]
     sacct = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID", "-j", ",".join(training)],
@@ -252,7 +252,7 @@ def test_status_shows_the_round_and_the_supervisor_and_cancel_ends_both(tmp_path
     status = launch("status", str(spec), "--workdir", str(work))
     assert f"retry: round 1 of at most 3; supervisor {heal} PENDING (Dependency)" in status.stdout, status.stdout
     header = next(line for line in status.stdout.splitlines() if "round" in line and "state" in line)
-    row = next(line for line in status.stdout.splitlines() if "kind=stay" in line)
+    row = next(line for line in status.stdout.splitlines() if "kind-stay" in line)
     cells = dict(zip((c.strip() for c in header.split("┃")[1:-1]), (c.strip() for c in row.split("│")[1:-1])))
     assert cells["round"] == "1", status.stdout
     done = launch("cancel", str(spec), "--workdir", str(work))

@@ -37,8 +37,8 @@ def test_the_shell_completes_commands_options_specs_and_a_sweeps_run_names(tmp_p
     assert completions("launch.py lo", tmp_path, tmp_path) == ["logs"]
     assert "--json" in completions("launch.py status --", tmp_path, tmp_path)
     assert completions("launch.py status s", tmp_path, tmp_path) == ["s.yaml"]
-    names = completions("launch.py logs --workdir w s.yaml lr=0.", tmp_path, tmp_path)
-    assert sorted(names) == ["lr=0.1", "lr=0.2"]
+    names = completions("launch.py logs --workdir w s.yaml lr-0.", tmp_path, tmp_path)
+    assert sorted(names) == ["lr-0.1", "lr-0.2"]
 
 
 def test_list_shows_every_sweep_of_a_work_directory_and_one_it_cannot_read(tmp_path):

@@ -48,18 +48,21 @@ def test_each_run_starts_its_own_words_whatever_its_values_hold(tmp_path):
                             "values": {"note": hostile, "lr": 0.5}, "project": str(tmp_path)},
                  grid={"lr": [0.1, 2]}, runs=[{"name": "extra", "note": "x"}])
     sweep = spec_mod.load(spec, tmp_path / "work")
-    assert [r.name for r in sweep.runs] == ["lr=0.1", "lr=2", "extra"]
+    assert [r.name for r in sweep.runs] == ["lr-0.1", "lr-2", "extra"]
+    (tmp_path / "alone").mkdir()
+    alone = write(tmp_path / "alone", ECHO)  # (a command's words alone: its argv)
+    assert spec_mod.load(alone, tmp_path / "alone").command.argv == ECHO
     code, err = run_cli([str(spec), "--dry-run", "--workdir", str(tmp_path / "work")])
     assert code == 0, err
     manifest = tmp_path / "work" / "jobs" / "s" / "manifest.json"
     said = [json.loads(supervise(manifest, i).stdout) for i in range(3)]
-    assert [s[0][:4] for s in said] == [["--lr=0.1", hostile, "{literal}", "lr=0.1@s"],
-                                        ["--lr=2", hostile, "{literal}", "lr=2@s"],
+    assert [s[0][:4] for s in said] == [["--lr=0.1", hostile, "{literal}", "lr-0.1@s"],
+                                        ["--lr=2", hostile, "{literal}", "lr-2@s"],
                                         ["--lr=0.5", "x", "{literal}", "extra@s"]]
     env = said[0][1]
-    assert env["TINYGPT_RUN_DIR"] == str(tmp_path / "work" / "runs" / "s" / "lr=0.1")
+    assert env["TINYGPT_RUN_DIR"] == str(tmp_path / "work" / "runs" / "s" / "lr-0.1")
     assert (env["TINYGPT_RUN_NAME"], env["TINYGPT_SWEEP"], env["TINYGPT_STOP_SIGNAL"], env["TINYGPT_REQUEUE_EXIT"]) \
-        == ("lr=0.1", "s", "SIGUSR2", "75")
+        == ("lr-0.1", "s", "SIGUSR2", "75")
     assert not (tmp_path / "pwned").exists()
     shown = launch("status", str(spec), "--workdir", str(tmp_path / "work"))
     assert shown.returncode == 0 and "no run of this program has reported a step" in shown.stdout, shown
@@ -82,7 +85,7 @@ def supervise(manifest: Path, index: int, **env: str) -> subprocess.CompletedPro
     ({"argv": ["prog"], "values": {"run_dir": "/x"}}, {}, "`run_dir` is set by the launcher"),
     ({"argv": ["prog"], "values": {"lr": [1, 2]}}, {}, "lr: [1, 2] is not a word a program can be given"),
     ({"argv": ["prog", "{lr}"], "params": {"lr": {"type": "float", "max": 1}}}, {"grid": {"lr": [0.5, 3]}},
-     "run lr=3: lr: must be <= 1, got 3"),
+     "run lr-3: lr: must be <= 1, got 3"),
     ({"argv": ["prog", "{n}"], "params": {"n": {"type": "int"}}}, {"grid": {"n": [1, "two"]}},
      "n: expected int, got 'two'"),
     ({"argv": ["prog", "{opt}"], "params": {"opt": {"choices": ["adam", "sgd"]}}}, {"runs": [{"opt": "adm"}]},
@@ -102,6 +105,13 @@ def supervise(manifest: Path, index: int, **env: str) -> subprocess.CompletedPro
     ({"argv": ["python3", str(FOREIGN / "fit.py")]}, {}, "fit.py is outside the project"),
     ({"argv": ["prog"], "lr": 1}, {}, "command.lr"),
     ({"argv": ["prog"], "start": "mpirun"}, {}, "command.start"),
+    ("python train.py --lr {lr}", {}, "command: 'python train.py --lr {lr}' is one text, and a program is started "
+                                      "with its words, never through a shell: write them as a list, command: [python, "
+                                      "train.py, --lr, ...], or command: {argv: [...]}"),
+    ({"argv": ["prog"], "include": ["../data/*"]}, {}, "command.include[0]: '../data/*' is not inside the project"),
+    ({"argv": ["prog"], "progress": ["loss (?P<loss>[\\d.]+)"]}, {}, "needs a (?P<step>\\d+) group for the step"),
+    ({"argv": ["prog"], "progress": ["step (?P<step>\\d+"]}, {}, "is not a regular expression"),
+    ({"argv": ["prog"], "resume": {"when": "{ckpt}", "add": ["--resume"]}}, {}, "no value for {ckpt} in command"),
 ], ids=lambda v: None)
 def test_a_hostile_command_section_is_one_clear_message_and_nothing_is_written(tmp_path, command, extra, said):
     spec = write(tmp_path, command, **extra)
@@ -121,7 +131,7 @@ def test_local_runs_each_run_of_a_command_as_a_plain_process_here(tmp_path):
     out = launch(str(spec), "--local", "--chain", "--workdir", str(tmp_path / "work"), cwd=tmp_path)
     assert out.returncode == 0 and "2/2 run(s) finished" in out.stdout, out.stdout + out.stderr
     assert "counted to 1" in out.stdout and "counted to 2" in out.stdout
-    assert (tmp_path / "work" / "runs" / "s" / "goal=2" / "count").read_text() == "2\n"
+    assert (tmp_path / "work" / "runs" / "s" / "goal-2" / "count").read_text() == "2\n"
     assert "=== chain, data" not in out.stdout and "(1 metric(s) drawn)" not in out.stdout  # (count.sh: steps only)
     assert "No run wrote a metrics.jsonl with named values" in (tmp_path / "work/runs/s/report.md").read_text()
 
@@ -142,6 +152,40 @@ def test_the_users_project_is_what_the_jobs_run_as_it_was_at_launch(tmp_path):
     snapshot = Path(load(manifest).command.project)
     assert snapshot != project and sorted(p.name for p in snapshot.iterdir()) == ["SNAPSHOT.json", "train.py"]
     assert supervise(manifest, 0).stdout == "first\n"
+
+
+def test_a_git_projects_snapshot_is_checked_as_the_node_will_find_it_and_says_what_it_leaves_out(tmp_path):
+    """nanoGPT's layout: its prepared data (*.bin) git-ignored beside the tracked prepare.py, an untracked helper.
+    A word naming a file the snapshot will not hold, or a script without its run bit, is refused before anything
+    is written; `include` brings the data along; what stays out is named with its size."""
+    project = tmp_path / "nano"
+    (project / "data" / "shakespeare_char").mkdir(parents=True)
+    (project / ".gitignore").write_text("*.bin\n")
+    (project / "train.py").write_text("import sys; print(open(sys.argv[1], 'rb').read())\n")
+    (project / "run.sh").write_text("#!/bin/sh\nexec python3 train.py \"$@\"\n")
+    (project / "data" / "shakespeare_char" / "prepare.py").write_text("")
+    (project / "data" / "shakespeare_char" / "train.bin").write_bytes(b"\x01\x02")
+    (project / "notes").mkdir()
+    (project / "notes" / "draft.txt").write_text("x" * 3000)
+    subprocess.run(["git", "init", "-q", str(project)], check=True)
+    subprocess.run(["git", "-C", str(project), "add", ".gitignore", "train.py", "run.sh", "data"], check=True)
+    data = "data/shakespeare_char/train.bin"
+    for argv, said in [([sys.executable, "train.py", data], f"command.argv[2]: {data} is in the project but not in its "
+                        f"snapshot, as git does not track it; `git add` it, or take it with command.include: [{data}]"),
+                       (["./run.sh", f"--data={data}"], "command.argv[0]: ./run.sh cannot be run (no run bit: chmod +x"),
+                       (["./run.sh", f"--data={data}"], f"command.argv[1]: {data} is in the project but not in")]:
+        spec = write(tmp_path, {"argv": argv, "project": "nano"})
+        code, err = run_cli([str(spec), "--workdir", str(tmp_path / "work"), "--no-check"])
+        assert code == 1 and said in err and not (tmp_path / "work" / "jobs").exists(), err
+    spec = write(tmp_path, {"argv": [sys.executable, "train.py", data], "project": "nano",
+                            "include": ["data/*/*.bin"]})
+    out = launch(str(spec), "--dry-run", "--workdir", str(tmp_path / "work"))
+    assert out.returncode == 0 and "project: left out, as git does not track them: notes/ (1 file, 0.00 MB)" in \
+        out.stdout, out.stdout + out.stderr
+    assert supervise(tmp_path / "work" / "jobs" / "s" / "manifest.json", 0).stdout == "b'\\x01\\x02'\n"
+    (tmp_path / "other").mkdir()
+    assert "command.include[0]: data/*.csv matches no file of the project" in refused(
+        write(tmp_path / "other", {"argv": ["true"], "project": str(project), "include": ["data/*.csv"]}))
 
 
 def test_the_requeue_status_passes_through_until_the_cap_and_a_crash_is_not_requeued(tmp_path):
@@ -204,12 +248,12 @@ def test_the_readmes_example_program_runs_as_written(tmp_path):
     code, err = run_cli([str(spec), "--dry-run", "--workdir", str(tmp_path)])
     assert code == 0, err
     manifest = load(tmp_path / "jobs" / "own-program" / "manifest.json")
-    assert [r.name for r in manifest.runs] == ["lr=0.05", "lr=0.1", "lr=0.2"]
+    assert [r.name for r in manifest.runs] == ["lr-0.05", "lr-0.1", "lr-0.2"]
     assert sorted(p.name for p in Path(manifest.command.project).iterdir()) == ["SNAPSHOT.json", "sweep.yaml",
                                                                                  "train.py"]
     done = supervise(manifest.path, 2)
     assert done.returncode == 0 and "after 200 steps" in done.stdout, done.stderr
-    said = [json.loads(line) for line in (tmp_path / "runs/own-program/lr=0.2/metrics.jsonl").read_text().splitlines()]
+    said = [json.loads(line) for line in (tmp_path / "runs/own-program/lr-0.2/metrics.jsonl").read_text().splitlines()]
     assert said[-2]["step"] == 200 and said[-1]["event"] == "finished"  # (the launcher's record: it ended 0)
     shown = launch("status", str(spec), "--workdir", str(tmp_path))
     assert shown.returncode == 0 and "│  200 │" in shown.stdout and "no run of this program" not in shown.stdout, shown
@@ -224,7 +268,7 @@ def test_the_report_of_a_program_draws_each_named_metric_and_says_what_has_no_me
     out = launch("report", str(spec), "--workdir", str(tmp_path / "work"))
     assert out.returncode == 0 and "(1 metric(s) drawn)" in out.stdout, out.stderr
     report = (tmp_path / "work" / "runs" / "s" / "report.md").read_text()
-    assert "![loss](loss.png)" in report and "| lr=0.2 | 0.2 | 20 |" in report
+    assert "![loss](loss.png)" in report and "| lr-0.2 | 0.2 | 20 |" in report
     assert "Samples and attention maps are the TinyGPT trainer's" in report
     assert (tmp_path / "work" / "runs" / "s" / "loss.png").stat().st_size > 1000
 
@@ -341,3 +385,73 @@ def test_a_program_of_yours_gets_one_task_and_no_gpu_unless_its_spec_asks(tmp_pa
     trainer = tmp_path / "t.yaml"
     trainer.write_text(yaml.safe_dump({"name": "t", "cluster": str(profile), "resources": {"time": "00:05:00"}}))
     assert spec_mod.load(trainer, tmp_path / "work").resources.gpus_per_node == 4
+
+
+NANO_PROGRESS = r"step (?P<step>\d+): train loss (?P<train_loss>[\d.]+), val loss (?P<val_loss>[\d.]+)"
+
+
+def read_text(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
+def nano_project(tmp_path: Path) -> Path:
+    """nano_like.py (nanoGPT's habits) as a clone of nanoGPT is laid out: its code tracked by git, its prepared data
+    (data/tiny/train.bin) ignored."""
+    project = tmp_path / "nanoGPT"
+    (project / "data" / "tiny").mkdir(parents=True)
+    (project / "train.py").write_text((FOREIGN / "nano_like.py").read_text())
+    (project / ".gitignore").write_text("*.bin\n")
+    (project / "data" / "tiny" / "train.bin").write_bytes(bytes(range(256)))
+    subprocess.run(["git", "init", "-q", str(project)], check=True)
+    subprocess.run(["git", "-C", str(project), "add", "."], check=True)
+    return project
+
+
+def test_a_program_that_splits_on_equals_resumes_only_when_told_and_prints_its_losses_runs_unchanged(tmp_path):
+    """nanoGPT's train.py as it is, with a few lines of spec: `--out_dir={run_dir}` splits on its one `=` (a run's
+    name holds none), its git-ignored data comes along (include), a life that finds its checkpoint adds
+    --init_from=resume (--dry-run shows both lives' words), and its printed losses become the run's metrics.
+    Killed by the signal Slurm sends before the time limit (it has no handler), the next life resumes where its
+    checkpoint was and ends as an unbroken run ends; status shows the losses."""
+    nano_project(tmp_path)
+    spec = write(tmp_path, {"argv": [sys.executable, "train.py", "--out_dir={run_dir}", "--learning_rate={lr}",
+                                     "--max_iters=40", "--step_s={step_s}"],
+                            "values": {"step_s": 0.05}, "project": "nanoGPT", "include": ["data/*/*.bin"],
+                            "resume": {"when": "ckpt.pt", "add": ["--init_from=resume"]},
+                            "progress": [NANO_PROGRESS]}, grid={"lr": [0.001, 0.002]})
+    out = launch(str(spec), "--dry-run", "--workdir", str(tmp_path / "work"))
+    run_dir = tmp_path / "work" / "runs" / "s" / "lr-0.001"
+    first = f"run lr-0.001, first life: {sys.executable} train.py --out_dir={run_dir} --learning_rate=0.001"
+    assert out.returncode == 0 and first in out.stdout, out.stdout + out.stderr
+    assert f"run lr-0.001, a life that finds {run_dir / 'ckpt.pt'}: {first.split(': ', 1)[1]} --max_iters=40 " \
+           f"--step_s=0.05 --init_from=resume" in out.stdout, out.stdout
+    manifest = tmp_path / "work" / "jobs" / "s" / "manifest.json"
+    proc = subprocess.Popen([sys.executable, "-m", "tinygpt.launch.node.supervise", str(manifest), "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env())
+    try:  # (once its first checkpoint is written, and its step recorded from what it printed)
+        wait_until(lambda: '"step": 10' in read_text(run_dir / "metrics.jsonl"), timeout=60, what="step 10", proc=proc)
+        proc.send_signal(signal.SIGUSR2)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGUSR2 and "without saving (SIGUSR2)" in err, err
+    saved = json.loads((run_dir / "ckpt.pt").read_text())["iter_num"]
+    again = supervise(manifest, 0)
+    assert again.returncode == 0 and saved >= 10 and "--init_from=resume" in again.stderr, again
+    assert f"resuming training from {run_dir} at iter {saved}" in again.stdout, again.stdout
+    unbroken = supervise(manifest, 1)
+    assert unbroken.returncode == 0 and "matched no line" not in unbroken.stderr, unbroken
+    data = json.loads(manifest.read_text())
+    data["command"]["progress"].append(r"epoch (?P<step>\d+)")  # (a pattern that never matches is said)
+    manifest.write_text(json.dumps(data))
+    assert "command.progress[1] matched no line the program printed" in supervise(manifest, 1).stderr
+    said = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if "val_loss" in record:
+            said[record["step"]] = record["val_loss"]
+    assert sorted(said) == [0, 10, 20, 30, 40] and said[40] == 4.0 / (1 + 0.1 * 40) + 0.05 + 256e-4
+    shown = launch("status", str(spec), "--workdir", str(tmp_path / "work"))
+    row = next(line for line in shown.stdout.splitlines() if "lr-0.001" in line)
+    assert "40" in row and f"{said[40]:.4f}" in row, shown.stdout
+    assert "no run of this program has reported a step" not in shown.stdout

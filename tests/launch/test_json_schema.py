@@ -94,8 +94,8 @@ def test_status_json_follows_its_schema_for_a_run_in_each_state_its_directory_ca
     spec = tmp_path / "s.yaml"
     spec.write_text(yaml.safe_dump({"name": "s", "command": {"argv": ["prog"]}, "grid": {"a": [1, 2, 3, 4]}}))
     assert launch(str(spec), "--dry-run", "--workdir", str(tmp_path)).returncode == 0
-    said = {"a=2": [{"step": 3, "loss": 0.5}], "a=3": [{"step": 3, "loss": 0.5}, {"event": "finished", "step": 3}],
-            "a=4": [{"step": 1}, {"event": "hung", "step": 1, "heartbeat_age_s": 9.0, "time": 0}]}
+    said = {"a-2": [{"step": 3, "loss": 0.5}], "a-3": [{"step": 3, "loss": 0.5}, {"event": "finished", "step": 3}],
+            "a-4": [{"step": 1}, {"event": "hung", "step": 1, "heartbeat_age_s": 9.0, "time": 0}]}
     for run, lines in said.items():
         (tmp_path / "runs" / "s" / run).mkdir(parents=True)
         (tmp_path / "runs" / "s" / run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
@@ -104,7 +104,7 @@ def test_status_json_follows_its_schema_for_a_run_in_each_state_its_directory_ca
     document = json.loads(out.stdout)
     validator("status").validate(document)
     assert [(r["name"], r["state_name"], r["step"]) for r in document["runs"]] == [
-        ("a=1", "NOT_STARTED", None), ("a=2", "STARTED", 3), ("a=3", "FINISHED", 3), ("a=4", "HUNG", 1)]
+        ("a-1", "NOT_STARTED", None), ("a-2", "STARTED", 3), ("a-3", "FINISHED", 3), ("a-4", "HUNG", 1)]
     assert document["program"] == "command" and document["counts"] == {"NOT_STARTED": 1, "STARTED": 1, "FINISHED": 1,
                                                                        "HUNG": 1}
 

@@ -80,7 +80,7 @@ def test_workers_share_one_study_locally_and_the_report_ranks_the_trials(tmp_pat
     states = [line.split("│")[2].strip() for line in status.splitlines() if line.count("│") == 7]
     assert len(states) == 6 and set(states) <= {"COMPLETE", "PRUNED"} and "COMPLETE" in states, status
     assert {line.split("│")[5].strip() for line in status.splitlines() if line.count("│") == 7} == {"0", "1"}
-    assert sorted(p.name for p in (work / "runs" / "local-search").glob("trial=*")) == [f"trial={i}" for i in range(6)]
+    assert sorted(p.name for p in (work / "runs" / "local-search").glob("trial-*")) == [f"trial-{i}" for i in range(6)]
     assert launch("report", str(spec), "--workdir", str(work)).returncode == 0
     report = (work / "runs" / "local-search" / "report.md").read_text()
     assert "## Search (Optuna)" in report and "| 1 | " in report
@@ -152,12 +152,12 @@ def test_two_workers_on_the_cluster_and_a_preempted_worker_resumes_its_trial(tmp
     assert out.returncode == 0, out.stdout + out.stderr
     manifest = manifest_of(work, "asha")
     ids = manifest.task_job_ids()
-    state = work / "runs" / "asha" / "worker=0" / "worker.json"
+    state = work / "runs" / "asha" / "worker-0" / "worker.json"
     from tests.support.slurm import wait_until
 
     wait_until(state.exists, timeout=120, what="worker 0's first trial")
     number = json.loads(state.read_text())["trial"]
-    trial_dir = work / "runs" / "asha" / f"trial={number:02d}"
+    trial_dir = work / "runs" / "asha" / f"trial-{number:02d}"
     signal_when_training(ids[0], trial_dir / "metrics.jsonl", min_lines=4)  # mid-trial
     assert run_to_completion(ids[0], timeout=400) == ("COMPLETED", 1)
     assert run_to_completion(ids[1], timeout=400)[0] == "COMPLETED"
@@ -197,8 +197,8 @@ def test_a_trial_that_fails_is_marked_failed_even_on_resume_and_a_worker_with_on
     study = open_study(manifest.search, "failing", 0)
     left = study.ask()
     left.suggest_categorical("n_head", [1, 2, 4, 8])
-    (work / "runs" / "failing" / "worker=0").mkdir(parents=True)
-    (work / "runs" / "failing" / "worker=0" / "worker.json").write_text(json.dumps({"trial": left.number}))
+    (work / "runs" / "failing" / "worker-0").mkdir(parents=True)
+    (work / "runs" / "failing" / "worker-0" / "worker.json").write_text(json.dumps({"trial": left.number}))
     # ... and every new trial fails too: a width no head count divides, as a hand-edited manifest could say
     edited = json.loads(path.read_text())
     edited["base"]["n_embd"] = 31

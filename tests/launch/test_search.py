@@ -33,14 +33,14 @@ def test_the_same_seed_gives_the_same_runs_and_another_seed_others(tmp_path):
     assert [r.name for r in other.runs] != [r.name for r in first.runs]
     assert len(first.runs) == 12 and len({r.name for r in first.runs}) == 12
     run = first.runs[3]
-    assert run.name.startswith("trial=03,") and f"n_layer={run.config.model.n_layer}" in run.name
-    assert run.config.optim.lr == run.point["lr"] and f"lr={run.point['lr']!r}" in run.name
+    assert run.name.startswith("trial-03_") and f"n_layer-{run.config.model.n_layer}" in run.name
+    assert run.config.optim.lr == run.point["lr"] and f"lr-{run.point['lr']!r}" in run.name
     assert run.config.optim.max_steps == 50  # the fixed train keys hold for every trial
 
 
 def test_search_combines_with_explicit_runs_but_not_with_a_grid(tmp_path):
     sweep = load(tmp_path, search={**SEARCH, "trials": 2}, runs=[{"name": "baseline", "lr": 1.0e-3}])
-    assert [r.name.split(",")[0] for r in sweep.runs] == ["trial=0", "trial=1", "baseline"]
+    assert [r.name.split("_")[0] for r in sweep.runs] == ["trial-0", "trial-1", "baseline"]
     with pytest.raises(LaunchError, match="a spec has a grid or a search, not both"):
         load(tmp_path, search=SEARCH, grid={"lr": [1.0e-3, 2.0e-3]})
 
@@ -97,7 +97,7 @@ def test_a_random_search_runs_locally(tmp_path, tiny_corpus):
         out = subprocess.run([sys.executable, str(ROOT / "launch.py"), str(spec), "--local", "--workdir", work],
                              capture_output=True, text=True, env=python_env(), cwd=ROOT, timeout=300)
         assert out.returncode == 0, out.stdout + out.stderr
-        assert len(list((Path(work) / "runs" / "rs").glob("trial=*/checkpoints/*.pt"))) >= 2
+        assert len(list((Path(work) / "runs" / "rs").glob("trial-*/checkpoints/*.pt"))) >= 2
 
 
 def test_an_optuna_launch_checks_every_value_and_every_pair_of_values():

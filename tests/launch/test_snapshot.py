@@ -59,7 +59,8 @@ def test_a_checkout_without_git_snapshots_the_package(tmp_path):
     snap = snapshot.take(plain, tmp_path / "code")
     assert snap.commit is None and snap.dirty is None
     copied = {str(p.relative_to(snap.path)) for p in snap.path.rglob("*") if p.is_file()}
-    assert {"launch.py", "pyproject.toml", "tinygpt/training/trainer.py", "tinygpt/launch/commands/cli.py"} <= copied
+    assert {"launch.py", "pyproject.toml", "tinygpt/training/trainer.py", "tinygpt/launch/commands/cli.py",
+            "tinygpt/launch/submit/step.sh"} <= copied  # (the package's files, not only its *.py)
     assert not any(name.startswith(("tests/", "docs/")) for name in copied)
 
 

@@ -32,18 +32,18 @@ def write(tmp_path: Path, text: str, name: str = "spec.yaml") -> Path:
 def test_grid_expands_to_named_runs(tmp_path):
     path = write(tmp_path, "name: s\ntrain: {max_steps: 10}\ngrid:\n  n_layer: [2, 4]\n  model.n_embd: [64, 128]\n")
     sweep = spec_mod.load(path, tmp_path)
-    assert [r.name for r in sweep.runs] == ["n_layer=2,n_embd=64", "n_layer=2,n_embd=128", "n_layer=4,n_embd=64",
-                                            "n_layer=4,n_embd=128"]
+    assert [r.name for r in sweep.runs] == ["n_layer-2_n_embd-64", "n_layer-2_n_embd-128", "n_layer-4_n_embd-64",
+                                            "n_layer-4_n_embd-128"]
     cfg = sweep.runs[3].config  # the trainer's own config, final: what the job will read
     assert cfg.model.n_embd == 128 and cfg.optim.max_steps == 10
-    assert cfg.run.out_dir == str(tmp_path.resolve() / "runs" / "s" / "n_layer=4,n_embd=128")
+    assert cfg.run.out_dir == str(tmp_path.resolve() / "runs" / "s" / "n_layer-4_n_embd-128")
     assert cfg.data.data_dir == str(tmp_path.resolve() / "data")
     assert sweep.varying == ["n_layer", "n_embd"]
 
 
 def test_explicit_runs_and_single_job(tmp_path):
     path = write(tmp_path, "name: s\nruns:\n  - {name: a, n_head: 1}\n  - {block_size: 16}\n")
-    assert [r.name for r in spec_mod.load(path).runs] == ["a", "block_size=16"]
+    assert [r.name for r in spec_mod.load(path).runs] == ["a", "block_size-16"]
     single = write(tmp_path, "name: one\ntrain: {n_layer: 2}\n", "one.yaml")
     assert [r.name for r in spec_mod.load(single).runs] == ["base"]
 
@@ -64,7 +64,7 @@ resources: {gpus_per_node: 2, time: "99:00:00:00", nodes: 0}
     assert "unknown key `n_embed` (did you mean `n_embd`?)" in text
     assert "`out_dir` is set by the launcher" in text
     assert "lr: must be in (0, 1]" in text
-    assert "run `dropout=1.5`: dropout: must be in [0, 1), got 1.5" in text
+    assert "run `dropout-1.5`: dropout: must be in [0, 1), got 1.5" in text
     assert "resources.gpus_per_node: 2 GPUs asked, but the nodes of cluster profile `local` have no GPUs" in text
     assert "resources.time" in text and "resources.nodes" in text
     assert len(err.value.problems) >= 8
@@ -199,14 +199,14 @@ def test_the_manifest_leaves_out_the_run_dirs_it_can_tell(tmp_path):
     plan = build(spec_mod.load(write(tmp_path, "name: s\ngrid: {seed: [1, 2]}\n"), tmp_path))
     assert all("out_dir" not in run for run in json.loads(plan.manifest_path.read_text())["runs"])
     manifest = manifest_mod.load(plan.manifest_path)
-    assert [r.out_dir for r in manifest.runs] == [str(tmp_path / "runs" / "s" / f"seed={i}") for i in (1, 2)]
+    assert [r.out_dir for r in manifest.runs] == [str(tmp_path / "runs" / "s" / f"seed-{i}") for i in (1, 2)]
     runs = [run.model_dump() for run in manifest.runs]
-    runs[1]["out_dir"] = "/elsewhere/seed=2"
+    runs[1]["out_dir"] = "/elsewhere/seed-2"
     manifest_mod.create(plan.manifest_path, manifest_mod.ManifestHead.model_validate(
         manifest.model_dump(exclude={"runs"}, exclude_unset=True)), runs)
     assert [run.get("out_dir") for run in json.loads(plan.manifest_path.read_text())["runs"]] == [
-        None, "/elsewhere/seed=2"]
-    assert manifest_mod.load(plan.manifest_path).runs[1].out_dir == "/elsewhere/seed=2"
+        None, "/elsewhere/seed-2"]
+    assert manifest_mod.load(plan.manifest_path).runs[1].out_dir == "/elsewhere/seed-2"
 
 
 def test_exercises_spec_holds_the_notebooks_exercises():
@@ -436,11 +436,11 @@ def test_manifest_lookup_on_the_node(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     out = subprocess.run([sys.executable, "-m", "tinygpt.launch.manifest", "config", str(plan.manifest_path), "1"],
                          capture_output=True, text=True, env=env)
-    assert out.returncode == 0 and out.stdout.strip().endswith("configs/n_layer=2.yaml")
+    assert out.returncode == 0 and out.stdout.strip().endswith("configs/n_layer-2.yaml")
     from tinygpt.base import config
 
     cfg = config.resolve(["--config", out.stdout.strip()])
-    assert cfg.model.n_layer == 2 and cfg.run.out_dir == str(tmp_path.resolve() / "runs" / "s" / "n_layer=2")
+    assert cfg.model.n_layer == 2 and cfg.run.out_dir == str(tmp_path.resolve() / "runs" / "s" / "n_layer-2")
     bad = subprocess.run([sys.executable, "-m", "tinygpt.launch.manifest", "config", str(plan.manifest_path), "7"],
                          capture_output=True, text=True, env=env)
     assert bad.returncode == 1 and "cannot find run 7" in bad.stderr
@@ -500,7 +500,7 @@ def test_cli_dry_run_prints_the_plan_and_errors_have_no_traceback(tmp_path):
     spec = write(tmp_path, "name: s\ngrid: {n_layer: [1, 2]}\nresources: {time: '00:10:00'}\n")
     out = launch(str(spec), "--dry-run", "--workdir", str(tmp_path))
     assert out.returncode == 0, out.stderr
-    assert "n_layer=1" in out.stdout and "dry run: nothing submitted" in out.stdout and "00:10:00" in out.stdout
+    assert "n_layer-1" in out.stdout and "dry run: nothing submitted" in out.stdout and "00:10:00" in out.stdout
     # Piped, the plan reads as plain lines: its heading whole on one line, no box drawing.
     heading = next(line for line in out.stdout.splitlines() if line.startswith("s: "))
     assert re.fullmatch(r"s: 2 run\(s\), backend sbatch, cluster \S+", heading), out.stdout
@@ -537,7 +537,7 @@ grid: {{lr: [1.0e-3, 3.0e-3]}}
 """)
     out = launch(str(spec), "--local", "--workdir", str(tmp_path))
     assert out.returncode == 0, out.stdout + out.stderr
-    for name in ("lr=0.001", "lr=0.003"):
+    for name in ("lr-0.001", "lr-0.003"):
         metrics = (tmp_path / "runs" / "loc" / name / "metrics.jsonl").read_text()
         assert '"event": "finished"' in metrics
     status = launch("status", str(spec), "--workdir", str(tmp_path), columns=120)
@@ -549,13 +549,13 @@ grid: {{lr: [1.0e-3, 3.0e-3]}}
     piped = subprocess.run([sys.executable, str(ROOT / "launch.py"), "status", str(spec), "--workdir", str(tmp_path)],
                            capture_output=True, text=True, env={**env, "PYTHONPATH": str(ROOT)}, timeout=120)
     assert piped.returncode == 0 and "hidden" not in piped.stdout, piped.stdout
-    assert "run dir" in piped.stdout and str(tmp_path / "runs" / "loc" / "lr=0.003") in piped.stdout
+    assert "run dir" in piped.stdout and str(tmp_path / "runs" / "loc" / "lr-0.003") in piped.stdout
 
 
 def status_rows(n: int = 3):
     from tinygpt.launch.read.run_states import Row
 
-    names = ["n_layer=4,n_embd=128,lr=0.001", "n_layer=6,n_embd=384,lr=0.0003", "base"][:n]
+    names = ["n_layer-4_n_embd-128_lr-0.001", "n_layer-6_n_embd-384_lr-0.0003", "base"][:n]
     return [Row(i, name, f"4242_{i}", "RUNNING", "sacct", 0, 150, 2000, 2.1234, 2.2345, 12345.0, 3600.0,
                 f"/home/alice/tinygpt-hpc/runs/width-depth/{name}") for i, name in enumerate(names)]
 
@@ -601,7 +601,7 @@ def test_status_table_hides_the_least_needed_columns_to_fit_the_terminal(width, 
     shown = [cell.strip() for cell in header.strip("┃").split("┃")]
     # (no resubmission, no retry policy)
     assert shown == [col for col, _ in COLUMNS if col not in hidden and col not in ("before", "round")], text
-    for name in ("n_layer=4,n_embd=128,lr=0.001", "n_layer=6,n_embd=384,lr=0.0003"):
+    for name in ("n_layer-4_n_embd-128_lr-0.001", "n_layer-6_n_embd-384_lr-0.0003"):
         assert any(name in line for line in lines), f"the run name {name} is cut or wrapped:\n{text}"
     if hidden:
         assert f"hidden to fit {width} columns: {', '.join(hidden)}" in " ".join(text.split())

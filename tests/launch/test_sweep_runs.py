@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import re
 from pathlib import Path
 
 from hypothesis import example, given
@@ -85,3 +86,23 @@ def test_the_rules_table_names_every_validator_that_reads_other_keys():
             if "info.data" in inspect.getsource(validator.func):
                 reading.update(validator.info.fields)
     assert reading == set(config.RULES)
+
+
+@given(st.lists(st.one_of(st.text(max_size=8), st.integers(), st.floats(allow_nan=False), st.booleans()),
+                min_size=1, max_size=6, unique_by=repr))
+@example(["a b", "a,b", "a=b", "a_b", "x/../y", "ü", 0.001, 1e-3 * 3])
+def test_a_runs_name_is_safe_in_a_key_value_word_and_in_a_path_and_says_its_value(values):
+    """Whatever a value holds, the name our naming gives a run has letters, digits and `. _ + -` alone (no `=`, `,`
+    or space for a `--key=value` configurator to split on, no `/` or `..`), a value that was already such is
+    written as it is, and two values never share a name."""
+    names = [sweep_runs.run_name({"v": value}) for value in values]
+    assert len(set(names)) == len(names)
+    for value, name in zip(values, names):
+        assert not set(name) - set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._+-") and ".." \
+            not in name, name
+        said = {True: "true", False: "false"}.get(value) if isinstance(value, bool) else repr(value) \
+            if isinstance(value, float) else str(value)
+        safe = re.fullmatch(r"[A-Za-z0-9._+-]*", said) and ".." not in said
+        assert name == f"v-{said}" if safe else re.fullmatch(r"v-.*-[0-9a-f]{6}", name), (value, name)
+    assert sweep_runs.run_name({"n_layer": 2, "lr": 0.001}) == "n_layer-2_lr-0.001"
+    assert sweep_runs.run_name({"n_layer": 2, "lr": 0.001}, naming=1) == "n_layer=2,lr=0.001"  # (a sweep of before)

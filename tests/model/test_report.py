@@ -46,7 +46,7 @@ def test_sweep_report_has_curves_table_samples_and_attention(tmp_path, tiny_corp
     assert out.returncode == 0, out.stderr
     folder = tmp_path / "runs" / "rep"
     text = (folder / "report.md").read_text()
-    for name in ("lr=0.003", "lr=0.01"):
+    for name in ("lr-0.003", "lr-0.01"):
         assert f"| `{name}` |" in text and f"### {name}" in text
     assert "count-based bigram" in text and "uniform guess, ln(" in text
     rows = [line for line in text.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]

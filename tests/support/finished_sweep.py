@@ -8,6 +8,7 @@ on its seed, the end. Usable from the tests and from bench/launcher.py (which pu
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -63,3 +64,11 @@ def forgotten(manifest_path: Path) -> None:
     for run in runs:
         Path(run.out_dir).mkdir(parents=True, exist_ok=True)
         metrics.of_run(Path(run.out_dir)).write_text(json.dumps({"event": "finished", "step": 0, "time": 0}) + "\n")
+
+
+def named_as_before(manifest_path: Path) -> None:
+    """The sweep of a dry run of one key's grid, as a launcher before run names were safe in `--key=value` words
+    wrote it: runs named `key=value` (layout.NAMING's 1), a manifest without `naming`, their directories so named."""
+    text = manifest_path.read_text()
+    text = re.sub(r'("index": \d+, "name": "[a-z_]+)-', r'\1=', text.replace('\n "naming": 2,', ""))
+    manifest_path.write_text(text)

@@ -149,6 +149,25 @@ def submitit_logs(folder: Path, job_id: str) -> list[Path]:
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+-]{0,119}")
 
 
+# How a sweep's runs are named, as its manifest records it (`naming`; a manifest without one is of naming 1):
+#   1  lr=0.001,seed=1   (before: a run directory that breaks every `--key=value` configurator it is handed to,
+#                         nanoGPT's, Hydra's overrides, which split a word on `=` or `,`)
+#   2  lr-0.001_seed-1   (letters, digits and . _ + - alone; a value holding anything else is written with those
+#                         and a short hash of what it was, so that two values never share a name)
+# A sweep keeps the naming it was launched with: a relaunch, a resubmit and status find its runs where they are.
+NAMING = 2
+
+
+def pair(key: str, text: str, naming: int = NAMING) -> str:
+    """One part of a run's name: a key and its value's text (`lr-0.001`; naming 1: `lr=0.001`)."""
+    return f"{key}={text}" if naming == 1 else f"{key}-{text}"
+
+
+def joined(parts: list[str], naming: int = NAMING) -> str:
+    """A run's name from its parts (`lr-0.001_seed-1`; naming 1: `lr=0.001,seed=1`)."""
+    return ("," if naming == 1 else "_").join(parts)
+
+
 def name_problem(value: str) -> str | None:
     """Why `value` cannot name a sweep or a run (a file, folder and job name), or None."""
     if not SAFE_NAME.fullmatch(value) or ".." in value:

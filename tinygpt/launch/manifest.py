@@ -128,11 +128,22 @@ class CommandRecord(_Record):
     heartbeat_s: int | None = None
     max_requeues: int
     start: Literal["tasks", "torchrun"] = "tasks"  # (spec/command.py)
+    resume_when: str | None = None  # spec/command.py's resume: once this file exists, a life adds resume_add
+    resume_add: list[str] = Field(default_factory=list)
+    progress: list[str] = Field(default_factory=list)  # patterns over the program's lines (node/supervise.py)
 
-    def words(self, values: dict[str, Any]) -> list[str]:
-        """The words a run starts: each placeholder given its value, `{{` and `}}` made braces."""
+    def words(self, values: dict[str, Any], resumed: bool = False) -> list[str]:
+        """The words a life of a run starts with: each placeholder given its value, `{{` and `}}` made braces; a
+        life that `resumed` (resume_file exists) adds resume_add after the others."""
         given = {k: word_of(v) for k, v in values.items()}
-        return [word.format_map(given) if "{" in word or "}" in word else word for word in self.argv]
+        return [word.format_map(given) if "{" in word or "}" in word else word
+                for word in [*self.argv, *(self.resume_add if resumed else [])]]
+
+    def resume_file(self, values: dict[str, Any]) -> Path | None:
+        """The file whose existence makes a life resume (relative: in the run's directory), or None."""
+        if self.resume_when is None:
+            return None
+        return Path(values["run_dir"]) / self.resume_when.format_map({k: word_of(v) for k, v in values.items()})
 
 
 def word_of(value: Any) -> str:
@@ -148,6 +159,7 @@ class ManifestHead(_Record):
     # (in the order they are written: a file to read)
     format: int
     name: str
+    naming: int = 1  # how its runs are named (spec/sweep_runs.py's NAMING); a manifest without the key is of 1
     spec: str | None = None
     backend: str
     cluster: str | None = None
@@ -269,6 +281,17 @@ def _write(path: Path, head: dict[str, Any], runs: list[dict[str, Any]]) -> None
     runs_dir = SweepDirs(Path(head["workdir"]), head["name"]).runs
     lines = ",\n".join(f"  {encode(_without_run_dir(run, runs_dir))}" for run in runs)
     durable.write(path, f'{text[:-2]},{RUNS_START}{lines}\n ]\n}}\n')
+
+
+def naming(path: Path, new: int) -> int:
+    """How the runs of the sweep whose manifest is at `path` are named (its head's `naming`); `new` for a sweep not
+    launched yet, or whose manifest cannot be read (launching it says what is wrong with the file)."""
+    try:
+        head = json.loads(Path(path).read_text().partition(RUNS_START)[0].rstrip()[:-1] + "\n}")
+    except (OSError, ValueError):
+        return new
+    found = head.get("naming", 1) if isinstance(head, dict) else new
+    return found if isinstance(found, int) and not isinstance(found, bool) else new
 
 
 def load_run(path: Path, index: int) -> tuple[ManifestHead, RunRecord]:

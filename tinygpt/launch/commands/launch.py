@@ -10,6 +10,7 @@ import contextlib
 import gc
 import io
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -122,6 +123,8 @@ def _refuse_local_problems(sweep: Sweep, args: argparse.Namespace) -> None:
         if args.local and args.nproc > 1:
             problems.append("--nproc: starts the trainer's ranks under torchrun; a command runs one process per run "
                             "here")
+        if not (args.no_snapshot or args.local):  # (what the jobs' snapshot of the project will hold)
+            problems += snapshot.unheld_words(sweep.project, sweep.command.argv, tuple(sweep.command.include))
     elif not problems and (args.command == "check" or not (args.dry_run or args.local or args.chain)):
         problems = corpora.prepare_data(sweep)[1]  # (read by every task: a corpus that fails stops us here)
     if problems:
@@ -286,11 +289,16 @@ def _project(sweep: Sweep, live: bool) -> Snapshot | None:
         return None
     limit = sweep.snapshot_max_file_mb
     snap = snapshot.take(sweep.project, sweep.dirs.jobs / "project", None if limit is None else int(limit * 1e6),
-                         everything=True)
+                         everything=True, include=tuple(sweep.command.include))
     what = f"git {snap.commit[:10]}{' with uncommitted changes' if snap.dirty else ''}" if snap.commit \
         else "not a git work tree: every file"
     print(f"project: snapshot {snap.digest} of {sweep.project} ({what}), {snap.files} files, {snap.bytes / 1e6:.2f} "
           f"MB, {'reused' if snap.reused else 'taken'}")
+    if snap.left_out:
+        said = ", ".join(f"{e.path} ({e.files} file{'s' if e.files > 1 else ''}, {e.bytes / 1e6:.2f} MB)"
+                         for e in snap.left_out)
+        print(f"project: left out, as git does not track them: {said}; a run "
+              f"that reads one needs it in command.include (a glob), or by its absolute path (it stays where it is)")
     return snap
 
 
@@ -323,6 +331,18 @@ def _refuse_changed_search(manifest: Manifest, sweep: Sweep) -> None:
                           f"another study, or put search.params back as they were: {before.dists}")
 
 
+def _print_words(plan: Plan, index: int, console) -> None:
+    """The words run `index` starts with, as its task will (from the manifest): in a first life, and in a life
+    that resumes."""
+    head, run = manifest_mod.load_run(plan.manifest_path, index)
+    values = {**head.base, **run.own, "run_dir": run.out_dir, "run_name": run.name, "sweep": head.name}
+    console.print(f"run {run.name}, first life: {shlex.join(head.command.words(values))}", markup=False,
+                  highlight=False, soft_wrap=True)
+    if (found := head.command.resume_file(values)) is not None:
+        console.print(f"run {run.name}, a life that finds {found}: {shlex.join(head.command.words(values, True))}",
+                      markup=False, highlight=False, soft_wrap=True)
+
+
 def _print_plan(plan: Plan, args: argparse.Namespace, steps: dict) -> None:
     sweep = plan.sweep
     console = output_console()
@@ -342,6 +362,8 @@ def _print_plan(plan: Plan, args: argparse.Namespace, steps: dict) -> None:
         console.print(f"... {len(sweep.runs) - len(shown)} more runs not shown")
     console.print(f"resources per run: {sweep.resources.describe()}"
                   + (f"; at most {sweep.array_parallelism} at once" if sweep.array_parallelism else ""))
+    if sweep.command is not None and sweep.runs and sweep.search is None:  # (a search's trials draw their values)
+        _print_words(plan, sweep.runs[0].index, console)
     if sweep.command is not None and not sweep.resources.gpus_per_node and sweep.profile.node.gpus:
         console.print(f"  (a program of yours gets one task and no GPU unless `resources` asks: gpus_per_node: N, "
                       f"tasks_per_node: N; a node of `{sweep.profile.name}` has {sweep.profile.node.gpus})",

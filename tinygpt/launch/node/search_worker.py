@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tinygpt.base import durable
+from tinygpt.launch.layout import pair
 from tinygpt.training import preemption
 
 if TYPE_CHECKING:
@@ -127,7 +128,7 @@ def _train_trial(trial, manifest: Manifest, run: RunRecord) -> tuple[str, int | 
     search = manifest.search
     params = {key: suggest(trial, key, kind, args) for key, (kind, args) in search.dists.items()}
     width = len(str(search.trials - 1))
-    out_dir = Path(run.out_dir).parent / f"trial={trial.number:0{width}d}"  # beside the workers' own
+    out_dir = Path(run.out_dir).parent / pair("trial", f"{trial.number:0{width}d}", manifest.naming)  # (the workers')
     if manifest.command is not None:
         return _command_trial(trial, manifest, {**manifest.base, **run.own, **params}, out_dir)
     try:

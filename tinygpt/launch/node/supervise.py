@@ -4,6 +4,7 @@ user's program started in the project's snapshot with the run's words, and kept 
 The program is told, in its environment:
 
     TINYGPT_RUN_DIR       the run's directory (made; the same in every life of the run: resume from it)
+                          (point.json there: the run's values as the spec gives them)
     TINYGPT_RUN_NAME      the run's name            TINYGPT_SWEEP   the sweep's name
     TINYGPT_STOP_SIGNAL   the signal that asks it to stop (the profile's, before the time limit; SIGTERM at a
                           preemption): save, then exit with status 75 (TINYGPT_REQUEUE_EXIT) to be requeued
@@ -39,7 +40,7 @@ from typing import NamedTuple
 from tinygpt.base import durable
 from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.manifest import load_run
-from tinygpt.launch.node import torchrun_start
+from tinygpt.launch.node import printed_progress, torchrun_start
 from tinygpt.training import distributed, metrics
 from tinygpt.training.preemption import EXIT_REQUEUE
 from tinygpt.training.watchdog import EXIT_HUNG
@@ -55,6 +56,7 @@ FAILED = "ended with an error of its own, status"  # a status the program chose:
 PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT)
 STOP_GRACE_S = 10  # a hung program gets this long between SIGTERM and SIGKILL
 HEARTBEAT = "heartbeat"  # in the run directory
+POINT = "point.json"  # in the run directory: its values as the spec gives them (its name is safe, not exact)
 REQUEUE_MARK_ENV = "TINYGPT_REQUEUE_MARK"  # the file by which a run of several tasks asks for its requeue
 
 
@@ -85,8 +87,17 @@ def run_program(head, run_name: str, values: dict, run_dir: Path, watch=None) ->
     so. An OSError when it cannot be started. Under torchrun, torchrun is the program, and the status is the
     node's workers' (node/torchrun_start.py)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    argv = head.command.words({**values, "run_dir": str(run_dir), "run_name": run_name, "sweep": head.name})
+    durable.write(run_dir / POINT, json.dumps({"sweep": head.name, "run": run_name, "values": values}, indent=1) + "\n")
+    values = {**values, "run_dir": str(run_dir), "run_name": run_name, "sweep": head.name}
+    resumed = (found := head.command.resume_file(values)) is not None and found.exists()
+    argv = head.command.words(values, resumed)
+    if resumed:
+        print(f"tinygpt: run {run_name} resumes, as {found} exists: {' '.join(argv[len(head.command.argv):])}",
+              file=sys.stderr)
     env = environment(head, run_name, run_dir)
+    reads = bool(head.command.progress) and os.environ.get("SLURM_PROCID", "0") == "0"  # (one task records)
+    if reads:
+        env["PYTHONUNBUFFERED"] = "1"
     under_torchrun = head.command.start == "torchrun"
     procs = int(head.resources.get("tasks_per_node") or 1)
     with tempfile.TemporaryDirectory(prefix="tinygpt-workers-") as ends:
@@ -104,11 +115,15 @@ def run_program(head, run_name: str, values: dict, run_dir: Path, watch=None) ->
         # job starts, would otherwise end this process and leave the program without its supervisor)
         before = {signum: signal.signal(signum, passed_on) for signum in PASSED_ON}
         try:
-            program = subprocess.Popen(argv, cwd=head.command.project, env=env)
+            program = subprocess.Popen(argv, cwd=head.command.project, env=env,
+                                       **({"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if reads else {}))
+            reader = printed_progress.Reader(program.stdout, head.command.progress, run_dir) if reads else None
             started.append(program)
             for signum in received if not under_torchrun else []:  # (those that came while it started)
                 program.send_signal(signum)
             code = _wait(program, head.command.heartbeat_s, run_dir, watch)
+            for said in reader.finish() if reader else []:
+                print(said, file=sys.stderr)
         finally:
             for signum, handler in before.items():  # (a search worker's own, between its trials)
                 signal.signal(signum, handler)

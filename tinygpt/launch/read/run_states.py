@@ -91,6 +91,8 @@ def read_progress(run_dir: Path) -> dict:
                         elapsed_s=rec.get("elapsed_s"))
         elif not event and isinstance(rec.get("step"), int):  # (a program of the user's: any named values)
             info["step"] = max(info.get("step", 0), rec["step"])
+            if rec.get("train_loss") is not None:
+                info["train_loss"] = rec["train_loss"]
         if rec.get("val_loss") is not None:
             info["val_loss"] = rec["val_loss"]
             info["step"] = max(info.get("step", 0), rec["step"])

@@ -1,4 +1,4 @@
-"""A spec's `command:`: a training program of the user's instead of ours, each run's values put into its words.
+r"""A spec's `command:`: a training program of the user's instead of ours, each run's values put into its words.
 
     command:
       argv: [python, train.py, --lr, "{lr}", --epochs, "{epochs}", --out, "{run_dir}"]
@@ -7,12 +7,23 @@
         lr: {type: float, min: 0, max: 1}
         epochs: {type: int, min: 1}
       project: .                               # the folder whose files the jobs run (default: see below)
+      include: [data/shakespeare_char/*.bin]   # files the snapshot takes beside git's (data git ignores)
+      resume:                                  # a program that resumes only when told (nanoGPT):
+        when: "{run_dir}/ckpt.pt"              #   once a life finds this file, which the program wrote,
+        add: [--init_from=resume]              #   it is started with these words after its others
+      progress:                                # a program that prints its losses instead of writing JSON:
+        - 'step (?P<step>\d+): train loss (?P<train_loss>[\d.]+), val loss (?P<val_loss>[\d.]+)'
       heartbeat_s: 600                         # a run whose heartbeat is older than this is hung
       max_requeues: 20                         # a run asks to be requeued at most this many times
       start: tasks                             # or torchrun: once per node, its workers one per task
 
 `{name}` in a word is the run's value of `name` (a word may hold several, and text around them; `{{` and `}}`
-are braces); `{run_dir}`, `{run_name}` and `{sweep}` are the launcher's. A word stays one word whatever the
+are braces); `{run_dir}`, `{run_name}` and `{sweep}` are the launcher's (a run's name and directory hold letters,
+digits and `. _ + -` alone: safe in any `--key=value` word). `resume` is keyed on a file the program wrote, not on
+the life's number, so a life killed before the first save starts fresh again. `progress` patterns are read on the
+node as the program prints (each line, unbuffered: PYTHONUNBUFFERED=1), each match a record of its named groups in
+the run's metrics.jsonl, what `status`, `report`, an Optuna search and the retry summary read; a pattern that
+matched no line of a life is said in the log. A word stays one word whatever the
 value holds: the program is started with these words, never through a shell. The keys are the user's, checked as
 `params` declares them. `project` defaults to the git work tree that holds the spec, else the spec's folder; its
 files as they are at launch are what the jobs run (node/supervise.py says how a run starts and what it is told).
@@ -21,12 +32,13 @@ files as they are at launch are what the jobs run (node/supervise.py says how a 
 from __future__ import annotations
 
 import math
+import re
 import string
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from tinygpt.base import schema
 from tinygpt.base.schema import Int, OptFloat, OptInt, OptText, Text
@@ -45,6 +57,20 @@ class Param(schema.Schema):
     choices: list[Any] | None = Field(None, min_length=1, description="the values allowed, and no other")
 
 
+class Resume(schema.Schema):
+    """What a life of a run that has something to resume from adds to its words."""
+
+    when: Text = Field(description=(
+        "a file the program writes when it saves, e.g. {run_dir}/ckpt.pt (relative: in the run's directory); once "
+        "a life finds it, it resumes"))
+    add: list[Text] = Field(min_length=1, description="the words added after the others, e.g. [--init_from=resume]")
+
+    @field_validator("add")
+    @classmethod
+    def _words(cls, add: list[str]) -> list[str]:
+        return check_words(["program", *add], "add")[1:]
+
+
 class CommandSpec(schema.Schema):
     """A program of the user's that each run starts, with its values in its words."""
 
@@ -57,6 +83,15 @@ class CommandSpec(schema.Schema):
     project: OptText = Field(None, description=(
         "the folder whose files the jobs run, as they are at launch (default: the git work tree that holds the "
         "spec, else the spec's folder)"))
+    resume: Resume | None = Field(None, description=(
+        "for a program that resumes only when told: the words a life adds once a file the program wrote exists"))
+    progress: list[Text] = Field(default_factory=list, description=(
+        "regular expressions over the lines the program prints, each with a (?P<step>...) group and a group per "
+        "value (?P<val_loss>...): each match is a record of the run's metrics.jsonl"))
+    include: list[Text] = Field(default_factory=list, description=(
+        "globs, relative to the project, of files its snapshot takes beside git's tracked ones (data that git "
+        "ignores, e.g. data/shakespeare_char/*.bin); data that stays where it is on the cluster's shared file "
+        "system is named by its absolute path in argv instead"))
     heartbeat_s: OptInt = Field(None, ge=2, description=(
         "a run whose heartbeat file ($TINYGPT_HEARTBEAT) is older than this many seconds is hung, and stopped"))
     max_requeues: Int = Field(DEFAULT_MAX_REQUEUES, ge=0, le=10_000, description=(
@@ -66,10 +101,39 @@ class CommandSpec(schema.Schema):
         "LOCAL_RANK, MASTER_ADDR and MASTER_PORT; torchrun: torchrun once per node, which starts tasks_per_node "
         "workers and joins the nodes with its c10d rendezvous (torch must be on the nodes)"))
 
+    @model_validator(mode="before")
+    @classmethod
+    def _words_alone(cls, data: Any) -> Any:
+        """`command: [python, train.py, ...]` is `command: {argv: [...]}`; one text is no program's words."""
+        if isinstance(data, list):
+            return {"argv": data}
+        if isinstance(data, str):
+            raise ValueError(f"{data!r} is one text, and a program is started with its words, never through a "
+                             f"shell: write them as a list, command: [{', '.join(data.split()[:3]) or 'python'}, ...], "
+                             f"or command: {{argv: [...]}}")
+        return data
+
     @field_validator("argv")
     @classmethod
     def _words(cls, argv: list[str]) -> list[str]:
         return check_words(argv, "argv")
+
+    @field_validator("progress")
+    @classmethod
+    def _patterns(cls, progress: list[str]) -> list[str]:
+        for i, pattern in enumerate(progress):
+            try:
+                groups = re.compile(pattern).groupindex
+            except re.error as err:
+                raise ValueError(f"progress[{i}]: {pattern!r} is not a regular expression ({err})") from None
+            if "step" not in groups or len(groups) < 2:
+                raise ValueError(f"progress[{i}]: {pattern!r} needs a (?P<step>\\d+) group for the step and one "
+                                 f"named group per value, e.g. val loss (?P<val_loss>[\\d.]+)")
+        return progress
+
+    def words_of_later_lives(self) -> list[str]:
+        """Every word a run's lives may start with: what its placeholders must have values for."""
+        return [*self.argv, *([self.resume.when, *self.resume.add] if self.resume else [])]
 
 
 def check_words(argv: list[str], field: str, allowed: tuple[str, ...] | None = None) -> list[str]:
@@ -122,7 +186,7 @@ def check_run(command: CommandSpec, values: dict[str, Any], where: str) -> list[
     """What is wrong with one run's values: a placeholder without a value, a value its `params` refuse."""
     problems = [f"{where}: `{key}` is set by the launcher ({why}); remove it" for key, why in LAUNCHER_VALUES.items()
                 if key in values]
-    missing = sorted(placeholders(command.argv) - values.keys() - LAUNCHER_VALUES.keys())
+    missing = sorted(placeholders(command.words_of_later_lives()) - values.keys() - LAUNCHER_VALUES.keys())
     if missing:
         problems.append(f"{where}: no value for {', '.join('{' + m + '}' for m in missing)} in command.argv; give it "
                         f"in command.values, the grid or the run")
@@ -185,4 +249,18 @@ def project_problems(argv: list[str], root: Path) -> list[str]:
             problems.append(f"command.argv[{i}]: {word} is outside the project {root}: the jobs would run it as it "
                             f"is when each starts, not as it was at launch; move it into the project, or set "
                             f"command.project to its folder")
+    return problems
+
+
+def included_problems(root: Path, include: list[str], field: str) -> list[str]:
+    """An `include` glob that is not inside the project, or matches no file there (the jobs would miss what it
+    names)."""
+    problems = []
+    for i, pattern in enumerate(include):
+        if Path(pattern).is_absolute() or ".." in Path(pattern).parts or not pattern.strip("./"):
+            problems.append(f"{field}[{i}]: {pattern!r} is not inside the project; give a glob relative to "
+                            f"{root}, or name a file outside it by its absolute path in argv (it stays where it is)")
+        elif root.is_dir() and not any(p.is_file() for p in root.glob(pattern)):
+            problems.append(f"{field}[{i}]: {pattern} matches no file of the project {root}; prepare the data "
+                            f"first, or fix the glob")
     return problems

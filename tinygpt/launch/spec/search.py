@@ -11,7 +11,7 @@
         n_head: {int: [1, 8]}  # whole numbers, both ends included
 
 Every other trainer key comes from `train`, as for a grid. A drawn float keeps 4 significant digits, so a
-run's name says exactly what it trains with: `trial=07,lr=0.0004813,n_layer=4`. Each point is then checked
+run's name says exactly what it trains with: `trial-07_lr-0.0004813_n_layer-4`. Each point is then checked
 like a grid point (the trainer's schema, before anything is written).
 
 `method: optuna` (with `workers: W`, `sampler: tpe|random`, `pruner: asha|median|none`) makes the sweep W

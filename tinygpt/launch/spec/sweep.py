@@ -40,8 +40,9 @@ from tinygpt.base import config as train_config
 from tinygpt.base import schema
 from tinygpt.base.config import ConfigError, suggest
 from tinygpt.base.schema import OptFloat, OptInt, OptText
+from tinygpt.launch import manifest
 from tinygpt.launch.errors import LaunchError
-from tinygpt.launch.layout import SweepDirs, check_safe_name, name_problem, unwritable_dir
+from tinygpt.launch.layout import NAMING, SweepDirs, check_safe_name, joined, name_problem, pair, unwritable_dir
 from tinygpt.launch.manifest import BACKENDS
 from tinygpt.launch.spec import command as command_mod
 from tinygpt.launch.spec import passthrough, retry, search, sweep_runs
@@ -146,6 +147,7 @@ class Sweep:
     project: Path | None = None  # the folder whose files a command's jobs run
     code_counts: bool = False  # a relaunch counts a run submitted with other code as changed
     retry: RetryPolicy | None = None  # how its supervisor job sends again the runs that ended badly
+    naming: int = NAMING  # how its runs are named (sweep_runs.py): a sweep launched before keeps its own
 
     @property
     def dirs(self) -> SweepDirs:
@@ -281,30 +283,35 @@ def load(path: str | Path, workdir: str | Path = ".", cluster: str | None = None
         profile = profiles.load(str(cluster or spec.cluster or "local"))
     except LaunchError as err:  # (a profile's own problems are named with its file)
         problems.extend(f"cluster profile {err.source}: {p}" if err.source else p for p in err.problems)
+    naming = manifest.naming(SweepDirs(workdir, name).manifest, NAMING)  # (a sweep keeps its own)
     if spec.command is not None or "command" in data:
         forced = {key: command_mod.from_text(value) for key, value in (set_values or {}).items()}
-        return _command_sweep(spec, path, name, profile, backend, workdir, forced, problems)
+        return _command_sweep(spec, path, name, profile, backend, workdir, forced, problems, naming)
     base = _base(spec.train, profile, problems)
     forced = _check_keys(set_values or {}, "--set", problems)
     inputs = {"data_dir": str(workdir / "data"), **base}  # (under each run's own; the launcher's keys over them)
     launcher = {**forced, "sweep": name}
     optuna = _optuna(spec, {**inputs, **launcher}, problems)
-    points, grid_size = ([(f"worker={w}", {}) for w in range(optuna["workers"])], optuna["workers"]) if optuna \
-        else _points(spec, problems)
+    points, grid_size = _workers(optuna, naming) if optuna else _points(spec, problems, naming)
     varying = sweep_runs.name_keys(points, base)
     runs = sweep_runs.make(points, grid_size, varying, inputs, launcher, str(SweepDirs(workdir, name).runs),
-                           problems)
+                           problems, naming)
     resources = _resources(spec.resources, profile, problems) if profile is not None else None
     pack = _pack(spec.pack or 1, backend, optuna, resources, problems)
     policy = _retry(spec, profile, resources, backend, problems)
     if unique := list(dict.fromkeys(problems)):
         raise LaunchError(unique, str(path))
     return Sweep(name, path, profile, backend, resources, spec.array_parallelism, workdir, runs, varying, optuna,
-                 pack, spec.snapshot_max_file_mb, code_counts=spec.code_counts, retry=policy)
+                 pack, spec.snapshot_max_file_mb, code_counts=spec.code_counts, retry=policy, naming=naming)
+
+
+def _workers(optuna: dict[str, Any], naming: int) -> tuple[list[tuple[str | None, dict[str, Any]]], int]:
+    """An Optuna search's runs: its workers, each named by its number."""
+    return [(pair("worker", str(w), naming), {}) for w in range(optuna["workers"])], optuna["workers"]
 
 
 def _command_sweep(spec: SpecFile, path: Path, name: str, profile: Profile | None, backend: str, workdir: Path,
-                   forced: dict[str, Any], problems: list[str]) -> Sweep:
+                   forced: dict[str, Any], problems: list[str], naming: int) -> Sweep:
     """A sweep of a program of the user's (`command:`): its runs' values checked as the spec declares them."""
     command = spec.command
     if spec.train is not None:
@@ -316,12 +323,12 @@ def _command_sweep(spec: SpecFile, path: Path, name: str, profile: Profile | Non
     if command is not None:
         project = command_mod.project_root(command.project, path)
         problems.extend(command_mod.project_problems(command.argv, project))
+        problems.extend(command_mod.included_problems(project, command.include, "command.include"))
         optuna = _command_optuna(spec, command, forced, problems)
-        points, grid_size = ([(f"worker={w}", {}) for w in range(optuna["workers"])], optuna["workers"]) if optuna \
-            else _points(spec, problems, _as_given, str)
+        points, grid_size = _workers(optuna, naming) if optuna else _points(spec, problems, naming, _as_given, str)
         varying = sweep_runs.name_keys(points, command.values)
         runs = sweep_runs.make_plain(points, grid_size, varying, command.values, forced,
-                                     str(SweepDirs(workdir, name).runs), problems)
+                                     str(SweepDirs(workdir, name).runs), problems, naming)
         for run in runs if optuna is None else []:  # (a worker's values are its trials': checked above)
             problems.extend(command_mod.check_run(command, {**run.shared, **run.own}, f"run {run.name}"))
     resources = _resources(spec.resources, profile, problems, ours=False) if profile is not None else None
@@ -330,7 +337,8 @@ def _command_sweep(spec: SpecFile, path: Path, name: str, profile: Profile | Non
     if unique := list(dict.fromkeys(problems)):
         raise LaunchError(unique, str(path))
     return Sweep(name, path, profile, backend, resources, spec.array_parallelism, workdir, runs, varying, optuna,
-                 pack, spec.snapshot_max_file_mb, command, project, code_counts=spec.code_counts, retry=policy)
+                 pack, spec.snapshot_max_file_mb, command, project, code_counts=spec.code_counts, retry=policy,
+                 naming=naming)
 
 
 def _retry(spec: SpecFile, profile: Profile | None, resources: Resources | None, backend: str,
@@ -445,7 +453,7 @@ def _base(raw: dict[str, Any] | None, profile: Profile | None, problems: list[st
     return base
 
 
-def _points(spec: SpecFile, problems: list[str], check=_check_keys, name_of=_trainer_key
+def _points(spec: SpecFile, problems: list[str], naming: int, check=_check_keys, name_of=_trainer_key
             ) -> tuple[list[tuple[str | None, dict[str, Any]]], int]:
     """The sweep's points, (given name or None, flat trainer keys, or a command's as written: `check` and
     `name_of`): the grid's, then the explicit runs; and how many came from the grid."""
@@ -462,7 +470,9 @@ def _points(spec: SpecFile, problems: list[str], check=_check_keys, name_of=_tra
         drawn = search.points(spec.search.settings())
         width = len(str(len(drawn) - 1))
         for trial, point in enumerate(drawn):
-            points.append((f"trial={trial:0{width}d},{run_name(point)}", check(point, "search.params", problems)))
+            name = joined([pair("trial", f"{trial:0{width}d}", naming), run_name(point, naming)],
+                                     naming)
+            points.append((name, check(point, "search.params", problems)))
         grid_points = drawn  # (counted like grid points: the explicit runs come after)
     explicit = spec.runs
     for i, entry in enumerate(explicit or []):

@@ -12,7 +12,9 @@ every one, as if nothing were remembered. A run's whole config (`Run.config`) is
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +22,7 @@ from typing import Any
 
 from tinygpt.base import config as train_config
 from tinygpt.base.config import ConfigError
-from tinygpt.launch.layout import check_safe_name, unwritable_dir
+from tinygpt.launch.layout import NAMING, check_safe_name, joined, pair, unwritable_dir
 
 MISSING = object()  # a key a run does not give (its value is the shared one, or the trainer's default)
 
@@ -46,7 +48,10 @@ class Run:
         return train_config.build(self.inputs)
 
 
-def _value_token(key: str, value: Any) -> str:
+_UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
+
+
+def _value_token(key: str, value: Any, naming: int = NAMING) -> str:
     """The part of a run name that one value contributes."""
     if isinstance(value, bool):
         text = "true" if value else "false"
@@ -56,13 +61,15 @@ def _value_token(key: str, value: Any) -> str:
         text = Path(str(value)).stem  # a path: its file name is the readable part
     else:
         text = str(value)
+    if naming >= 2 and (_UNSAFE.search(text) or ".." in text):
+        text = f"{_UNSAFE.sub('-', text).replace('..', '.')}-{hashlib.sha256(text.encode()).hexdigest()[:6]}"
     return text
 
 
-def run_name(point: dict[str, Any]) -> str:
+def run_name(point: dict[str, Any], naming: int = NAMING) -> str:
     if not point:
         return "base"
-    return ",".join(f"{key}={_value_token(key, value)}" for key, value in point.items())
+    return joined([pair(key, _value_token(key, value, naming), naming) for key, value in point.items()], naming)
 
 
 def name_keys(points: list[tuple[str | None, dict[str, Any]]], base: dict[str, Any]) -> list[str]:
@@ -78,10 +85,11 @@ def _differs(values) -> bool:
 
 
 def make(points: list[tuple[str | None, dict[str, Any]]], grid_size: int, varying: list[str], base: dict[str, Any],
-         forced: dict[str, Any], runs_dir: str, problems: list[str]) -> list[Run]:
-    """Each point named (from the `varying` keys), given its inputs (`base` < point < `forced`, and its out_dir)
-    and checked; what is wrong is added to `problems`, and a run with a problem in its name is left out."""
-    labelled = _labelled(points, grid_size, varying, len(points) == 1, problems)
+         forced: dict[str, Any], runs_dir: str, problems: list[str], naming: int = NAMING) -> list[Run]:
+    """Each point named (from the `varying` keys, as `naming` says), given its inputs (`base` < point < `forced`,
+    and its out_dir) and checked; what is wrong is added to `problems`, and a run with a problem in its name is
+    left out."""
+    labelled = _labelled(points, grid_size, varying, len(points) == 1, problems, naming)
     if not labelled:
         return []
     own_keys, shared = _split(labelled, base, forced)
@@ -98,10 +106,11 @@ def make(points: list[tuple[str | None, dict[str, Any]]], grid_size: int, varyin
 
 
 def make_plain(points: list[tuple[str | None, dict[str, Any]]], grid_size: int, varying: list[str],
-               base: dict[str, Any], forced: dict[str, Any], runs_dir: str, problems: list[str]) -> list[Run]:
+               base: dict[str, Any], forced: dict[str, Any], runs_dir: str, problems: list[str],
+               naming: int = NAMING) -> list[Run]:
     """`make` for a program that is not the trainer: each point named and given its values (`base` < point <
     `forced`), which the caller checks as the spec declares them."""
-    labelled = _labelled(points, grid_size, varying, len(points) == 1, problems)
+    labelled = _labelled(points, grid_size, varying, len(points) == 1, problems, naming)
     if not labelled:
         return []
     own_keys, shared = _split(labelled, base, forced)
@@ -118,13 +127,14 @@ def _split(labelled: list[tuple[int, str, dict[str, Any]]], base: dict[str, Any]
     return own_keys, {**base, **{k: v for k, v in labelled[0][2].items() if k not in own_keys}, **forced}
 
 
-def _labelled(points, grid_size: int, varying: list[str], alone: bool, problems: list[str]
+def _labelled(points, grid_size: int, varying: list[str], alone: bool, problems: list[str], naming: int
               ) -> list[tuple[int, str, dict[str, Any]]]:
     """(index, name, point) of each point whose name can be used and is not taken."""
     seen: dict[str, int] = {}
     out = []
     for index, (given, point) in enumerate(points):
-        label = given if given is not None else run_name({k: v for k, v in point.items() if k in varying or alone})
+        label = given if given is not None else run_name({k: v for k, v in point.items() if k in varying or alone},
+                                                         naming)
         where = f"runs[{index - grid_size}]" if index >= grid_size else f"grid point {index}"
         if not check_safe_name(label, f"{where} name", problems):
             continue

@@ -69,7 +69,9 @@ def build(sweep: Sweep, snapshot: Snapshot | None = None, project: Snapshot | No
         c = sweep.command
         head.command = CommandRecord(argv=c.argv, project=str(project.path if project else sweep.project),
                                      stop_signal=sweep.profile.signal, heartbeat_s=c.heartbeat_s,
-                                     max_requeues=c.max_requeues, start=c.start)
+                                     max_requeues=c.max_requeues, start=c.start,
+                                     resume_when=c.resume.when if c.resume else None,
+                                     resume_add=c.resume.add if c.resume else [], progress=c.progress)
     indices = merged.submit if merged else list(range(len(sweep.runs)))
     written = (project if sweep.command is not None else snapshot)
     for i in indices if written else []:  # (what a relaunch compares when spec.code_counts asks it to)
@@ -83,7 +85,8 @@ def build(sweep: Sweep, snapshot: Snapshot | None = None, project: Snapshot | No
 def _head(sweep: Sweep, snapshot: Snapshot | None, previous: list, base: dict[str, Any]) -> ManifestHead:
     search = SearchRecord.model_validate({**sweep.search, "journal": str(sweep.dirs.journal)}) if sweep.search \
         else None
-    return ManifestHead(format=manifest_mod.FORMAT, name=sweep.name, spec=str(sweep.spec_path.resolve()),
+    return ManifestHead(format=manifest_mod.FORMAT, name=sweep.name, naming=sweep.naming,
+                        spec=str(sweep.spec_path.resolve()),
                         backend=sweep.backend, cluster=sweep.profile.name, workdir=str(sweep.workdir),
                         logs_dir=str(sweep.dirs.logs), resources=sweep.resources.record(),
                         code=snapshot.record() if snapshot else {"snapshot": None, "path": str(REPO_ROOT)},

@@ -43,6 +43,7 @@ class Snapshot:
     bytes: int
     reused: bool
     untracked: tuple[str, ...] = ()  # Python files git does not track (or ignore): left out, and said
+    left_out: tuple[LeftOut, ...] = ()  # a user's project: what is in its folder and not in the snapshot
 
     def record(self) -> dict:
         return {"snapshot": self.digest, "path": str(self.path), "commit": self.commit, "dirty": self.dirty}
@@ -56,19 +57,29 @@ def _git(root: Path, *args: str) -> str | None:
     return out.stdout.decode("utf-8", "surrogateescape") if out.returncode == 0 else None
 
 
-LEFT_OUT = ("jobs", "runs", "logs", "__pycache__")  # (a folder without git: what sweeps write there, and caches)
+SWEEP_FOLDERS = ("jobs", "runs", "logs")  # (at a project's top without git: what sweeps launched there write)
+CACHE = "__pycache__"
 
 
-def source_files(root: Path, everything: bool = False) -> tuple[list[str], str | None, bool | None]:
+@dataclass(frozen=True)
+class LeftOut:
+    """A file or folder of a user's project that the snapshot does not hold, and how much it holds."""
+
+    path: str  # relative to the project; a folder ends with /
+    files: int
+    bytes: int
+
+
+def source_files(root: Path, everything: bool = False, include: tuple[str, ...] = ()
+                 ) -> tuple[list[str], str | None, bool | None]:
     """(relative paths to copy, commit, dirty): git's tracked files; without git, the package (or `everything`
-    under `root`: a user's project, less hidden files, virtual environments and what LEFT_OUT names)."""
+    under `root`: a user's project, less hidden files, virtual environments, caches and the SWEEP_FOLDERS at its
+    top); with the files that the `include` globs match beside them."""
     listed = _git(root, "ls-files", "-z")  # (relative to root, also when root is inside a larger repository)
     if not listed and everything:
-        venvs = {p.parent for p in root.rglob("pyvenv.cfg")}  # (a virtual environment in the project: not its code)
-        files = [str(p.relative_to(root)) for p in sorted(root.rglob("*")) if (p.is_file() or p.is_symlink())
-                 and not any(part.startswith(".") or part in LEFT_OUT for part in p.relative_to(root).parts)
-                 and not venvs.intersection(p.parents)]
-        return files, None, None
+        return _with_included(root, [str(p.relative_to(root)) for p in sorted(root.rglob("*"))
+                                     if (p.is_file() or p.is_symlink()) and not _skipped(root, p)], include), \
+            None, None
     if not listed:  # (every file of the package, as pip laid it out: its scripts and data too, not only *.py)
         files = [str(p.relative_to(root)) for p in sorted((root / "tinygpt").rglob("*"))
                  if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".pyo")]
@@ -76,10 +87,69 @@ def source_files(root: Path, everything: bool = False) -> tuple[list[str], str |
         return files, None, None
     commit = (_git(root, "rev-parse", "HEAD") or "").strip() or None
     status = _git(root, "status", "--porcelain", "--untracked-files=no")
-    return [f for f in listed.split("\0") if f], commit, None if status is None else bool(status.strip())
+    return (_with_included(root, [f for f in listed.split("\0") if f], include), commit,
+            None if status is None else bool(status.strip()))
 
 
-def _contents(root: Path, files: list[str], max_file_bytes: int) -> list[tuple[str, bytes, str]]:
+def _skipped(root: Path, path: Path) -> bool:
+    """Not a project's own file when it is no git work tree: hidden, a cache, in a virtual environment, or in a
+    folder that sweeps launched at its top write."""
+    parts = path.relative_to(root).parts
+    return (any(part.startswith(".") or part == CACHE for part in parts) or parts[0] in SWEEP_FOLDERS
+            or any((parent / "pyvenv.cfg").is_file() for parent in path.parents if root in parent.parents))
+
+
+def _with_included(root: Path, files: list[str], include: tuple[str, ...]) -> list[str]:
+    """`files` and the files under `root` that the `include` globs match (each once, in order)."""
+    extra = [str(p.relative_to(root)) for pattern in include for p in sorted(root.glob(pattern)) if p.is_file()
+             and ".git" not in p.relative_to(root).parts]
+    return list(dict.fromkeys([*files, *extra]))
+
+
+def unheld_words(root: Path, argv: list[str], include: tuple[str, ...]) -> list[str]:
+    """The words of a program's argv that name a file of the project that its snapshot will not hold (untracked,
+    or ignored, by git), or a program in it that cannot run (no run bit): every task would fail on it. A word is
+    a path relative to the project, or the value of an `--option=path` word."""
+    if not root.is_dir():
+        return []  # (spec/command.py says so)
+    held = set(source_files(root, True, include)[0])
+    problems = []
+    for i, word in enumerate(argv):
+        path = word.partition("=")[2] if word.startswith("-") else word
+        if not path or "{" in path or Path(path).is_absolute() or not (root / path).is_file():
+            continue
+        rel = os.path.relpath(os.path.realpath(root / path), os.path.realpath(root))
+        if rel.startswith(".."):
+            continue  # (outside the project: spec/command.py's check)
+        if rel not in held:
+            problems.append(f"command.argv[{i}]: {path} is in the project but not in its snapshot, as git does not "
+                            f"track it; `git add` it, or take it with command.include: [{rel}]")
+        elif i == 0 and "/" in path and not os.access(root / path, os.X_OK):
+            problems.append(f"command.argv[0]: {path} cannot be run (no run bit: chmod +x {path}), or start it with "
+                            f"its interpreter, e.g. [python, {path}, ...]")
+    return problems
+
+
+def left_out(root: Path, taken: set[str], most: int = 8) -> tuple[LeftOut, ...]:
+    """The largest files and folders of a user's git work tree that a snapshot of `taken` does not hold: git's
+    untracked and ignored ones, less hidden ones, caches, virtual environments and the SWEEP_FOLDERS at its top,
+    the `most` largest first. (Without git a snapshot holds every file but those.)"""
+    listed = _git(root, "ls-files", "-z", "--others", "--directory")  # (untracked and ignored; folders whole)
+    found = []
+    for entry in (e for e in (listed or "").split("\0") if e):
+        path, top = root / entry, entry.split("/")[0]
+        if top.startswith(".") or top in SWEEP_FOLDERS or CACHE in Path(entry).parts or (path / "pyvenv.cfg").is_file():
+            continue
+        files = [p for p in ([path] if path.is_file() else path.rglob("*")) if p.is_file() and not p.is_symlink()
+                 and str(p.relative_to(root)) not in taken]
+        if files:
+            name = entry.rstrip("/") + ("/" if path.is_dir() else "")
+            found.append(LeftOut(name, len(files), sum(p.stat().st_size for p in files)))
+    return tuple(sorted(found, key=lambda e: -e.bytes)[:most])
+
+
+def _contents(root: Path, files: list[str], max_file_bytes: int, tracked: frozenset[str] = frozenset()
+              ) -> list[tuple[str, bytes, str]]:
     """(path, bytes, kind) of each file: kind "file", "exec" or "link" (bytes: where the link points); tracked
     files deleted from the tree are left out. A link stays a link when it points inside the repository; one
     that points outside is copied as the file it points to (the jobs must not run what that file becomes),
@@ -100,10 +170,12 @@ def _contents(root: Path, files: list[str], max_file_bytes: int) -> list[tuple[s
                                       f"or a link inside the repository, or launch with --no-snapshot")
             if path.is_file():  # (not: deleted in the working tree, or a submodule's folder)
                 if path.stat().st_size > max_file_bytes:
+                    away = (f"untrack it (git rm --cached {rel})" if rel in tracked else "move it out of the folder, "
+                            "or out of command.include, and give its absolute path (it stays where it is, on the "
+                            "cluster's shared file system)")
                     raise LaunchError(f"code snapshot: {rel} is {path.stat().st_size / 1e6:.1f} MB, over the "
-                                      f"{max_file_bytes / 1e6:g} MB a snapshot copies of one file; untrack it (git rm "
-                                      f"--cached {rel}), raise `snapshot_max_file_mb` in the spec, or launch with "
-                                      f"--no-snapshot")
+                                      f"{max_file_bytes / 1e6:g} MB a snapshot copies of one file; {away}, raise "
+                                      f"`snapshot_max_file_mb` in the spec, or launch with --no-snapshot")
                 out.append((rel, path.read_bytes(), "exec" if os.access(path, os.X_OK) else "file"))
         except OSError as err:
             raise LaunchError(f"code snapshot: cannot read {path} ({err.strerror}); fix it or launch with "
@@ -129,6 +201,7 @@ class Code:
     commit: str | None
     dirty: bool | None
     untracked: tuple[str, ...]
+    left_out: tuple[LeftOut, ...] = ()
 
     @property
     def bytes(self) -> int:
@@ -140,14 +213,17 @@ class Code:
                 "files": len(self.contents), "bytes": self.bytes, "taken_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
-def read(root: Path, max_file_bytes: int | None = None, everything: bool = False) -> Code:
-    """The code under `root`, named by a hash of its paths, kinds and contents; a tracked file over
-    `max_file_bytes` (default MAX_FILE_BYTES) is refused."""
-    files, commit, dirty = source_files(root, everything)
-    contents = _contents(root, files, MAX_FILE_BYTES if max_file_bytes is None else max_file_bytes)
+def read(root: Path, max_file_bytes: int | None = None, everything: bool = False, include: tuple[str, ...] = ()
+         ) -> Code:
+    """The code under `root`, named by a hash of its paths, kinds and contents; a file over `max_file_bytes`
+    (default MAX_FILE_BYTES) is refused. `everything`: a user's project (source_files), with what it leaves out."""
+    files, commit, dirty = source_files(root, everything, include)
+    tracked = frozenset((_git(root, "ls-files", "-z") or "").split("\0"))
+    contents = _contents(root, files, MAX_FILE_BYTES if max_file_bytes is None else max_file_bytes, tracked)
     untracked = tuple(f for f in (_git(root, "ls-files", "-z", "--others", "--exclude-standard", "--", "*.py")
                                   or "").split("\0") if f)
-    return Code(contents, digest(contents), commit, dirty, untracked)
+    return Code(contents, digest(contents), commit, dirty, untracked,
+                left_out(root, set(files)) if everything else ())
 
 
 def digest(contents: list[tuple[str, bytes, str]]) -> str:
@@ -171,16 +247,18 @@ def received(root: Path) -> Snapshot | None:
         return None
 
 
-def take(root: Path, dest_dir: Path, max_file_bytes: int | None = None, everything: bool = False) -> Snapshot:
-    """Snapshot the code under `root` into `dest_dir/<digest>/` (or reuse the one there); a tracked file over
+def take(root: Path, dest_dir: Path, max_file_bytes: int | None = None, everything: bool = False,
+         include: tuple[str, ...] = ()) -> Snapshot:
+    """Snapshot the code under `root` into `dest_dir/<digest>/` (or reuse the one there); a file over
     `max_file_bytes` (default MAX_FILE_BYTES) is refused. Code that a laptop sent is its own snapshot.
-    `everything`: a user's project, all its files when it is no git work tree (source_files)."""
+    `everything`: a user's project, all its files when it is no git work tree (source_files), and the files
+    the `include` globs match beside them."""
     if (already := received(root)) is not None:
         return already
-    code = read(root, max_file_bytes, everything)
+    code = read(root, max_file_bytes, everything, include)
     target = dest_dir / code.digest
     snap = Snapshot(target, code.digest, code.commit, code.dirty, len(code.contents), code.bytes,
-                    (target / RECORD).is_file(), code.untracked)
+                    (target / RECORD).is_file(), code.untracked, code.left_out)
     if snap.reused:
         return snap
     dest_dir.mkdir(parents=True, exist_ok=True)
