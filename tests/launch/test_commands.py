@@ -455,3 +455,17 @@ def test_a_program_that_splits_on_equals_resumes_only_when_told_and_prints_its_l
     row = next(line for line in shown.stdout.splitlines() if "lr-0.001" in line)
     assert "40" in row and f"{said[40]:.4f}" in row, shown.stdout
     assert "no run of this program has reported a step" not in shown.stdout
+
+
+@pytest.mark.parametrize("sets, said", [
+    (["lr=0.5"], "--set lr: `lr` differs between the sweep's runs, which are named after it; change it in the "
+                 "spec's grid, runs or search instead"),
+    (["epochs=3"], "--set epochs: no word of command.argv has {epochs}, so no run would get it; give a value the "
+                   "program's words use (lr, note)"),
+    (["note=a\0b"], "run lr-0.1: note: 'a\\x00b' holds a NUL character, which no program can be given"),
+], ids=["grid key", "unused key", "NUL"])
+def test_a_value_set_on_the_command_line_reaches_the_program_as_its_runs_are_named_or_is_refused(tmp_path, sets,
+                                                                                                  said):
+    """What `--set` gives every run reaches the program exactly as the runs' names and the plan table say."""
+    spec = write(tmp_path, {"argv": ["prog", "{lr}", "{note}"], "values": {"note": "x"}}, grid={"lr": [0.1, 0.2]})
+    assert said in refused(spec, *[word for value in sets for word in ("--set", value)])

@@ -196,6 +196,23 @@ def check_run(command: CommandSpec, values: dict[str, Any], where: str) -> list[
         elif not isinstance(value, (str, int, float, bool)) or isinstance(value, float) and not math.isfinite(value):
             problems.append(f"{where}: {key}: {value!r} is not a word a program can be given; give a number, a "
                             f"truth value or a text")
+        elif isinstance(value, str) and "\0" in value:
+            problems.append(f"{where}: {key}: {value!r} holds a NUL character, which no program can be given")
+    return problems
+
+
+def set_problems(command: CommandSpec, forced: dict[str, Any], varying: set[str]) -> list[str]:
+    """What is wrong with `--set` values: a key that no word of the program uses (it would be dropped), or one the
+    grid, runs or search give each run (the runs would be named after values they do not get)."""
+    used = placeholders(command.words_of_later_lives())
+    problems = []
+    for key in forced:
+        if key in varying:
+            problems.append(f"--set {key}: `{key}` differs between the sweep's runs, which are named after it; change "
+                            f"it in the spec's grid, runs or search instead")
+        elif key not in used:
+            problems.append(f"--set {key}: no word of command.argv has {{{key}}}, so no run would get it; give a "
+                            f"value the program's words use ({', '.join(sorted(used)) or 'none has a placeholder'})")
     return problems
 
 

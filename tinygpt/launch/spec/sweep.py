@@ -326,6 +326,7 @@ def _command_sweep(spec: SpecFile, path: Path, name: str, profile: Profile | Non
         problems.extend(command_mod.included_problems(project, command.include, "command.include"))
         optuna = _command_optuna(spec, command, forced, problems)
         points, grid_size = _workers(optuna, naming) if optuna else _points(spec, problems, naming, _as_given, str)
+        problems.extend(command_mod.set_problems(command, forced, {k for _, p in points for k in p}))
         varying = sweep_runs.name_keys(points, command.values)
         runs = sweep_runs.make_plain(points, grid_size, varying, command.values, forced,
                                      str(SweepDirs(workdir, name).runs), problems, naming)
