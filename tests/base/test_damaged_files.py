@@ -172,14 +172,18 @@ def test_every_command_over_a_damaged_submissions_record_answers_with_a_message(
 
 
 def test_a_damaged_manifest_is_named_with_what_to_do(sweep):
-    manifest = json.loads(sweep["manifest"].read_text())
-    sweep["manifest"].write_text(json.dumps({**manifest, "runs": [{"index": 0, "name": 3}]}))
-    try:
-        code, err = run_cli(commands(sweep)[0])
-        assert code == 1 and "the manifest is damaged (runs[0].name: expected a single value" in err, err
-        assert "move it aside (mv " in err and "and launch the spec again" in err
-    finally:
-        restore(sweep)
+    """A record of the wrong type, and a file cut short (a crash, a full disk): each with its fix."""
+    text = sweep["manifest"].read_text()
+    for damaged, said in [(json.dumps({**json.loads(text), "runs": [{"index": 0, "name": 3}]}),
+                           "the manifest is damaged (runs[0].name: expected a single value"),
+                          (text[:len(text) // 2], "the manifest is damaged (not JSON: ")]:
+        sweep["manifest"].write_text(damaged)
+        try:
+            code, err = run_cli(commands(sweep)[0])
+            assert code == 1 and said in err, err
+            assert "move it aside (mv " in err and "and launch the spec again" in err
+        finally:
+            restore(sweep)
 
 
 @SETTINGS

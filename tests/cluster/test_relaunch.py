@@ -163,16 +163,18 @@ def test_ten_thousand_finished_runs_and_ten_new_queue_ten_tasks(tmp_path):
 
 @pytest.mark.shares_cluster
 def test_code_that_changed_makes_a_run_changed_only_where_the_spec_asks(tmp_path):
-    """`code_counts: true`: a run last submitted with other project files is changed (refused, or --fresh);
-    without it, the same edit leaves the finished run alone."""
+    """`code_counts: true`: a run last submitted with other project files is changed (refused, saying so, or
+    --fresh); without it, the same edit leaves the finished run alone. The spec, in the project, is no code of
+    the program: a run added to it leaves the finished one finished."""
     name, work, project = unique_name("code"), tmp_path / "work", tmp_path / "project"
     project.mkdir()
     (project / "prog.sh").write_text("echo first\n")
 
-    def spec(counts: bool) -> Path:
-        path = tmp_path / f"{counts}.yaml"
+    def spec(counts: bool, *more: str) -> Path:
+        path = project / "sweep.yaml"
         path.write_text(yaml.safe_dump({"name": name, "code_counts": counts, "resources": {"time": "00:05:00"},
-                                        "command": {"argv": ["sh", "prog.sh"], "project": str(project)}}))
+                                        "command": {"argv": ["sh", "prog.sh"], "project": str(project)},
+                                        **({"runs": [{"name": n} for n in ("base", *more)]} if more else {})}))
         return path
 
     launched(spec(True), work)
@@ -180,10 +182,14 @@ def test_code_that_changed_makes_a_run_changed_only_where_the_spec_asks(tmp_path
     (project / "prog.sh").write_text("echo second\n")
     assert table(launched(spec(False), work))["base"] == "finished"
     refused = launch(str(spec(True)), "--workdir", str(work))
-    assert refused.returncode == 1 and "base (finished" in refused.stderr, refused.stdout + refused.stderr
+    assert refused.returncode == 1 and "; other code, as code_counts asks)" in refused.stderr, refused.stderr
     fresh = launched(spec(True), work, "--fresh")
     assert table(fresh)["base"] == "changed" and "submitted 1 run(s)" in fresh.stdout
     ended(work, name, "base")
     logs = "".join(p.read_text() for p in sorted((work / "logs" / name).glob("*.out")))
     assert "first" in logs and "second" in logs, logs  # (the run again, with the project as it is now)
-    assert table(launched(spec(True), work))["base"] == "finished"
+    again = launched(spec(True, "extra"), work, "--hold")
+    try:
+        assert table(again) == {"base": "finished", "extra": "new"}, again.stdout
+    finally:
+        cancel(*(s.job_id for s in manifest_of(work, name).submissions[2:]))

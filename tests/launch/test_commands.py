@@ -172,7 +172,8 @@ def test_a_git_projects_snapshot_is_checked_as_the_node_will_find_it_and_says_wh
     data = "data/shakespeare_char/train.bin"
     for argv, said in [([sys.executable, "train.py", data], f"command.argv[2]: {data} is in the project but not in its "
                         f"snapshot, as git does not track it; `git add` it, or take it with command.include: [{data}]"),
-                       (["./run.sh", f"--data={data}"], "command.argv[0]: ./run.sh cannot be run (no run bit: chmod +x"),
+                       (["./run.sh", f"--data={data}"],
+                        "command.argv[0]: ./run.sh cannot be run (no run bit: chmod +x"),
                        (["./run.sh", f"--data={data}"], f"command.argv[1]: {data} is in the project but not in")]:
         spec = write(tmp_path, {"argv": argv, "project": "nano"})
         code, err = run_cli([str(spec), "--workdir", str(tmp_path / "work"), "--no-check"])

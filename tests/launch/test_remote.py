@@ -334,3 +334,25 @@ def test_a_command_that_cannot_be_started_on_the_login_node_is_said_with_its_sta
                       (["echo", "\ud800"], "surrogates not allowed")):
         out = side(tmp_path / "root", "run", str(tmp_path), "--", *argv)
         assert out.returncode == 127 and b"error: cannot run " in out.stderr and why.encode() in out.stderr, out
+
+
+def test_a_laptops_project_is_sent_with_what_include_names_and_says_what_stays_behind(tmp_path, monkeypatch, capsys):
+    """A project's snapshot from a laptop holds what it would hold on the login node: git's files and the
+    `include` globs' (data that git ignores); what stays behind is said."""
+    project = tmp_path / "nano"
+    (project / "data").mkdir(parents=True)
+    (project / ".gitignore").write_text("*.bin\n")
+    (project / "train.py").write_text("")
+    (project / "data" / "train.bin").write_bytes(b"\x00\x01")
+    (project / "data" / "val.bin").write_bytes(b"\x02")
+    subprocess.run(["git", "init", "-q", str(project)], check=True)
+    subprocess.run(["git", "-C", str(project), "add", "."], check=True)
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: s\ncommand: {argv: [python, train.py], project: nano, include: [data/train.bin]}\n")
+    sent = {}
+    monkeypatch.setattr(laptop, "send_tree", lambda conn, name, files, record=None: sent.update(
+        {path: data for path, data, _ in files}) or 0)
+    conn = type("Conn", (), {"root": "/remote", "login": type("Login", (), {"host": "login"})})()
+    there = laptop._spec_there(conn, spec).decode()
+    assert sorted(sent) == [".gitignore", "data/train.bin", "train.py"] and "project: /remote/trees/" in there
+    assert "left out, as git does not track them: data/;" in capsys.readouterr().err  # (val.bin, in it)

@@ -155,3 +155,21 @@ def test_a_snapshot_holds_only_what_is_inside_the_repository_and_shares_unchange
     with pytest.raises(snapshot.LaunchError, match=r"big.bin is 2.0 MB, over the 2 MB .* `snapshot_max_file_mb`"):
         snapshot.take(checkout, dest, max_file_bytes=2_000_000)
     assert snapshot.take(checkout, dest, max_file_bytes=3_000_000).files == first.files + 1
+
+
+def test_a_projects_identity_is_its_files_but_the_spec(tmp_path):
+    """What a relaunch's code_counts compares: the spec in the project is no code of the program (a grid point
+    added to it changes no run), its program is."""
+    project = tmp_path / "p"
+    project.mkdir()
+    (project / "prog.sh").write_text("echo 1\n")
+    spec = project / "sweep.yaml"
+
+    def identity() -> str:
+        return snapshot.read(project, everything=True).identity(project, spec)
+    spec.write_text("name: s\n")
+    before = identity()
+    spec.write_text("name: s\ngrid: {x: [1, 2, 3]}\n")
+    assert identity() == before and snapshot.read(project, everything=True).digest != before
+    (project / "prog.sh").write_text("echo 2\n")
+    assert identity() != before

@@ -5,6 +5,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -757,3 +758,31 @@ def test_a_profile_is_found_in_the_named_folders_then_the_users_then_the_checkou
     with pytest.raises(LaunchError) as err:
         profiles.load("nowhere")
     assert f"(files in {user}, {ROOT / 'hpc_lab' / 'clusters'})" in str(err.value) and "mine" in str(err.value)
+
+
+def test_where_a_profile_is_found_is_said_once_and_nothing_is_passed_over_without_a_word(tmp_path, monkeypatch,
+                                                                                        capsys):
+    """The folders of $TINYGPT_CLUSTERS come first: a NAME.yaml there that is a broken link or a folder is refused
+    (not passed over for the checkout's file of that name); a file whose name `--cluster` cannot take is not
+    offered; a name found in two folders is said once; `auto` with two profiles of one cluster is refused."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    monkeypatch.setenv("TINYGPT_CLUSTERS", f"{first}:{second}")
+    (first / "local.yaml").symlink_to(first / "nowhere.yaml")
+    (second / "lab.yaml").mkdir()
+    (second / "my lab.yaml").write_text("name: x\n")
+    for name, said in [("local", f"{first / 'local.yaml'} is a link to nothing"), ("lab", "is not a file")]:
+        with pytest.raises(LaunchError, match=re.escape(said)):
+            profiles.load(name)
+    assert "my lab" not in profiles.available()
+    (first / "local.yaml").unlink()
+    (second / "lab.yaml").rmdir()
+    shutil.copy(ROOT / "hpc_lab" / "clusters" / "local.yaml", first / "local.yaml")
+    profiles.load("local")
+    profiles.load("local")
+    assert capsys.readouterr().err.count("found first") == 1
+    (second / "twin.yaml").write_text("cluster_name: local\n")
+    monkeypatch.setattr("tinygpt.launch.slurm.slurm_cli.cluster_name", lambda: "local")
+    with pytest.raises(LaunchError, match="`auto` finds 2 profiles with cluster_name `local`"):
+        profiles.load("auto")

@@ -325,8 +325,8 @@ def load(path: Path) -> Manifest:
     except OSError as err:
         raise LaunchError(f"{str(path)[:300]}: the manifest cannot be read ({err.strerror or err}); check --workdir "
                           f"and the spec's name") from None
-    except ValueError as err:
-        raise LaunchError(f"{path}: not a valid manifest ({err})") from None
+    except ValueError as err:  # (cut short by a crash or a full disk, or changed by hand)
+        raise _damaged(Path(path), f"not JSON: {err}") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         found = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise LaunchError(f"{path}: manifest format {found!r}, this version reads {FORMAT}; launch the spec again")

@@ -222,9 +222,12 @@ def _code_digest(sweep: Sweep, args: argparse.Namespace) -> str | None:
     command, the launcher's for the trainer (a tree sent from a laptop is its own snapshot); None: --no-snapshot."""
     if args.no_snapshot:
         return None
-    root = sweep.project if sweep.command is not None else REPO_ROOT
-    received = snapshot.received(root)
-    return received.digest if received else snapshot.read(root, everything=sweep.command is not None).digest
+    if sweep.command is None:
+        received = snapshot.received(REPO_ROOT)
+        return received.digest if received else snapshot.read(REPO_ROOT).digest
+    received = snapshot.received(sweep.project)
+    return received.digest if received else snapshot.read(
+        sweep.project, everything=True, include=tuple(sweep.command.include)).identity(sweep.project, sweep.spec_path)
 
 
 def _relaunches(previous: Manifest, sweep: Sweep, args: argparse.Namespace) -> bool:
@@ -289,7 +292,7 @@ def _project(sweep: Sweep, live: bool) -> Snapshot | None:
         return None
     limit = sweep.snapshot_max_file_mb
     snap = snapshot.take(sweep.project, sweep.dirs.jobs / "project", None if limit is None else int(limit * 1e6),
-                         everything=True, include=tuple(sweep.command.include))
+                         everything=True, include=tuple(sweep.command.include), spec=sweep.spec_path)
     what = f"git {snap.commit[:10]}{' with uncommitted changes' if snap.dirty else ''}" if snap.commit \
         else "not a git work tree: every file"
     print(f"project: snapshot {snap.digest} of {sweep.project} ({what}), {snap.files} files, {snap.bytes / 1e6:.2f} "

@@ -84,10 +84,11 @@ def compare(previous: Manifest, sweep: Sweep, fresh: bool, code: str | None = No
             rel.records[index:index + 1] = [record]
             rel.submit.append(index)
             rel.rows.append((run.name, "new", "submitted now"))
-        elif identity(was, {**previous.base, **old.own}, old.max_steps) != identity(now, config, run.max_steps) \
-                or code is not None and old.code != code:
+        elif (other_values := identity(was, {**previous.base, **old.own}, old.max_steps)
+              != identity(now, config, run.max_steps)) or code is not None and old.code != code:
             if not fresh or what in ("running", "queued"):
-                refused.append(f"{run.name} ({what}{' ' + job if job else ''})")
+                why = "other values, or another command" if other_values else "other code, as code_counts asks"
+                refused.append(f"{run.name} ({what}{' ' + job if job else ''}; {why})")
                 continue
             aside = Path(f"{old.out_dir}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
             rel.aside.append((Path(old.out_dir), aside))
@@ -144,8 +145,8 @@ def queued(jobs: list[str], name: str) -> dict:
 
 
 def _changed_message(refused: list[str], name: str) -> str:
-    return (f"relaunch: run(s) of sweep `{name}` that the spec now defines otherwise (other values, or another "
-            f"command): {', '.join(refused)}. Nothing was written. Their directories hold what the old definition "
+    return (f"relaunch: run(s) of sweep `{name}` that the spec now defines otherwise: {', '.join(refused)}. "
+            f"Nothing was written. Their directories hold what the old definition "
             f"trained: give the changed runs other names (a new `name` for the sweep), or launch with --fresh to "
             f"move each such directory aside and start the run anew (a live one: cancel it first)")
 

@@ -446,10 +446,15 @@ def _spec_there(conn: Connection, spec: Path) -> bytes:
     if not root.is_dir():
         raise LaunchError(f"{spec}: command.project: {root} is not a folder on this laptop; name the folder of "
                           f"your program (relative to the spec's)")
-    project = snapshot.read(root, everything=True)
+    include = command.get("include")
+    include = tuple(str(p) for p in include) if isinstance(include, list) else ()  # (checked on the login node)
+    project = snapshot.read(root, everything=True, include=include)
     sent = send_tree(conn, project.digest, project.contents, project.record(f"{socket.gethostname()}:{root}"))
     print(f"project {project.digest} ({root}): {len(project.contents)} files, {sent:,} bytes sent to "
           f"{conn.login.host}", file=sys.stderr)
+    if project.left_out:
+        print(f"project: left out, as git does not track them: {', '.join(e.path for e in project.left_out)}; a run "
+              f"that reads one needs it in command.include", file=sys.stderr)
     command["project"] = f"{conn.root}/trees/{project.digest}"
     return yaml.safe_dump(data, sort_keys=False).encode()
 

@@ -213,12 +213,26 @@ class Profile(schema.Schema):
 
 
 def available() -> list[str]:
-    return sorted({p.stem for folder in profile_dirs() for p in folder.glob("*.yaml")})
+    """The names `--cluster NAME` takes: the profile files of profile_dirs whose name is one (`my lab.yaml` is
+    not)."""
+    return sorted({p.stem for folder in profile_dirs() for p in folder.glob("*.yaml")
+                   if PROFILE_NAME.fullmatch(p.stem)})
 
 
 def found(name: str) -> list[Path]:
-    """Every NAME.yaml where `--cluster NAME` looks, the one it takes first (layout.profile_dirs)."""
-    return [folder / f"{name}.yaml" for folder in profile_dirs() if (folder / f"{name}.yaml").is_file()]
+    """Every NAME.yaml where `--cluster NAME` looks, the one it takes first (layout.profile_dirs). One that is there
+    but is no file (a broken link, a folder) is refused, not passed over for a later folder's."""
+    paths = []
+    for path in (folder / f"{name}.yaml" for folder in profile_dirs()):
+        if path.is_file():
+            paths.append(path)
+        elif path.is_symlink() or path.exists():
+            raise LaunchError(f"cluster: {path} is {'a link to nothing' if path.is_symlink() else 'not a file'}, "
+                              f"where `--cluster {name}` looks first; make it the profile's file, or remove it")
+    return paths
+
+
+_SAID: set[str] = set()  # (a note is said once by a process, however often a profile is loaded)
 
 
 def load(name_or_path: str) -> Profile:
@@ -243,7 +257,8 @@ def load(name_or_path: str) -> Profile:
             f"available: {', '.join(available()) or 'none'} (files in {', '.join(map(str, profile_dirs()))}), "
             f"or `auto`, or a path to a profile YAML"
         )
-    if len(paths) > 1:
+    if len(paths) > 1 and name_or_path not in _SAID:
+        _SAID.add(name_or_path)
         print(f"note: cluster profile `{name_or_path}` is {paths[0]}, found first; also "
               f"{', '.join(map(str, paths[1:]))}", file=sys.stderr)
     return from_file(paths[0])
@@ -278,4 +293,7 @@ def detect() -> Profile:
         raise LaunchError(f"cluster: no profile in {', '.join(map(str, profile_dirs()))} has cluster_name "
                           f"`{name}`; write one with `profile new` on a login node, or name a profile with "
                           f"--cluster")
+    if len(matches) > 1:
+        raise LaunchError(f"cluster: `auto` finds {len(matches)} profiles with cluster_name `{name}` "
+                          f"({', '.join(p.path for p in matches)}); name one with --cluster NAME")
     return matches[0]

@@ -75,7 +75,7 @@ def build(sweep: Sweep, snapshot: Snapshot | None = None, project: Snapshot | No
     indices = merged.submit if merged else list(range(len(sweep.runs)))
     written = (project if sweep.command is not None else snapshot)
     for i in indices if written else []:  # (what a relaunch compares when spec.code_counts asks it to)
-        records[i] = {**records[i], "code": written.digest}
+        records[i] = {**records[i], "code": written.identity or written.digest}
     manifest_mod.create(dirs.manifest, head, records)
     code = snapshot.path if snapshot else REPO_ROOT
     scripts = _write_scripts(sweep, code, sorted(indices), len(records), launch) if sweep.backend == "sbatch" else []

@@ -44,6 +44,7 @@ class Snapshot:
     reused: bool
     untracked: tuple[str, ...] = ()  # Python files git does not track (or ignore): left out, and said
     left_out: tuple[LeftOut, ...] = ()  # a user's project: what is in its folder and not in the snapshot
+    identity: str = ""  # the digest of its files but the spec's own: what a relaunch's code_counts compares
 
     def record(self) -> dict:
         return {"snapshot": self.digest, "path": str(self.path), "commit": self.commit, "dirty": self.dirty}
@@ -207,6 +208,13 @@ class Code:
     def bytes(self) -> int:
         return sum(len(data) for _, data, _ in self.contents)
 
+    def identity(self, root: Path, spec: Path | None) -> str:
+        """The digest of its files but `spec` (a spec inside the project is no code of the program: a grid point
+        added to it must not make every run "changed")."""
+        left = os.path.relpath(spec.resolve(), root.resolve()) if spec is not None else None
+        return digest([c for c in self.contents if c[0] != left]) if left in {c[0] for c in self.contents} \
+            else self.digest
+
     def record(self, source: str) -> dict:
         """What SNAPSHOT.json says of it."""
         return {"digest": self.digest, "commit": self.commit, "dirty": self.dirty, "source": source,
@@ -242,13 +250,13 @@ def received(root: Path) -> Snapshot | None:
         if record["digest"] != root.name:
             return None
         return Snapshot(root, record["digest"], record["commit"], record["dirty"], record["files"], record["bytes"],
-                        True)
+                        True, identity=record["digest"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
 def take(root: Path, dest_dir: Path, max_file_bytes: int | None = None, everything: bool = False,
-         include: tuple[str, ...] = ()) -> Snapshot:
+         include: tuple[str, ...] = (), spec: Path | None = None) -> Snapshot:
     """Snapshot the code under `root` into `dest_dir/<digest>/` (or reuse the one there); a file over
     `max_file_bytes` (default MAX_FILE_BYTES) is refused. Code that a laptop sent is its own snapshot.
     `everything`: a user's project, all its files when it is no git work tree (source_files), and the files
@@ -258,7 +266,7 @@ def take(root: Path, dest_dir: Path, max_file_bytes: int | None = None, everythi
     code = read(root, max_file_bytes, everything, include)
     target = dest_dir / code.digest
     snap = Snapshot(target, code.digest, code.commit, code.dirty, len(code.contents), code.bytes,
-                    (target / RECORD).is_file(), code.untracked, code.left_out)
+                    (target / RECORD).is_file(), code.untracked, code.left_out, code.identity(root, spec))
     if snap.reused:
         return snap
     dest_dir.mkdir(parents=True, exist_ok=True)
