@@ -43,7 +43,9 @@ def test_a_sweep_launched_from_the_laptop_runs_there_and_its_report_comes_back(l
     args = ["--workdir", str(tmp_path)]
     out = on_laptop(laptop, str(spec), "--cluster", str(laptop["profile"]), *args, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    assert "submitted 2 run(s) as job array" in out.stdout and f"launch.py status {spec}`" in out.stdout
+    # (the hint names the laptop's command and --workdir, though the login node printed it)
+    assert "submitted 2 run(s) as job array" in out.stdout and f"launch.py status {spec} --workdir {tmp_path}`" in \
+        out.stdout, out.stdout
     assert "bytes sent to login" in out.stderr
     record = json.loads((tmp_path / "jobs" / name / "remote.json").read_text())
     assert record["root"] == f"/cluster/home/tgstudent/{REMOTE_DIR}"

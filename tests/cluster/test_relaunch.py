@@ -131,6 +131,10 @@ def test_two_specs_with_one_sweep_name_never_train_a_run_twice(tmp_path):
     ended(work, name, "z")
     logs = "".join(p.read_text() for p in (work / "logs" / name).glob("*.out"))
     assert (logs.count("ran x"), logs.count("ran y"), logs.count("ran z")) == (1, 1, 1), logs
+    spec = write(tmp_path, name, [{"name": "w"}])  # (another program: x, y and z would be resubmitted with it)
+    spec.write_text(spec.read_text().replace("echo ran", "echo other"))
+    refused = launch(str(spec), "--workdir", str(work))
+    assert refused.returncode == 1 and "its runs x, y, z are not in this spec" in refused.stderr, refused.stderr
 
 
 @pytest.mark.shares_cluster

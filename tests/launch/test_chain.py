@@ -50,7 +50,7 @@ def test_the_chain_runs_in_order_on_the_cluster_and_the_report_is_written(tmp_pa
     log = (work / "logs" / "chained" / f"data-{data}.out").read_text()
     assert "vocabulary" in log  # tinygpt.data prepare's own line
     report_md = (work / "runs" / "chained" / "report.md").read_text()
-    assert "lr=0.001" in report_md and "## Efficiency (sacct)" in report_md
+    assert "lr-0.001" in report_md and "## Efficiency (sacct)" in report_md
 
 
 @pytest.mark.slurm

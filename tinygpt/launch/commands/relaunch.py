@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,6 +101,12 @@ def compare(previous: Manifest, sweep: Sweep, fresh: bool, code: str | None = No
     if refused:
         raise LaunchError(_changed_message(refused, sweep.name))
     names = {run.name for run in sweep.runs}
+    if was != now and (gone := [old.name for old in previous.runs if old.name not in names]):
+        # (the manifest holds one program: a run the spec no longer names would be resubmitted with this one's)
+        raise LaunchError(f"relaunch: sweep `{sweep.name}` runs {shlex.join(was or ['the trainer'])}, and this spec "
+                          f"{shlex.join(now or ['the trainer'])}; its runs {', '.join(gone[:5])}"
+                          f"{' ...' if len(gone) > 5 else ''} are not in this spec and would be resubmitted with this "
+                          f"program. Nothing was written: give this spec another `name`")
     for old in previous.runs:
         if old.name not in names:
             what, job = states.get(old.name, ("new", ""))

@@ -257,8 +257,8 @@ def load(name_or_path: str) -> Profile:
             f"available: {', '.join(available()) or 'none'} (files in {', '.join(map(str, profile_dirs()))}), "
             f"or `auto`, or a path to a profile YAML"
         )
-    if len(paths) > 1 and name_or_path not in _SAID:
-        _SAID.add(name_or_path)
+    if len(paths) > 1 and (said := f"{name_or_path}: {paths}") not in _SAID:
+        _SAID.add(said)
         print(f"note: cluster profile `{name_or_path}` is {paths[0]}, found first; also "
               f"{', '.join(map(str, paths[1:]))}", file=sys.stderr)
     return from_file(paths[0])
