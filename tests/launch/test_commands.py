@@ -103,6 +103,9 @@ def supervise(manifest: Path, index: int, **env: str) -> subprocess.CompletedPro
      "search.params: lr: must be <= 0.5, got 0.9"),
     ({"argv": ["prog"], "project": "nowhere"}, {}, "nowhere is not a folder; name the folder of your program"),
     ({"argv": ["python3", str(FOREIGN / "fit.py")]}, {}, "fit.py is outside the project"),
+    ({"argv": [str(FOREIGN / "count.sh")]}, {}, "count.sh is outside the project"),
+    ({"argv": ["python3", "../s.yaml"]}, {}, "command.argv[1]: ../s.yaml leads out of the project"),
+    ({"argv": ["python3", "x.py", "--data=../../etc/passwd"]}, {}, "command.argv[2]: ../../etc/passwd leads out of"),
     ({"argv": ["prog"], "lr": 1}, {}, "command.lr"),
     ({"argv": ["prog"], "start": "mpirun"}, {}, "command.start"),
     ("python train.py --lr {lr}", {}, "command: 'python train.py --lr {lr}' is one text, and a program is started "

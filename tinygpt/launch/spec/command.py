@@ -260,10 +260,19 @@ def project_problems(argv: list[str], root: Path) -> list[str]:
     if "/" in argv[0] and not Path(argv[0]).is_absolute() and not (root / argv[0]).is_file():
         problems.append(f"command.argv[0]: {argv[0]} is not a file of the project {root}; give the program's path "
                         f"in it, or a name on the nodes' PATH")
-    for i, word in enumerate(argv[1:], 1):
-        path = Path(word)
-        if path.is_absolute() and path.suffix in SCRIPTS and path.is_file() and root not in path.resolve().parents:
-            problems.append(f"command.argv[{i}]: {word} is outside the project {root}: the jobs would run it as it "
+    for i, word in enumerate(argv):
+        text = word.partition("=")[2] if word.startswith("-") else word  # (an --option=path word's path)
+        if not text or "{" in text or "\0" in text:
+            continue
+        path = Path(text)
+        inside = (root / path).resolve()
+        if not path.is_absolute() and inside != root.resolve() and root.resolve() not in inside.parents and (
+                inside.exists() or ".." in path.parts):
+            problems.append(f"command.argv[{i}]: {text} leads out of the project {root}, and the jobs start in its "
+                            f"snapshot, where it names nothing; give its absolute path, or move it into the project")
+        elif path.is_absolute() and path.suffix in SCRIPTS and path.is_file() and \
+                root.resolve() not in path.resolve().parents:
+            problems.append(f"command.argv[{i}]: {text} is outside the project {root}: the jobs would run it as it "
                             f"is when each starts, not as it was at launch; move it into the project, or set "
                             f"command.project to its folder")
     return problems
