@@ -86,6 +86,8 @@ def supervise(manifest: Path, index: int, **env: str) -> subprocess.CompletedPro
     ({"argv": ["prog"], "values": {"lr": [1, 2]}}, {}, "lr: [1, 2] is not a word a program can be given"),
     ({"argv": ["prog", "{lr}"], "params": {"lr": {"type": "float", "max": 1}}}, {"grid": {"lr": [0.5, 3]}},
      "run lr-3: lr: must be <= 1, got 3"),
+    ({"argv": ["prog", "{lr}"], "params": {"lr": {"type": "float", "max": 1}}}, {"grid": {"lr": ["1e-3", "2e0"]}},
+     "run lr-2e0: lr: must be <= 1, got 2.0"),  # (1e-3, which YAML 1.1 reads as a text, is a float)
     ({"argv": ["prog", "{n}"], "params": {"n": {"type": "int"}}}, {"grid": {"n": [1, "two"]}},
      "n: expected int, got 'two'"),
     ({"argv": ["prog", "{opt}"], "params": {"opt": {"choices": ["adam", "sgd"]}}}, {"runs": [{"opt": "adm"}]},
@@ -473,3 +475,10 @@ def test_a_value_set_on_the_command_line_reaches_the_program_as_its_runs_are_nam
     """What `--set` gives every run reaches the program exactly as the runs' names and the plan table say."""
     spec = write(tmp_path, {"argv": ["prog", "{lr}", "{note}"], "values": {"note": "x"}}, grid={"lr": [0.1, 0.2]})
     assert said in refused(spec, *[word for value in sets for word in ("--set", value)])
+
+
+def test_a_float_written_as_yaml_1_1_leaves_it_a_text_is_a_float_and_reaches_the_program_as_written(tmp_path):
+    spec = write(tmp_path, {"argv": ["prog", "{lr}"], "params": {"lr": {"type": "float", "min": 0, "max": 1}}},
+                 grid={"lr": ["1e-3", 0.5]})
+    sweep = spec_mod.load(spec, tmp_path / "work")
+    assert [r.own["lr"] for r in sweep.runs] == ["1e-3", 0.5] and sweep.runs[0].name == "lr-1e-3"

@@ -220,7 +220,8 @@ def refusal(value: Any, param: Param) -> str | None:
     """Why `param` refuses `value`, or None."""
     if param.type is not None:
         wanted = TYPES[param.type]
-        if wanted is float:  # (a whole number is a float too; a truth value is neither)
+        if wanted is float:  # (a whole number is a float too; a truth value is neither; YAML 1.1 reads 1e-3 as text)
+            value = _number(value)
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         else:
             ok = isinstance(value, wanted) and (wanted is bool or not isinstance(value, bool))
@@ -228,12 +229,24 @@ def refusal(value: Any, param: Param) -> str | None:
             return f"expected {param.type}, got {value!r}"
     if param.choices is not None and value not in param.choices:
         return f"{value!r} is not one of {', '.join(map(repr, param.choices))}"
+    value = _number(value) if param.type == "float" else value
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if param.min is not None and value < param.min:
             return f"must be >= {param.min:g}, got {value!r}"
         if param.max is not None and value > param.max:
             return f"must be <= {param.max:g}, got {value!r}"
     return None
+
+
+def _number(value: Any) -> Any:
+    """A text that Python reads as a number (`1e-3`, which YAML 1.1 leaves a text) as that number, for the checks;
+    the program is given the word as written."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
 
 
 def project_root(project: str | None, spec_path: Path) -> Path:
