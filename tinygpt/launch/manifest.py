@@ -135,7 +135,7 @@ class CommandRecord(_Record):
     def words(self, values: dict[str, Any], resumed: bool = False) -> list[str]:
         """The words a life of a run starts with: each placeholder given its value, `{{` and `}}` made braces; a
         life that `resumed` (resume_file exists) adds resume_add after the others."""
-        given = {k: word_of(v) for k, v in values.items()}
+        given = _words_of(values)
         return [word.format_map(given) if "{" in word or "}" in word else word
                 for word in [*self.argv, *(self.resume_add if resumed else [])]]
 
@@ -143,7 +143,11 @@ class CommandRecord(_Record):
         """The file whose existence makes a life resume (relative: in the run's directory), or None."""
         if self.resume_when is None:
             return None
-        return Path(values["run_dir"]) / self.resume_when.format_map({k: word_of(v) for k, v in values.items()})
+        return Path(values["run_dir"]) / self.resume_when.format_map(_words_of(values))
+
+
+def _words_of(values: dict[str, Any]) -> dict[str, str]:
+    return {k: word_of(v) for k, v in values.items()}
 
 
 def word_of(value: Any) -> str:
@@ -159,7 +163,7 @@ class ManifestHead(_Record):
     # (in the order they are written: a file to read)
     format: int
     name: str
-    naming: int = 1  # how its runs are named (spec/sweep_runs.py's NAMING); a manifest without the key is of 1
+    naming: int = 1  # how its runs are named (layout.NAMING); a manifest without the key is of 1
     spec: str | None = None
     backend: str
     cluster: str | None = None
@@ -283,11 +287,18 @@ def _write(path: Path, head: dict[str, Any], runs: list[dict[str, Any]]) -> None
     durable.write(path, f'{text[:-2]},{RUNS_START}{lines}\n ]\n}}\n')
 
 
+def _head_of(head_text: str) -> Any:
+    """The head of a manifest `_write` wrote, from its text before RUNS_START (which ends with a comma)."""
+    return json.loads(head_text.rstrip()[:-1] + "\n}")
+
+
 def naming(path: Path, new: int) -> int:
     """How the runs of the sweep whose manifest is at `path` are named (its head's `naming`); `new` for a sweep not
     launched yet, or whose manifest cannot be read (launching it says what is wrong with the file)."""
     try:
-        head = json.loads(Path(path).read_text().partition(RUNS_START)[0].rstrip()[:-1] + "\n}")
+        text = Path(path).read_text()
+        head_text, start, _ = text.partition(RUNS_START)
+        head = _head_of(head_text) if start else json.loads(text)
     except (OSError, ValueError):
         return new
     found = head.get("naming", 1) if isinstance(head, dict) else new
@@ -302,7 +313,7 @@ def load_run(path: Path, index: int) -> tuple[ManifestHead, RunRecord]:
         raise IndexError(f"run {index}: runs are numbered from 0")
     try:
         head_text, start, runs_text = Path(path).read_text().partition(RUNS_START)
-        head = ManifestHead.model_validate(json.loads(head_text[:-1] + "\n}"))  # (the head ends with a comma)
+        head = ManifestHead.model_validate(_head_of(head_text))
         line = runs_text.split("\n", index + 1)[index].strip().removesuffix(",")
         run = RunRecord.model_validate(_with_run_dir(json.loads(line), head.dirs.runs))
         if start and head.format == FORMAT and run.index == index:

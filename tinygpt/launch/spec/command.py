@@ -229,7 +229,6 @@ def refusal(value: Any, param: Param) -> str | None:
             return f"expected {param.type}, got {value!r}"
     if param.choices is not None and value not in param.choices:
         return f"{value!r} is not one of {', '.join(map(repr, param.choices))}"
-    value = _number(value) if param.type == "float" else value
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if param.min is not None and value < param.min:
             return f"must be >= {param.min:g}, got {value!r}"
@@ -273,22 +272,28 @@ def project_problems(argv: list[str], root: Path) -> list[str]:
     if "/" in argv[0] and not Path(argv[0]).is_absolute() and not (root / argv[0]).is_file():
         problems.append(f"command.argv[0]: {argv[0]} is not a file of the project {root}; give the program's path "
                         f"in it, or a name on the nodes' PATH")
+    real_root = root.resolve()
     for i, word in enumerate(argv):
-        text = word.partition("=")[2] if word.startswith("-") else word  # (an --option=path word's path)
+        text = path_in(word)
         if not text or "{" in text or "\0" in text:
             continue
         path = Path(text)
         inside = (root / path).resolve()
-        if not path.is_absolute() and inside != root.resolve() and root.resolve() not in inside.parents and (
+        if not path.is_absolute() and inside != real_root and real_root not in inside.parents and (
                 inside.exists() or ".." in path.parts):
             problems.append(f"command.argv[{i}]: {text} leads out of the project {root}, and the jobs start in its "
                             f"snapshot, where it names nothing; give its absolute path, or move it into the project")
         elif path.is_absolute() and path.suffix in SCRIPTS and path.is_file() and \
-                root.resolve() not in path.resolve().parents:
+                real_root not in path.resolve().parents:
             problems.append(f"command.argv[{i}]: {text} is outside the project {root}: the jobs would run it as it "
                             f"is when each starts, not as it was at launch; move it into the project, or set "
                             f"command.project to its folder")
     return problems
+
+
+def path_in(word: str) -> str:
+    """The path a word of argv may name: the word, or the value of an `--option=path` word."""
+    return word.partition("=")[2] if word.startswith("-") else word
 
 
 def included_problems(root: Path, include: list[str], field: str) -> list[str]:

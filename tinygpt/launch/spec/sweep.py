@@ -147,7 +147,7 @@ class Sweep:
     project: Path | None = None  # the folder whose files a command's jobs run
     code_counts: bool = False  # a relaunch counts a run submitted with other code as changed
     retry: RetryPolicy | None = None  # how its supervisor job sends again the runs that ended badly
-    naming: int = NAMING  # how its runs are named (sweep_runs.py): a sweep launched before keeps its own
+    naming: int = NAMING  # how its runs are named (layout.NAMING): a sweep launched before keeps its own
 
     @property
     def dirs(self) -> SweepDirs:
@@ -471,8 +471,7 @@ def _points(spec: SpecFile, problems: list[str], naming: int, check=_check_keys,
         drawn = search.points(spec.search.settings())
         width = len(str(len(drawn) - 1))
         for trial, point in enumerate(drawn):
-            name = joined([pair("trial", f"{trial:0{width}d}", naming), run_name(point, naming)],
-                                     naming)
+            name = joined([pair("trial", f"{trial:0{width}d}", naming), run_name(point, naming)], naming)
             points.append((name, check(point, "search.params", problems)))
         grid_points = drawn  # (counted like grid points: the explicit runs come after)
     explicit = spec.runs

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from tinygpt.base import durable
 from tinygpt.launch.errors import LaunchError
+from tinygpt.launch.spec.command import path_in
 
 RECORD = "SNAPSHOT.json"
 OBJECTS = ".objects"  # under the sweep's code/: each file content once, which the snapshots hard-link
@@ -71,16 +72,14 @@ class LeftOut:
     bytes: int
 
 
-def source_files(root: Path, everything: bool = False, include: tuple[str, ...] = ()
-                 ) -> tuple[list[str], str | None, bool | None]:
-    """(relative paths to copy, commit, dirty): git's tracked files; without git, the package (or `everything`
-    under `root`: a user's project, less hidden files, virtual environments, caches and the SWEEP_FOLDERS at its
-    top); with the files that the `include` globs match beside them."""
+def source_files(root: Path, everything: bool = False) -> tuple[list[str], str | None, bool | None]:
+    """(relative paths to copy, commit, dirty): git's tracked files; without git (dirty is None), the package (or
+    `everything` under `root`: a user's project, less hidden files, virtual environments, caches and the
+    SWEEP_FOLDERS at its top)."""
     listed = _git(root, "ls-files", "-z")  # (relative to root, also when root is inside a larger repository)
     if not listed and everything:
-        return _with_included(root, [str(p.relative_to(root)) for p in sorted(root.rglob("*"))
-                                     if (p.is_file() or p.is_symlink()) and not _skipped(root, p)], include), \
-            None, None
+        return [str(p.relative_to(root)) for p in sorted(root.rglob("*"))
+                if (p.is_file() or p.is_symlink()) and not _skipped(root, p)], None, None
     if not listed:  # (every file of the package, as pip laid it out: its scripts and data too, not only *.py)
         files = [str(p.relative_to(root)) for p in sorted((root / "tinygpt").rglob("*"))
                  if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".pyo")]
@@ -88,8 +87,7 @@ def source_files(root: Path, everything: bool = False, include: tuple[str, ...] 
         return files, None, None
     commit = (_git(root, "rev-parse", "HEAD") or "").strip() or None
     status = _git(root, "status", "--porcelain", "--untracked-files=no")
-    return (_with_included(root, [f for f in listed.split("\0") if f], include), commit,
-            None if status is None else bool(status.strip()))
+    return [f for f in listed.split("\0") if f], commit, None if status is None else bool(status.strip())
 
 
 def _skipped(root: Path, path: Path) -> bool:
@@ -113,10 +111,10 @@ def unheld_words(root: Path, argv: list[str], include: tuple[str, ...]) -> list[
     a path relative to the project, or the value of an `--option=path` word."""
     if not root.is_dir():
         return []  # (spec/command.py says so)
-    held = set(source_files(root, True, include)[0])
+    held = set(_with_included(root, source_files(root, True)[0], include))
     problems = []
     for i, word in enumerate(argv):
-        path = word.partition("=")[2] if word.startswith("-") else word
+        path = path_in(word)
         if not path or "{" in path or Path(path).is_absolute() or not (root / path).is_file():
             continue
         rel = os.path.relpath(os.path.realpath(root / path), os.path.realpath(root))
@@ -225,8 +223,9 @@ def read(root: Path, max_file_bytes: int | None = None, everything: bool = False
          ) -> Code:
     """The code under `root`, named by a hash of its paths, kinds and contents; a file over `max_file_bytes`
     (default MAX_FILE_BYTES) is refused. `everything`: a user's project (source_files), with what it leaves out."""
-    files, commit, dirty = source_files(root, everything, include)
-    tracked = frozenset((_git(root, "ls-files", "-z") or "").split("\0"))
+    files, commit, dirty = source_files(root, everything)
+    tracked = frozenset(files) if dirty is not None else frozenset()  # (git's; what `include` adds is not)
+    files = _with_included(root, files, include)
     contents = _contents(root, files, MAX_FILE_BYTES if max_file_bytes is None else max_file_bytes, tracked)
     untracked = tuple(f for f in (_git(root, "ls-files", "-z", "--others", "--exclude-standard", "--", "*.py")
                                   or "").split("\0") if f)
