@@ -51,7 +51,8 @@ USAGE = "usage: python -m tinygpt.launch.node.supervise MANIFEST INDEX"
 # start of its line (read/run_ends.py reads no other line as evidence), and only for the profile's stop signal: a
 # SIGTERM is a scancel, a preemption, or srun ending the task because another task of the step failed.
 UNSAVED = "died of the signal Slurm sends before the time limit, without saving"
-STOPPED = "died of SIGTERM (a scancel, a preemption, or srun ending the step after another task failed)"
+STOPPED = ("died of a signal passed on to it that is not the warning before the time limit (SIGTERM: a scancel, a "
+           "preemption, or srun ending the step after another task failed)")
 FAILED = "ended with an error of its own, status"  # a status the program chose: its own failure, never retried
 PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT)
 STOP_GRACE_S = 10  # a hung program gets this long between SIGTERM and SIGKILL
