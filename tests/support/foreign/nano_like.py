@@ -7,11 +7,13 @@ any signal, and progress printed, never written as JSON:
     step 10: train loss 2.9801, val loss 3.0456
 
 Its losses are a function of the step and the learning rate alone, so a run resumed from its checkpoint prints
-what an unbroken one prints."""
+what an unbroken one prints. (A test's hook, no habit of nanoGPT's: with NANO_LIKE_HOLD set, it waits after its
+first checkpoint until a signal ends it, so that a test's signal finds it training on any machine.)"""
 
 import ast
 import json
 import os
+import signal
 import sys
 import time
 
@@ -53,6 +55,8 @@ while True:
         if iter_num > 0:
             with open(os.path.join(out_dir, "ckpt.pt"), "w") as f:
                 json.dump({"iter_num": iter_num}, f)
+            if os.environ.get("NANO_LIKE_HOLD"):
+                signal.pause()
     if iter_num >= max_iters:
         break
     time.sleep(step_s)
