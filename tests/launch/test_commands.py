@@ -484,3 +484,33 @@ def test_a_float_written_as_yaml_1_1_leaves_it_a_text_is_a_float_and_reaches_the
                  grid={"lr": ["1e-3", 0.5]})
     sweep = spec_mod.load(spec, tmp_path / "work")
     assert [r.own["lr"] for r in sweep.runs] == ["1e-3", 0.5] and sweep.runs[0].name == "lr-1e-3"
+
+
+AS_WRITTEN = ["0755", "on", "off", "yes", "no", "12:30", "12:30:00", "1.10", "1_000", "0x1F", "+5", ".5",
+              "2026-12-05"]  # (plain scalars YAML 1.1 reads as a number, a truth value or a date)
+TYPED = {"10": "10", "0.001": "0.001", "1.0": "1.0", "true": "true", "false": "false", "3.0e-4": "0.0003"}
+
+
+def test_a_plain_value_reaches_the_program_as_written_wherever_the_spec_or_the_command_line_gives_it(tmp_path):
+    """Class 1 of the edges: a spec's plain scalar is the text as written unless it is its value's own text
+    (schema.load_yaml), in `values`, the grid, `runs` and `--set` alike, and names the run as written; a float in
+    exponent form is a number. The same rule gives a spec's unquoted `time: 1:30:00` as 90 minutes, where YAML 1.1
+    read 5400 (base 60) and the job asked for 5400 minutes."""
+    literal = {**{text: text for text in AS_WRITTEN}, **TYPED}
+    keys = {text: f"v{i}" for i, text in enumerate(literal)}
+    argv = ", ".join(f'"{{{key}}}"' for key in keys.values())
+    (tmp_path / "s.yaml").write_text(
+        "name: s\nresources: {time: 1:30:00}\n"
+        f"command:\n  argv: [{', '.join(json.dumps(w) for w in ECHO)}, {argv}, \"{{g}}\", \"{{r}}\", \"{{c}}\"]\n"
+        f"  project: {tmp_path}\n"
+        "  values: {" + ", ".join(f"{keys[t]}: {t}" for t in literal) + ", c: x, r: x}\n"
+        "grid: {g: [0755, 1.10]}\nruns: [{name: one, g: yes, r: on}]\n")
+    code, err = run_cli([str(tmp_path / "s.yaml"), "--dry-run", "--workdir", str(tmp_path / "work"),
+                         "--set", "c=0755"])
+    assert code == 0, err
+    manifest = tmp_path / "work" / "jobs" / "s" / "manifest.json"
+    assert [r.name for r in load(manifest).runs] == ["g-0755", "g-1.10", "one"]
+    assert json.loads(supervise(manifest, 1).stdout)[0] == [*literal.values(), "1.10", "x", "0755"]
+    assert json.loads(supervise(manifest, 2).stdout)[0] == [*literal.values(), "yes", "on", "0755"]
+    script = next((tmp_path / "work" / "jobs" / "s").glob("*.sbatch")).read_text()
+    assert "#SBATCH --time=01:30:00" in script, script

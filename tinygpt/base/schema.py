@@ -57,7 +57,7 @@ INT_MAX = 2**53 - 1
 # through them, defaults too, 500,000 calls in a 10,000-point dry run.
 
 
-def _number_from_text(value: Any) -> Any:
+def number_from_text(value: Any) -> Any:
     """A string that is exactly a number becomes that number; anything else is left for the type to judge."""
     if type(value) is str:
         text = value.strip().replace("_", "")
@@ -72,7 +72,7 @@ def _number_from_text(value: Any) -> Any:
 def _whole(value: Any) -> Any:
     if type(value) is int:
         return value
-    number = _number_from_text(value)
+    number = number_from_text(value)
     if isinstance(number, float) and number.is_integer():
         return int(number)
     return number if isinstance(number, int) else value  # (a message shows 2.5 as it was given)
@@ -114,7 +114,7 @@ def _items(value: Any) -> Any:
 
 
 Int = Annotated[int, BeforeValidator(_whole), Strict(), Le(INT_MAX)]
-Float = Annotated[float, BeforeValidator(_number_from_text), Strict(), AllowInfNan(False)]
+Float = Annotated[float, BeforeValidator(number_from_text), Strict(), AllowInfNan(False)]
 Bool = Annotated[bool, BeforeValidator(_truth), Strict()]
 Text = Annotated[str, BeforeValidator(_text), Strict()]
 OptInt = Annotated[Int | None, BeforeValidator(_unset)]
@@ -239,7 +239,7 @@ def messages(err: ValidationError, model: type[BaseModel], name_of: typing.Calla
 
 
 def _shown(value: Any) -> str:
-    if isinstance(value, str) and _number_from_text(value) is not value:
+    if isinstance(value, str) and number_from_text(value) is not value:
         return value.strip()  # (a number given as text, as flags give every value: shown as the number it is)
     return repr(value) if isinstance(value, (str, dict, list, tuple, bool)) or value is None else str(value)
 
@@ -372,8 +372,9 @@ def validate_what_can_be(model: type[M], data: Any) -> tuple[M, list[str]]:
 
 
 def load_yaml(path: str | Path, error: type[ProblemsError] = ProblemsError) -> Any:
-    """A YAML file's contents (specs, profiles, trainer configs); a file that cannot be read, or a syntax error
-    (with its line), is an `error`."""
+    """A YAML file's contents (specs, profiles, trainer configs), each plain scalar as written unless it is its
+    value's own text (see `_as_written`); a file that cannot be read, or a syntax error (with its line), is an
+    `error`."""
     import yaml
 
     if not str(path).strip():
@@ -393,11 +394,11 @@ def load_yaml(path: str | Path, error: type[ProblemsError] = ProblemsError) -> A
     try:
         # libyaml where PyYAML has it (a report reads a thousand runs' configs), else PyYAML's own parser; a file
         # it refuses is parsed again by PyYAML's, whose messages are the ones users see on every machine.
-        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        return yaml.load(text, Loader=_loaders()[0])
     except yaml.YAMLError:
         pass
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_loaders()[1])
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -406,3 +407,61 @@ def load_yaml(path: str | Path, error: type[ProblemsError] = ProblemsError) -> A
         if context and start is not None and (mark is None or start.line != mark.line):
             problem += f" ({context} at line {start.line + 1}, column {start.column + 1})"
         raise error(f"{path}:{where}: YAML syntax error: {problem}; fix the file") from None
+
+
+# YAML 1.1, which PyYAML reads, takes many plain scalars for numbers, truth values and dates that their writer meant
+# as text: 0755 is 493, on is true, 12:30 is 750 (base 60), 1.10 is 1.1, 1_000 is 1000, 2026-12-05 a date. A program
+# would be given 493 for the 0755 its spec says, a profile's `max_time: 48:00:00` would be 172800 minutes. So a plain
+# scalar is a number or a truth value only when it is written as Python writes that value (`10`, `0.001`, `1.0`,
+# `true`, `false`, `.inf`: the word a program is given for it, manifest.word_of), or is a float in exponent form
+# (`3.0e-4`: a number by any reading, named and given as 0.0003, as sweeps launched before named it); any other
+# stays the text as written, which every typed field still reads (a number field takes the text of a number, a
+# yes/no field yes/no/on/off), and which a program is given as it is.
+_KEPT_FLOATS = {".inf", "-.inf", "+.inf", ".nan", ".Inf", "-.Inf", ".NaN", ".INF", "-.INF", ".NAN"}
+
+
+def _as_written(loader: Any, node: Any, construct: Any, canonical: Any) -> Any:
+    value = construct(loader, node)
+    return value if canonical(value, node.value) else node.value
+
+
+def _float_as_written(value: float, text: str) -> bool:
+    return repr(value) == text or text in _KEPT_FLOATS or "e" in text.lower()
+
+
+def _loaders() -> tuple[type, type]:
+    """The YAML loaders `load_yaml` uses: libyaml's parser where PyYAML has it, and PyYAML's own (whose messages
+    users see), both constructing plain scalars as written (see above)."""
+    global _LOADERS
+    if _LOADERS is None:
+        import yaml  # (here: `launch.py --help` imports no YAML)
+
+        made = []
+        for base in (getattr(yaml, "CSafeLoader", yaml.SafeLoader), yaml.SafeLoader):
+            loader = type(f"AsWritten{base.__name__}", (base,), {})
+            safe = yaml.SafeLoader
+            for tag, construct, canonical in (
+                    ("int", safe.construct_yaml_int, lambda v, text: str(v) == text),
+                    ("float", safe.construct_yaml_float, _float_as_written),
+                    ("bool", safe.construct_yaml_bool, lambda v, text: text in ("true", "false")),
+                    ("timestamp", lambda _loader, node: node.value, lambda v, text: True)):
+                loader.add_constructor(f"tag:yaml.org,2002:{tag}",
+                                       lambda ld, node, c=construct, k=canonical: _as_written(ld, node, c, k))
+            made.append(loader)
+        _LOADERS = (made[0], made[1])
+    return _LOADERS
+
+
+_LOADERS: tuple[type, type] | None = None
+
+
+def yaml_value(text: str) -> Any:
+    """One value given as text (`--set lr=0.001`) read as a spec's plain scalar is: a number, a truth value, or the
+    text as written; a text that YAML cannot read, or reads as a list or mapping, stays the text."""
+    import yaml
+
+    try:
+        value = yaml.load(text, Loader=_loaders()[0])
+    except yaml.YAMLError:
+        return text
+    return value if isinstance(value, (int, float, bool, str)) else text

@@ -18,7 +18,8 @@ r"""A spec's `command:`: a training program of the user's instead of ours, each 
       start: tasks                             # or torchrun: once per node, its workers one per task
 
 `{name}` in a word is the run's value of `name` (a word may hold several, and text around them; `{{` and `}}`
-are braces); `{run_dir}`, `{run_name}` and `{sweep}` are the launcher's (a run's name and directory hold letters,
+are braces; a value is given as the spec writes it: `0755`, `on`, `1.10` stay so, base/schema.load_yaml);
+`{run_dir}`, `{run_name}` and `{sweep}` are the launcher's (a run's name and directory hold letters,
 digits and `. _ + -` alone: safe in any `--key=value` word). `resume` is keyed on a file the program wrote, not on
 the life's number, so a life killed before the first save starts fresh again. `progress` patterns are read on the
 node as the program prints (each line, unbuffered: PYTHONUNBUFFERED=1), each match a record of its named groups in
@@ -37,7 +38,6 @@ import string
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, field_validator, model_validator
 
 from tinygpt.base import schema
@@ -171,15 +171,6 @@ def names(word: str, where: str) -> list[str]:
 
 def placeholders(argv: list[str]) -> set[str]:
     return {name for i, word in enumerate(argv) for name in names(word, f"argv[{i}]")}
-
-
-def from_text(text: str) -> Any:
-    """A value given on the command line (`--set lr=0.1`) as YAML reads it (0.1, a number), a text otherwise."""
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-    return value if isinstance(value, (int, float, bool, str)) else text
 
 
 def check_run(command: CommandSpec, values: dict[str, Any], where: str) -> list[str]:

@@ -59,6 +59,8 @@ def _distribution(raw: Any) -> tuple[str, list]:
         if not isinstance(args, list) or not args:
             raise ValueError("choice: expected a non-empty list of values")
         return kind, args
+    if isinstance(args, list):  # (a number written as text, 2.0e-3, is that number: schema.load_yaml)
+        args = [schema.number_from_text(a) for a in args]
     ok = isinstance(args, list) and len(args) == 2 and all(_number(a) for a in args) and args[0] <= args[1]
     if ok and kind == "int":
         ok = all(isinstance(a, int) for a in args)

@@ -285,7 +285,7 @@ def load(path: str | Path, workdir: str | Path = ".", cluster: str | None = None
         problems.extend(f"cluster profile {err.source}: {p}" if err.source else p for p in err.problems)
     naming = manifest.naming(SweepDirs(workdir, name).manifest, NAMING)  # (a sweep keeps its own)
     if spec.command is not None or "command" in data:
-        forced = {key: command_mod.from_text(value) for key, value in (set_values or {}).items()}
+        forced = {key: schema.yaml_value(value) for key, value in (set_values or {}).items()}
         return _command_sweep(spec, path, name, profile, backend, workdir, forced, problems, naming)
     base = _base(spec.train, profile, problems)
     forced = _check_keys(set_values or {}, "--set", problems)
