@@ -117,25 +117,36 @@ def test_a_program_whose_heartbeat_stops_is_stopped_as_hung_and_not_requeued(tmp
 
 
 @pytest.mark.shares_cluster
-def test_a_failed_run_is_said_and_resubmitted(tmp_path):
-    """count.sh's first life fails (exit 3): FAILED, with its error line in the log; `resubmit` sends it again,
-    and it counts to its end."""
-    spec, work, manifest = launch_command(tmp_path, {"argv": ["./count.sh", "2", "fail-once"]})
-    job = manifest.task_job_ids()[0]
+def test_a_failed_run_packed_beside_a_finished_one_is_said_and_resubmitted_alone(tmp_path):
+    """Two runs of count.sh in one task, each counting in its own log: b's first life fails (exit 3), so the task
+    ends FAILED, yet a, which counted to its end, shows FINISHED (its run's own record); `resubmit` sends the task
+    again for b, in which a is not started again (its count and its log say it ran once) and b counts to its end."""
+    spec, work, manifest = launch_command(
+        tmp_path, {"argv": ["./count.sh", "2", "{mode}"]}, runs=[{"name": "a", "mode": "once"},
+                                                                  {"name": "b", "mode": "fail-once"}],
+        pack=2, resources={"time": "00:05:00", "cpus_per_task": 2})
+    ids = manifest.task_job_ids()
+    assert ids[0] == ids[1]  # (one task holds both)
     try:
-        assert wait(job, timeout=120) == "FAILED"
+        assert wait(ids[0], timeout=120) == "FAILED"
     finally:
-        cancel(job)
+        cancel(ids[0])
     assert "error: the first life of this run fails" in logs(work)
-    wait_until(lambda: row(manifest).state.name == "FAILED", timeout=60, what="status saying FAILED")
+    states = lambda: [r.state.name for r in run_states.collect(manifest_mod.load(manifest.path))]  # noqa: E731
+    wait_until(lambda: states() == ["FINISHED", "FAILED"], timeout=60, what="status: a FINISHED, b FAILED")
     again = launch("resubmit", str(spec), "--workdir", str(work))
-    assert again.returncode == 0, again.stderr
+    assert again.returncode == 0 and "b (" in again.stdout and "a (" not in again.stdout, again.stdout
     second = manifest_mod.load(manifest.path).task_job_ids()[0]
     try:
-        assert second != job and wait(second, timeout=120) == "COMPLETED"
+        assert second != ids[0] and wait(second, timeout=120) == "COMPLETED"
     finally:
         cancel(second)
-    assert "counted to 2" in logs(work)
+    assert states() == ["COMPLETED", "COMPLETED"]
+    a, b = (sorted((work / "logs").rglob(f"*run{i}*.out")) for i in (0, 1))
+    a_said = "\n".join(p.read_text() for p in a)
+    assert a_said.count("counted to 2") == 1 and "run a finished in an earlier life" in a_said, a_said
+    assert "counted to 2" in "\n".join(p.read_text() for p in b)
+    assert [r["step"] for r in lines(Path(manifest.runs[0].out_dir))] == [1, 2]
 
 
 def test_a_preempted_helper_program_is_requeued_by_slurm_and_resumes_exactly(tmp_path):
@@ -200,22 +211,6 @@ def _goal(manifest: manifest_mod.Manifest, steps: int) -> None:
     text = manifest.path.read_text()
     assert text.count(f'"steps": {FAR}') == 1
     manifest.path.write_text(text.replace(f'"steps": {FAR}', f'"steps": {steps}'))
-
-
-@pytest.mark.shares_cluster
-def test_two_runs_of_a_program_packed_in_one_task_each_count_in_their_own_log(tmp_path):
-    _, work, manifest = launch_command(tmp_path, {"argv": ["./count.sh", "{goal}"]}, grid={"goal": [2, 3]}, pack=2,
-                                       resources={"time": "00:05:00", "cpus_per_task": 2})
-    ids = manifest.task_job_ids()
-    assert ids[0] == ids[1]  # (one task holds both)
-    try:
-        assert wait(ids[0], timeout=120) == "COMPLETED"
-    finally:
-        cancel(ids[0])
-    for run in manifest.runs:
-        assert (Path(run.out_dir) / "count").read_text() == f"{run.own['goal']}\n"
-    packed = sorted((work / "logs").rglob("*run*.out"))
-    assert len(packed) == 2 and ["counted to 2" in p.read_text() for p in packed].count(True) == 1, packed
 
 
 @pytest.mark.shares_cluster

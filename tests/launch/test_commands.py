@@ -452,6 +452,7 @@ def test_a_program_that_splits_on_equals_resumes_only_when_told_and_prints_its_l
     data = json.loads(manifest.read_text())
     data["command"]["progress"].append(r"epoch (?P<step>\d+)")  # (a pattern that never matches is said)
     manifest.write_text(json.dumps(data))
+    (run_dir.parent / "lr-0.002" / "metrics.jsonl").unlink()  # (a finished run is not started again)
     assert "command.progress[1] matched no line the program printed" in supervise(manifest, 1).stderr
     said = {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():

@@ -10,11 +10,10 @@ and nodes are kept in the manifest (`status` shows them).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.manifest import Life
-from tinygpt.launch.read.run_states import RESUBMIT_CHOICES, Row, read_progress
+from tinygpt.launch.read.run_states import RESUBMIT_CHOICES, Row
 from tinygpt.launch.spec.resources import format_time, mem_problem, parse_mem_mb, parse_time_min
 
 
@@ -63,12 +62,9 @@ def parse_changes(time: str | None, mem: str | None, exclude: list[str]) -> Chan
 
 
 def select(rows: list[Row], states: tuple[str, ...]) -> list[Row]:
-    """The runs whose latest job ended in one of `states`; a run whose directory says it finished never."""
-    chosen = []
-    for row in rows:
-        if row.state.name in states and read_progress(Path(row.run_dir)).get("event") != "finished":
-            chosen.append(row)
-    return chosen
+    """The runs whose latest job ended in one of `states` (a run whose directory says it finished is FINISHED,
+    run_states.collect, whatever its task's end)."""
+    return [row for row in rows if row.state.name in states]
 
 
 def choose(rows: list[Row], states: tuple[str, ...], changes: Changes) -> dict[str, Life]:

@@ -20,7 +20,8 @@ with 0, as the trainer does); any other status ends the task with that status, n
 on its own finished: the run's metrics.jsonl says so (`{"event": "finished"}`), for `status` and a relaunch once
 Slurm has forgotten the job. With a heartbeat, a program whose file has not changed for heartbeat_s is hung: this
 process records it in the run's metrics.jsonl (`status` shows HUNG), stops the program (SIGTERM, then SIGKILL) and
-ends the task with the watchdog's status. The launcher's code is on the program's PYTHONPATH, after the program's
+ends the task with the watchdog's status. A run that finished in an earlier life (a packed task sent again for a run
+beside it) is not started again. The launcher's code is on the program's PYTHONPATH, after the program's
 own, for the helper (`from tinygpt import job`): a Python program that uses it needs nothing installed.
 """
 
@@ -158,6 +159,10 @@ def supervise(manifest: Path, index: int) -> int:
     head, run = load_run(manifest, index)
     if head.command is None:
         raise LaunchError(f"{manifest}: sweep {head.name} runs the trainer, not a command")
+    if _finished(Path(run.out_dir)):  # (a packed task sent again for a run beside it that failed)
+        print(f"tinygpt: run {run.name} finished in an earlier life (its metrics.jsonl says so); not started "
+              f"again", file=sys.stderr)
+        return 0
     try:
         ended = run_program(head, run.name, {**head.base, **run.own}, Path(run.out_dir))
     except OSError as err:
@@ -212,6 +217,12 @@ def _last_beat(run_dir: Path, started: float) -> float:
         return max(started, (run_dir / HEARTBEAT).stat().st_mtime)
     except OSError:
         return started
+
+
+def _finished(run_dir: Path) -> bool:
+    """Whether the run's latest event is this process's record that its program finished."""
+    events = [r["event"] for r in metrics.read(metrics.of_run(run_dir)) if r.get("event")]
+    return bool(events) and events[-1] == "finished"
 
 
 def _last_step(run_dir: Path) -> int:

@@ -131,7 +131,11 @@ def collect(manifest: Manifest) -> Rows:
         progress = read_progress(run_dir)
         job_id = ids.get(run.index, "")
         js = slurm_states.get(job_id)
-        if js is not None:
+        if js is not None and RunState(js.state).ended and js.state != "COMPLETED" and \
+                progress.get("event") == "finished":
+            # (the run's own record outranks its task's end: a packed task ends FAILED for a run beside it)
+            state, source, restart_count = RunState("FINISHED"), js.source, js.restarts
+        elif js is not None:
             state, source, restart_count = RunState(js.state), js.source, js.restarts
         else:
             state, source = state_from_run_dir(progress), "run dir"
