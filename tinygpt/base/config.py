@@ -21,9 +21,9 @@ import re
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import BeforeValidator, Field, ValidationInfo, field_validator
 
 from tinygpt.base import schema
 from tinygpt.base.errors import ProblemsError, not_utf8
@@ -152,7 +152,10 @@ PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 COMPILE_MODES = ("auto", "on", "off")
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 PROGRESS_MODES = ("auto", "bar", "plain", "off")
-PREEMPT_SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "XCPU")  # (a cluster profile's `signal` too)
+PREEMPT_SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "XCPU")
+# A cluster profile's `signal`, and a command's: USR2, or SIGUSR2 as `kill -l` and Python name it.
+Signal = Annotated[Literal[PREEMPT_SIGNALS], BeforeValidator(lambda v: v.removeprefix("SIG") if isinstance(v, str)
+                                                             else v)]
 MAX_WAIT_S = 10**7  # (about 116 days) the longest timeout: Python's timers and torch's refuse far longer ones
 DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
 

@@ -10,8 +10,10 @@ half-read.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -132,18 +134,38 @@ class CommandRecord(_Record):
     resume_add: list[str] = Field(default_factory=list)
     progress: list[str] = Field(default_factory=list)  # patterns over the program's lines (node/supervise.py)
 
-    def words(self, values: dict[str, Any], resumed: bool = False) -> list[str]:
+    def words(self, values: dict[str, Any], resumed: str | None = None) -> list[str]:
         """The words a life of a run starts with: each placeholder given its value, `{{` and `}}` made braces; a
-        life that `resumed` (resume_file exists) adds resume_add after the others."""
-        given = _words_of(values)
+        life that `resumed` from a path (what `resume_file` found) adds resume_add after the others, `{resume}` in
+        them that path."""
+        given = _words_of(values if resumed is None else {**values, RESUME_VALUE: resumed})
         return [word.format_map(given) if "{" in word or "}" in word else word
-                for word in [*self.argv, *(self.resume_add if resumed else [])]]
+                for word in [*self.argv, *(self.resume_add if resumed is not None else [])]]
 
-    def resume_file(self, values: dict[str, Any]) -> Path | None:
-        """The file whose existence makes a life resume (relative: in the run's directory), or None."""
+    def resume_pattern(self, values: dict[str, Any]) -> Path | None:
+        """What a life looks for to resume (relative: in the run's directory; a glob takes the newest match), or
+        None."""
         if self.resume_when is None:
             return None
         return Path(values["run_dir"]) / self.resume_when.format_map(_words_of(values))
+
+    def resume_file(self, values: dict[str, Any]) -> Path | None:
+        """The file or folder a life resumes from: resume_when's, where it exists; of a glob's matches the last in
+        natural order (checkpoint-100 after checkpoint-20: programs number their saves); None: a first life."""
+        if self.resume_when is None:
+            return None
+        when = self.resume_when.format_map(_words_of(values))
+        if not glob.has_magic(when):
+            return path if (path := Path(values["run_dir"]) / when).exists() else None
+        found = glob.glob(os.path.join(glob.escape(values["run_dir"]), when))  # (an absolute `when` stands alone)
+        return Path(max(found, key=_natural)) if found else None
+
+
+RESUME_VALUE = "resume"  # in command.resume.add: the path a life resumes from
+
+
+def _natural(text: str) -> list:
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", text)]
 
 
 def _words_of(values: dict[str, Any]) -> dict[str, str]:

@@ -341,8 +341,9 @@ def _print_words(plan: Plan, index: int, console) -> None:
     values = {**head.base, **run.own, "run_dir": run.out_dir, "run_name": run.name, "sweep": head.name}
     console.print(f"run {run.name}, first life: {shlex.join(head.command.words(values))}", markup=False,
                   highlight=False, soft_wrap=True)
-    if (found := head.command.resume_file(values)) is not None:
-        console.print(f"run {run.name}, a life that finds {found}: {shlex.join(head.command.words(values, True))}",
+    if (found := head.command.resume_pattern(values)) is not None:
+        console.print(f"run {run.name}, a life that finds {found}: "
+                      f"{shlex.join(head.command.words(values, str(found)))}",
                       markup=False, highlight=False, soft_wrap=True)
 
 

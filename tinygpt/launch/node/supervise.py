@@ -91,9 +91,9 @@ def run_program(head, run_name: str, values: dict, run_dir: Path, watch=None) ->
     run_dir.mkdir(parents=True, exist_ok=True)
     durable.write(run_dir / POINT, json.dumps({"sweep": head.name, "run": run_name, "values": values}, indent=1) + "\n")
     values = {**values, "run_dir": str(run_dir), "run_name": run_name, "sweep": head.name}
-    resumed = (found := head.command.resume_file(values)) is not None and found.exists()
-    argv = head.command.words(values, resumed)
-    if resumed:
+    found = head.command.resume_file(values)
+    argv = head.command.words(values, None if found is None else str(found))
+    if found is not None:
         print(f"tinygpt: run {run_name} resumes, as {found} exists: {' '.join(argv[len(head.command.argv):])}",
               file=sys.stderr)
     env = environment(head, run_name, run_dir)

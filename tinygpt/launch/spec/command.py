@@ -11,8 +11,11 @@ r"""A spec's `command:`: a training program of the user's instead of ours, each 
       resume:                                  # a program that resumes only when told (nanoGPT):
         when: "{run_dir}/ckpt.pt"              #   once a life finds this file, which the program wrote,
         add: [--init_from=resume]              #   it is started with these words after its others
+                                               # (Hugging Face: when: checkpoint-*, the newest folder,
+                                               #  add: [--resume_from_checkpoint, "{resume}"], its path)
       progress:                                # a program that prints its losses instead of writing JSON:
         - 'step (?P<step>\d+): train loss (?P<train_loss>[\d.]+), val loss (?P<val_loss>[\d.]+)'
+      signal: USR1                             # sent before the time limit (default: the profile's)
       heartbeat_s: 600                         # a run whose heartbeat is older than this is hung
       max_requeues: 20                         # a run asks to be requeued at most this many times
       start: tasks                             # or torchrun: once per node, its workers one per task
@@ -41,9 +44,11 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from tinygpt.base import schema
+from tinygpt.base.config import Signal
 from tinygpt.base.schema import Int, OptFloat, OptInt, OptText, Text
 
-LAUNCHER_VALUES = {"run_dir": "the run's directory", "run_name": "the run's name", "sweep": "the sweep's name"}
+LAUNCHER_VALUES = {"run_dir": "the run's directory", "run_name": "the run's name", "sweep": "the sweep's name",
+                   "resume": "in resume.add, the path a life resumes from"}
 DEFAULT_MAX_REQUEUES = 20
 TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 
@@ -61,9 +66,12 @@ class Resume(schema.Schema):
     """What a life of a run that has something to resume from adds to its words."""
 
     when: Text = Field(description=(
-        "a file the program writes when it saves, e.g. {run_dir}/ckpt.pt (relative: in the run's directory); once "
-        "a life finds it, it resumes"))
-    add: list[Text] = Field(min_length=1, description="the words added after the others, e.g. [--init_from=resume]")
+        "a file the program writes when it saves, e.g. ckpt.pt (relative: in the run's directory), or a glob of "
+        "the folders it numbers, e.g. checkpoint-* (the last in natural order counts); once a life finds it, it "
+        "resumes"))
+    add: list[Text] = Field(min_length=1, description=(
+        "the words added after the others, e.g. [--init_from=resume]; {resume} is the path found, e.g. "
+        "[--resume_from_checkpoint, '{resume}']"))
 
     @field_validator("add")
     @classmethod
@@ -92,6 +100,10 @@ class CommandSpec(schema.Schema):
         "globs, relative to the project, of files its snapshot takes beside git's tracked ones (data that git "
         "ignores, e.g. data/shakespeare_char/*.bin); data that stays where it is on the cluster's shared file "
         "system is named by its absolute path in argv instead"))
+    signal: Signal | None = Field(None, description=(
+        "the signal the program is sent before the time limit (default: the profile's signal); a program that "
+        "handles its own, e.g. USR1 for PyTorch Lightning's SLURMEnvironment, which then saves and requeues the "
+        "job itself"))
     heartbeat_s: OptInt = Field(None, ge=2, description=(
         "a run whose heartbeat file ($TINYGPT_HEARTBEAT) is older than this many seconds is hung, and stopped"))
     max_requeues: Int = Field(DEFAULT_MAX_REQUEUES, ge=0, le=10_000, description=(
@@ -116,6 +128,9 @@ class CommandSpec(schema.Schema):
     @field_validator("argv")
     @classmethod
     def _words(cls, argv: list[str]) -> list[str]:
+        if "resume" in placeholders(argv):
+            raise ValueError("{resume} is the path a resumed life found: use it in resume.add, which such a life "
+                             "adds, e.g. resume: {when: checkpoint-*, add: [--resume_from_checkpoint, '{resume}']}")
         return check_words(argv, "argv")
 
     @field_validator("progress")

@@ -33,10 +33,10 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, PrivateAttr, ValidationInfo, field_validator
+from pydantic import Field, PrivateAttr, ValidationInfo, field_validator
 
 from tinygpt.base import schema
-from tinygpt.base.config import PREEMPT_SIGNALS
+from tinygpt.base.config import Signal
 from tinygpt.base.schema import Bool, Int, OptInt, OptText, Text
 from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.layout import profile_dirs
@@ -131,8 +131,6 @@ class Login(schema.Schema):
         return options
 
 
-def _signal(value: Any) -> Any:
-    return value.removeprefix("SIG") if isinstance(value, str) else value
 
 
 class Profile(schema.Schema):
@@ -157,7 +155,7 @@ class Profile(schema.Schema):
     setup: list[Text] = Field(default_factory=list, description="shell lines run first (venv activation)")
     python: OptText = Field(None, description="the interpreter on the nodes (default: the one running launch.py)")
     container: Container | None = Field(None, description="run the trainer inside this container")
-    signal: Annotated[Literal[PREEMPT_SIGNALS], BeforeValidator(_signal)] = Field(
+    signal: Signal = Field(
         "USR2", description="the signal Slurm sends before the time limit")
     signal_lead_s: Int = Field(120, ge=0, description="how many seconds before the time limit it is sent")
     sbatch_options: passthrough.sbatch_options_field("sbatch_options") = Field(default_factory=dict, description=(

@@ -332,6 +332,8 @@ def _command_sweep(spec: SpecFile, path: Path, name: str, profile: Profile | Non
                                      str(SweepDirs(workdir, name).runs), problems, naming)
         for run in runs if optuna is None else []:  # (a worker's values are its trials': checked above)
             problems.extend(command_mod.check_run(command, {**run.shared, **run.own}, f"run {run.name}"))
+    if profile is not None and command is not None and command.signal is not None:  # (its jobs' --signal too)
+        profile = profile.model_copy(update={"signal": command.signal})
     resources = _resources(spec.resources, profile, problems, ours=False) if profile is not None else None
     pack = _pack(spec.pack or 1, backend, optuna, resources, problems)
     policy = _retry(spec, profile, resources, backend, problems)
