@@ -12,8 +12,9 @@ The program is told, in its environment:
     RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT   for a run of several tasks (one per GPU); under
                           `start: torchrun`, torchrun tells its workers these (node/torchrun_start.py)
 
-This process stays beside the program, a few megabytes and no CPU to speak of: it passes every signal it gets on to
-the program (not to torchrun, which gets the step's signals itself); when the program exits 75 it ends the task with
+This process stays beside the program, a few megabytes and no CPU to speak of: outside a Slurm step it passes every
+signal it gets on to the program (in a step the program, and torchrun, get the step's signals themselves, once;
+those that came before the program started are passed on); when the program exits 75 it ends the task with
 75 too, which the batch script turns into a requeue (at most command.max_requeues times: after that the run FAILED,
 and says why), except after a SIGTERM (a scancel, or a preemption under which Slurm requeues the job itself: it ends
 with 0, as the trainer does); any other status ends the task with that status, never requeued. A program that ends 0
@@ -108,10 +109,15 @@ def run_program(head, run_name: str, values: dict, run_dir: Path, watch=None) ->
             env = torchrun_start.environment(env, head.command.stop_signal)
         received: list[int] = []
         started: list[subprocess.Popen] = []
+        # In a Slurm step the program gets the step's signals itself, as every process of the step does (slurmstepd
+        # signals the step's process group, cgroup or process tree, whichever its proctrack plugin keeps); passed on
+        # too, it would get each twice (Lightning saved twice and asked for two requeues). Outside Slurm (--local,
+        # a program of a search worker's) only this process is signalled, and it passes each on.
+        passes_on = not under_torchrun and "SLURM_STEP_ID" not in os.environ
 
-        def passed_on(signum, _):  # (torchrun gets the job's signals itself, as every process of the step does)
+        def passed_on(signum, _):
             received.append(signum)
-            if started and not under_torchrun:
+            if started and passes_on:
                 started[0].send_signal(signum)
         # (handled before the program starts: a signal at its start, such as a time limit's warning sent as the
         # job starts, would otherwise end this process and leave the program without its supervisor)
@@ -121,7 +127,7 @@ def run_program(head, run_name: str, values: dict, run_dir: Path, watch=None) ->
                                        **({"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if reads else {}))
             reader = printed_progress.Reader(program.stdout, head.command.progress, run_dir) if reads else None
             started.append(program)
-            for signum in received if not under_torchrun else []:  # (those that came while it started)
+            for signum in received if not under_torchrun else []:  # (those that came before it was there to get them)
                 program.send_signal(signum)
             code = _wait(program, head.command.heartbeat_s, run_dir, watch)
             for said in reader.finish() if reader else []:
