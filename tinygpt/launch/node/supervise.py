@@ -92,11 +92,7 @@ def run_program(head, run_name: str, values: dict, run_dir: Path, watch=None) ->
     run_dir.mkdir(parents=True, exist_ok=True)
     durable.write(run_dir / POINT, json.dumps({"sweep": head.name, "run": run_name, "values": values}, indent=1) + "\n")
     values = {**values, "run_dir": str(run_dir), "run_name": run_name, "sweep": head.name}
-    found = head.command.resume_file(values)
-    argv = head.command.words(values, None if found is None else str(found))
-    if found is not None:
-        print(f"tinygpt: run {run_name} resumes, as {found} exists: {' '.join(argv[len(head.command.argv):])}",
-              file=sys.stderr)
+    argv = _words(head, run_name, values)
     env = environment(head, run_name, run_dir)
     reads = bool(head.command.progress) and os.environ.get("SLURM_PROCID", "0") == "0"  # (one task records)
     if reads:
@@ -109,11 +105,7 @@ def run_program(head, run_name: str, values: dict, run_dir: Path, watch=None) ->
             env = torchrun_start.environment(env, head.command.stop_signal)
         received: list[int] = []
         started: list[subprocess.Popen] = []
-        # In a Slurm step the program gets the step's signals itself, as every process of the step does (slurmstepd
-        # signals the step's process group, cgroup or process tree, whichever its proctrack plugin keeps); passed on
-        # too, it would get each twice (Lightning saved twice and asked for two requeues). Outside Slurm (--local,
-        # a program of a search worker's) only this process is signalled, and it passes each on.
-        passes_on = not under_torchrun and "SLURM_STEP_ID" not in os.environ
+        passes_on = not under_torchrun and not _in_slurm_step()
 
         def passed_on(signum, _):
             received.append(signum)
@@ -138,6 +130,24 @@ def run_program(head, run_name: str, values: dict, run_dir: Path, watch=None) ->
         if under_torchrun and code not in (None, EXIT_HUNG):
             code = torchrun_start.node_status(Path(ends), procs, code)
         return Ended(code, received)
+
+
+def _words(head, run_name: str, values: dict) -> list[str]:
+    """The words this life starts with: a first life's, or, once resume.when finds a save, a resumed one's."""
+    found = head.command.resume_file(values)
+    argv = head.command.words(values, None if found is None else str(found))
+    if found is not None:
+        print(f"tinygpt: run {run_name} resumes, as {found} exists: {' '.join(argv[len(head.command.argv):])}",
+              file=sys.stderr)
+    return argv
+
+
+def _in_slurm_step() -> bool:
+    """Whether this process runs in a Slurm step, where the program gets the step's signals itself, as every process
+    of the step does (slurmstepd signals the step's process group, cgroup or process tree, whichever its proctrack
+    plugin keeps): passed on too, it would get each twice (Lightning saved twice and asked for two requeues).
+    Outside one (--local, a search worker's program) only this process is signalled, and it passes each on."""
+    return "SLURM_STEP_ID" in os.environ
 
 
 def _master() -> tuple[str, int]:
