@@ -14,12 +14,12 @@ The warning is sent as Slurm sends it (`scancel -s SIG` to the job's steps) once
 itself sends it at its next look at the time limits, up to 30 s later.
 """
 
-import json
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.cluster.test_commands import lines
 from tests.cluster.test_retry import FOREIGN, every_job, launch_spec, logs, sent
 from tests.support.processes import launch, wait_until
 from tests.support.slurm import cancel, manifest_of, python
@@ -33,9 +33,7 @@ RESOURCES = {"time": 5, "mem": "1G", "sbatch_options": {"acctg-freq": 1}}  # (a 
 
 
 def steps(run_dir: Path) -> list[int]:
-    path = run_dir / "metrics.jsonl"
-    records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    return [r["step"] for r in records if "event" not in r]
+    return [r["step"] for r in lines(run_dir)]
 
 
 def run_sweep(tmp_path: Path, command: dict, signal: str) -> tuple[Path, Path, str, str]:

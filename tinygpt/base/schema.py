@@ -417,7 +417,6 @@ def load_yaml(path: str | Path, error: type[ProblemsError] = ProblemsError) -> A
 # (`3.0e-4`: a number by any reading, named and given as 0.0003, as sweeps launched before named it); any other
 # stays the text as written, which every typed field still reads (a number field takes the text of a number, a
 # yes/no field yes/no/on/off), and which a program is given as it is.
-_KEPT_FLOATS = {".inf", "-.inf", "+.inf", ".nan", ".Inf", "-.Inf", ".NaN", ".INF", "-.INF", ".NAN"}
 
 
 def _as_written(loader: Any, node: Any, construct: Any, canonical: Any) -> Any:
@@ -426,7 +425,7 @@ def _as_written(loader: Any, node: Any, construct: Any, canonical: Any) -> Any:
 
 
 def _float_as_written(value: float, text: str) -> bool:
-    return repr(value) == text or text in _KEPT_FLOATS or "e" in text.lower()
+    return repr(value) == text or text.lower().lstrip("+-") in (".inf", ".nan") or "e" in text.lower()
 
 
 def _loaders() -> tuple[type, type]:

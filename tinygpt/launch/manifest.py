@@ -145,20 +145,21 @@ class CommandRecord(_Record):
     def resume_pattern(self, values: dict[str, Any]) -> Path | None:
         """What a life looks for to resume (relative: in the run's directory; a glob takes the newest match), or
         None."""
-        if self.resume_when is None:
-            return None
-        return Path(values["run_dir"]) / self.resume_when.format_map(_words_of(values))
+        return None if self.resume_when is None else Path(values["run_dir"]) / self._when(values)
 
     def resume_file(self, values: dict[str, Any]) -> Path | None:
         """The file or folder a life resumes from: resume_when's, where it exists; of a glob's matches the last in
         natural order (checkpoint-100 after checkpoint-20: programs number their saves); None: a first life."""
         if self.resume_when is None:
             return None
-        when = self.resume_when.format_map(_words_of(values))
+        when = self._when(values)
         if not glob.has_magic(when):
             return path if (path := Path(values["run_dir"]) / when).exists() else None
         found = glob.glob(os.path.join(glob.escape(values["run_dir"]), when))  # (an absolute `when` stands alone)
         return Path(max(found, key=_natural)) if found else None
+
+    def _when(self, values: dict[str, Any]) -> str:
+        return self.resume_when.format_map(_words_of(values))
 
 
 RESUME_VALUE = "resume"  # in command.resume.add: the path a life resumes from

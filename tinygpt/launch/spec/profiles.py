@@ -131,8 +131,6 @@ class Login(schema.Schema):
         return options
 
 
-
-
 class Profile(schema.Schema):
     """A cluster profile as its file says it (times in minutes and sizes in MB once read)."""
 
