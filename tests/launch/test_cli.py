@@ -53,3 +53,37 @@ def test_list_shows_every_sweep_of_a_work_directory_and_one_it_cannot_read(tmp_p
     assert second.startswith("second ") and "cannot be read" in second
     document = json.loads(launch("list", "--json", "--workdir", str(tmp_path / "w")).stdout)
     assert [(s["sweep"], s.get("runs")) for s in document["sweeps"]] == [("first", 2), ("second", None)]
+
+
+WRAPPED_CTRL_C = """
+import os, signal, sys
+from tinygpt.launch.commands import cli
+
+WORD = sys.argv[-1]
+
+
+def handler(args):  # (as pydantic does when a Ctrl-C lands while it builds a model's validator)
+    try:
+        if WORD == "interrupt":
+            os.kill(os.getpid(), signal.SIGINT)
+        raise ValueError("a bug of the command's own")
+    except KeyboardInterrupt as err:
+        raise ValueError(f"SchemaError: {err!r}") from None
+
+cli.HANDLERS["schema"] = handler
+sys.argv = ["tinygpt-launch", "schema"]
+sys.exit(cli.main())
+"""
+
+
+def test_ctrl_c_ends_a_command_130_also_where_a_library_turned_it_into_its_own_error(tmp_path):
+    """A Ctrl-C that lands while pydantic builds a model (importing the trainer's config, on the login node at the
+    start of a forwarded `status --watch`) comes out as pydantic's SchemaError; the command still ends 130, and an
+    error of its own with no Ctrl-C is still a traceback."""
+    def run(word: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", WRAPPED_CTRL_C, word], capture_output=True, text=True,
+                              timeout=60, cwd=tmp_path, env=python_env())
+
+    interrupted, bug = run("interrupt"), run("bug")
+    assert interrupted.returncode == 130 and "Traceback" not in interrupted.stderr, interrupted.stderr
+    assert bug.returncode == 1 and "ValueError: a bug of the command's own" in bug.stderr, bug.stderr

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -240,6 +241,8 @@ def _launched(args: argparse.Namespace) -> Manifest:
 
 def main(argv: list[str] | None = None) -> int:
     invoked_here = argv is None
+    if invoked_here:
+        signal.signal(signal.SIGINT, _interrupted)
     argv = sys.argv[1:] if argv is None else argv
     if problems := not_utf8(argv):
         print(f"error: {LaunchError(problems)}", file=sys.stderr)
@@ -270,6 +273,20 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except Exception:
+        if _INTERRUPTS:  # (a Ctrl-C that a library turned into its own error: pydantic, building a model's validator)
+            return 130
+        raise
+
+
+_INTERRUPTS: list[int] = []  # the Ctrl-Cs this command got
+
+
+def _interrupted(signum: int, _frame) -> None:
+    """Python's own answer to a Ctrl-C (KeyboardInterrupt), remembered: a command ends 130 on Ctrl-C wherever it
+    lands, also in a library that catches it and raises its own error instead."""
+    _INTERRUPTS.append(signum)
+    raise KeyboardInterrupt
 
 
 def _complete(top: argparse.ArgumentParser) -> None:
