@@ -142,7 +142,10 @@ def test_out_of_memory_is_told_from_a_bug_on_this_release_and_the_summary_mailed
     summary = work / "runs" / name / "summary.md"
     try:
         wait_until(summary.exists, timeout=240, poll=1, what=f"the summary\n{logs(work)}")
-        notify = next(s.job_id for s in manifest_of(work, name).submissions if s.role == "notify")
+        # (the supervisor writes the summary, then submits the job that mails it and records that job)
+        notify = wait_until(lambda: next((s.job_id for s in manifest_of(work, name).submissions
+                                          if s.role == "notify"), None), timeout=60, poll=0.5,
+                            what="the summary's mail job in the manifest")
         mail = wait_until(lambda: mails_of(notify), timeout=60, poll=0.5, what="Slurm's mail of the summary's job")
     finally:
         cancel(*every_job(manifest_of(work, name)))
