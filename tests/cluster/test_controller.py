@@ -18,7 +18,7 @@ from tests.support.tiny import read_metrics, tiny_yaml
 pytestmark = pytest.mark.slurm
 
 DAEMON = ROOT / "hpc_lab" / "local_cluster" / "daemon.sh"
-AWAY = 75  # slurm_cli.SlurmAway's exit status: try again
+AWAY = 75  # errors.TRY_AGAIN, SlurmAway's exit status: try again
 
 
 def daemon(action: str, name: str) -> None:

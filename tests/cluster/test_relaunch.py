@@ -1,4 +1,4 @@
-"""A spec launched again on the real local cluster (commands/relaunch.py): the runs of the sweep that are finished,
+"""A spec launched again on the real local cluster (act/relaunch.py): the runs of the sweep that are finished,
 live or failed are shown and left alone, only the new ones are submitted (their own array, their own script), a
 run the spec now defines otherwise is refused or, with --fresh, started anew beside its old directory, and a run
 that left the spec is named with how to stop it. The programs are one shell line each: cheap, and not Python."""

@@ -348,7 +348,7 @@ def test_values_with_a_meaning_of_their_own_in_slurm_and_impossible_advice_are_s
         assert "Slurm reads a memory request of 0 as all of each node's memory" in refusal({"mem": mem})
     assert "the nodes of cluster profile `local` have no GPUs; set gpus_per_node: 0" in refusal({"gpus_per_node": 1})
     assert "at most 0" not in refusal({"gpus_per_node": 1})
-    from tinygpt.launch.commands.resubmit import parse_changes
+    from tinygpt.launch.act.resubmit import parse_changes
 
     with pytest.raises(LaunchError, match=r"--mem: '0' is less than 1 MB, and Slurm reads"):
         parse_changes(None, "0", [])

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.processes import run_cli
+from tinygpt.launch import errors
 from tinygpt.launch.commands import cli
 from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.remote import laptop
@@ -115,22 +116,22 @@ def test_a_profiles_login_section_is_checked_field_by_field(tmp_path):
 
 
 @pytest.mark.parametrize("said, answer", [
-    ("ssh: connect to host login port 22: Connection refused", laptop.LoginAway),
-    ("ssh: connect to host login port 22: Connection timed out", laptop.LoginAway),
+    ("ssh: connect to host login port 22: Connection refused", errors.LoginAway),
+    ("ssh: connect to host login port 22: Connection timed out", errors.LoginAway),
     ("kex_exchange_identification: Connection closed by remote host\nConnection closed by UNKNOWN port 65535",
-     laptop.LoginAway),
+     errors.LoginAway),
     # (the same dead proxy under load: ssh's greeting is written before it sees the other end gone)
-    ("banner exchange: Connection to UNKNOWN port 65535: Broken pipe", laptop.LoginAway),
-    ("ann@login: Permission denied (publickey).", laptop.SshRefused),
-    ("ssh: Could not resolve hostname login: Name or service not known", laptop.SshRefused),
+    ("banner exchange: Connection to UNKNOWN port 65535: Broken pipe", errors.LoginAway),
+    ("ann@login: Permission denied (publickey).", errors.SshRefused),
+    ("ssh: Could not resolve hostname login: Name or service not known", errors.SshRefused),
     ("No ED25519 host key is known for login and you have requested strict checking.\nHost key verification "
-     "failed.", laptop.SshRefused),
+     "failed.", errors.SshRefused),
 ], ids=["refused", "timed-out", "closed", "banner-exchange", "denied", "unknown-name", "unknown-key"])
 def test_what_ssh_says_of_a_failed_connection_is_a_host_away_or_a_refusal(said, answer):
     """ssh's own failures (exit 255), as ssh words them: a host that does not answer now is exit 75, try again
     later; a login or a host it will not accept is 255, with the fix."""
     failed = laptop.Connection(profiles.Login(host="login", user="ann")).failure(255, said.encode(), b"M")
-    assert type(failed) is answer and failed.exit_status == (75 if answer is laptop.LoginAway else 255)
+    assert type(failed) is answer and failed.exit_status == (75 if answer is errors.LoginAway else 255)
     assert "login" in str(failed) and "nothing was sent" in str(failed)
 
 

@@ -17,7 +17,7 @@ import pytest
 from tests.support.processes import launch
 from tests.support.slurm import manifest_of, trainer_pid, wait, wait_until
 from tests.support.tiny import read_metrics, tiny_yaml
-from tinygpt.launch.commands import resubmit
+from tinygpt.launch.act import resubmit
 from tinygpt.launch.errors import LaunchError
 
 TINY = tiny_yaml(eval_interval=50, ckpt_interval=10, log_interval=5)

@@ -18,6 +18,7 @@ from tinygpt.launch.read import retry_round
 from tinygpt.launch.read.efficiency import Usage
 from tinygpt.launch.read.run_states import Row
 from tinygpt.launch.spec import sweep as spec_mod
+from tinygpt.launch.spec.retry import RetryPolicy
 
 # (kind of the run, Slurm's state, what its log says, nodes): one run each.
 ENDS = {
@@ -78,7 +79,7 @@ def rows(manifest) -> list[Row]:
 
 
 def decisions(manifest, usage=None) -> dict[str, retry_round.Decision]:
-    policy = retry_round.policy_of(manifest)
+    policy = RetryPolicy.of(manifest.retry)
     return {d.row.name.removeprefix("kind="): d for d in retry_round.decide(manifest, rows(manifest), usage or {},
                                                                            policy)}
 

@@ -21,7 +21,7 @@ from typing import Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from tinygpt.base import durable, schema
-from tinygpt.launch.errors import LaunchError
+from tinygpt.launch.errors import LaunchError, SweepBusy
 from tinygpt.launch.layout import SUBMISSIONS, SweepDirs
 from tinygpt.training.rundir_lock import RunDirLock, describe
 
@@ -30,10 +30,6 @@ LOCK_WAIT_S = 5.0  # a second command on the same sweep waits this long for the 
 FORMAT = 2  # runs keep their trainer inputs (shared ones once, in "base")
 BACKENDS = ("sbatch", "submitit")  # the Slurm backends a spec may name (backends.py implements them)
 LOCAL = "local"  # the backend of a submission that ran here (--local): no Slurm job
-
-
-class SweepBusy(LaunchError):
-    """Another command holds the sweep's lock."""
 
 
 def sweep_lock(jobs_dir: Path) -> RunDirLock:

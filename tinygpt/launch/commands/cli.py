@@ -172,12 +172,12 @@ def _status(args: argparse.Namespace) -> int:
                           f"{WATCH_S[1]:,.0f}; give one in that range")
     if args.json and (args.watch or args.efficiency):
         raise LaunchError("--json: one document of the runs' states, printed once; drop --watch and --efficiency")
-    manifest = _launched(args)
     if args.json:
-        from tinygpt.launch.read import status_document
+        from tinygpt.launch import api
 
-        print(status_document.document(manifest).model_dump_json(indent=2))
+        print(api.open_sweep(args.spec, args.workdir).status().model_dump_json(indent=2))
         return 0
+    manifest = _launched(args)
     if args.efficiency:
         from tinygpt.launch.read import efficiency
 
@@ -221,15 +221,9 @@ def _profile(args: argparse.Namespace) -> int:
 
 
 def _manifest_path(spec: str, workdir: str) -> Path:
-    """The manifest of the sweep that SPEC launched; SPEC may also be that manifest itself."""
-    from tinygpt.launch.layout import SweepDirs
-    from tinygpt.launch.spec.sweep import load_name
+    from tinygpt.launch.spec.sweep import manifest_path
 
-    if Path(spec).name == "manifest.json":
-        return Path(spec).resolve()
-    if "\x00" in workdir:
-        raise LaunchError(f"--workdir: {workdir!r} holds a NUL character; give a directory path")
-    return SweepDirs(Path(workdir).resolve(), load_name(spec)).manifest
+    return manifest_path(spec, workdir)
 
 
 def _launched(args: argparse.Namespace) -> Manifest:
@@ -323,22 +317,16 @@ def _blank(top: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
 
 
 def _launch(args) -> int:
-    from tinygpt.launch.commands import launch
+    import dataclasses
 
+    from tinygpt.launch.act.launch import LaunchOptions, check_document, run
+
+    options = LaunchOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(LaunchOptions)})
     if args.command == "check" and args.json:
-        return launch.check_json(args, lambda: _launch_handled(args))
-    return launch.run(args)
-
-
-def _launch_handled(args) -> int:
-    """`check` as `main` runs it: a LaunchError is its message and exit status."""
-    from tinygpt.launch.commands import launch
-
-    try:
-        return launch.run(args)
-    except LaunchError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return err.exit_status
+        document = check_document(options)
+        print(document.model_dump_json(indent=2))
+        return document.exit_status
+    return run(options)
 
 
 def _report(args) -> int:
@@ -365,26 +353,13 @@ def _logs(args) -> int:
 
 
 def _resubmit(args) -> int:
-    """Resubmit decides which runs go again; their backend sends them."""
-    from tinygpt.launch import manifest as manifest_mod
-    from tinygpt.launch.commands import resubmit
-    from tinygpt.launch.read import run_ends
-    from tinygpt.launch.submit import backends
+    from tinygpt.launch import api
+    from tinygpt.launch.act.resubmit import parse_states
 
-    states = resubmit.parse_states(args.states)
-    changes = resubmit.parse_changes(args.time, args.mem, args.exclude)
-    path = _manifest_path(args.spec, args.workdir)
-    manifest_mod.load(path)  # (a sweep never launched is an error here, before the lock makes its folder)
-    with manifest_mod.sweep_lock(path.parent):
-        manifest = manifest_mod.load(path)  # (as it is once no other command can change it)
-        rows = run_ends.collect_rows(manifest)
-        if args.exclude_failed_nodes:
-            bad = run_ends.failed_nodes(rows, manifest)
-            print(f"nodes where a run ended in NODE_FAIL or HUNG: {', '.join(bad) or 'none'}")
-            changes = resubmit.parse_changes(args.time, args.mem, [*args.exclude, *bad])
-        previous = resubmit.choose(rows, states, changes)
-        ids = backends.of(manifest.backend).resubmit(manifest, [int(i) for i in previous], changes.options,
-                                                     previous, args.dry_run) if previous else []
+    states = parse_states(args.states)  # (a wrong word is said before the sweep is looked for)
+    ids = api.open_sweep(args.spec, args.workdir).resubmit(
+        states, time=args.time, mem=args.mem, exclude=args.exclude, exclude_failed_nodes=args.exclude_failed_nodes,
+        dry_run=args.dry_run)
     if ids:
         print(f"submitted as job array {', '.join(ids)}; follow with `{console.next_command('status', args.spec)}`")
     return 0
@@ -402,17 +377,9 @@ def _heal(args) -> int:
 
 
 def _cancel(args) -> int:
-    from tinygpt.base import durable
-    from tinygpt.launch import manifest as manifest_mod
-    from tinygpt.launch.submit import backends
+    from tinygpt.launch import api
 
-    path = _manifest_path(args.spec, args.workdir)
-    manifest_mod.load(path)
-    with manifest_mod.sweep_lock(path.parent):  # (a supervisor deciding now sends nothing after this)
-        manifest = manifest_mod.load(path)
-        if manifest.retry:
-            durable.write(manifest.dirs.cancelled, "cancelled by launch.py cancel\n")
-        ids = backends.of(manifest.backend).cancel(manifest)
+    ids = api.open_sweep(args.spec, args.workdir).cancel()
     print(f"cancelled {', '.join(ids)}" if ids else "nothing to cancel: no job of this sweep was submitted to Slurm")
     return 0
 

@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING
 
 from tinygpt.base import durable
 from tinygpt.launch import manifest as manifest_mod
-from tinygpt.launch.errors import LaunchError
-from tinygpt.launch.manifest import Life, SweepBusy
+from tinygpt.launch.errors import LaunchError, SlurmAway, SweepBusy
+from tinygpt.launch.manifest import Life
 from tinygpt.launch.read import efficiency, retry_round
 from tinygpt.launch.read.retry_round import GIVE_UP, SEND, WAIT, Decision
 from tinygpt.launch.read.run_ends import collect_rows
 from tinygpt.launch.read.run_states import jobs_of
-from tinygpt.launch.slurm.slurm_cli import SlurmAway
+from tinygpt.launch.spec.retry import RetryPolicy
 from tinygpt.launch.submit import backends, supervisor
 from tinygpt.launch.submit.supervisor import HEAL
 
@@ -52,7 +52,7 @@ def run(path: Path, wait_s: float = WAIT_S) -> int:
 
 
 def one_pass(manifest: Manifest) -> int:
-    policy = retry_round.policy_of(manifest)
+    policy = RetryPolicy.of(manifest.retry)
     if policy is None:
         print(f"heal: sweep {manifest.name} has no retry policy: nothing to do")
         return 0

@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tinygpt.launch.read.retry_round import policy_of, right_size
 from tinygpt.launch.slurm import slurm_cli
 from tinygpt.launch.spec.resources import duration_s, size_mb, tres
+from tinygpt.launch.spec.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from tinygpt.launch.manifest import Manifest, RunRecord
@@ -150,17 +150,17 @@ NEXT_MEM = "retry asks"  # a right-sizing retry policy's next request: peak x re
 def table_rows(manifest: Manifest) -> list[dict[str, str]]:
     found = of_sweep(manifest)
     if found is None:
-        from tinygpt.launch.errors import LaunchError
+        from tinygpt.launch.errors import LaunchError, SlurmAway
 
         if silence := slurm_cli.accounting_silence():
-            raise slurm_cli.SlurmAway(f"efficiency: cannot measure: {silence}; {slurm_cli.AGAIN}")
+            raise SlurmAway(f"efficiency: cannot measure: {silence}; {slurm_cli.AGAIN}")
         raise LaunchError("efficiency: this cluster keeps no job accounting (sacct does not answer); the figures "
                           "need slurmdbd")
-    policy = policy_of(manifest)
+    policy = RetryPolicy.of(manifest.retry)
     rows = [{"run": run.name, "job": job_id, "state": u.state if u else "-", **cells(u)} for run, job_id, u in found]
     if policy is not None and policy.mem_from_peak:  # (what the policy would ask for next)
         for row, (_, _, u) in zip(rows, found):
-            row[NEXT_MEM] = "-" if (asks := right_size(u, policy)) is None else f"{asks:,} MB"
+            row[NEXT_MEM] = "-" if (asks := policy.right_size(u.peak_mem_mb if u else None)) is None else f"{asks:,} MB"
     return rows
 
 

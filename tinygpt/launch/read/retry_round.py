@@ -46,10 +46,6 @@ def options_text(options: dict[str, str]) -> str:
     return " ".join(f"--{k}={v}" for k, v in options.items())
 
 
-def policy_of(manifest: Manifest) -> RetryPolicy | None:
-    return RetryPolicy.model_validate(manifest.retry) if manifest.retry else None
-
-
 def asked(manifest: Manifest) -> dict[int, dict[str, str]]:
     """Run index -> the sbatch options its newest job got over the batch script's own."""
     found: dict[int, dict[str, str]] = {}
@@ -104,17 +100,10 @@ def next_request(kind: str, before: dict[str, str], manifest: Manifest, policy: 
     elif kind in ("node_failure", "hung") and bad_nodes:
         excluded = [n for n in [options.get("exclude") or manifest.resources.get("exclude"), *bad_nodes] if n]
         options["exclude"] = ",".join(dict.fromkeys(excluded))
-    if kind != "out_of_memory" and (fitted := right_size(usage, policy)) is not None and (mem is None or fitted < mem):
+    fitted = policy.right_size(usage.peak_mem_mb if usage else None)
+    if kind != "out_of_memory" and fitted is not None and (mem is None or fitted < mem):
         options["mem"] = f"{fitted}M"
     return options, ""
-
-
-def right_size(usage: Usage | None, policy: RetryPolicy) -> int | None:
-    """The memory a run asks for next by its measured peak (policy.mem_from_peak), in MB; None: not measured or
-    not asked for."""
-    if usage is None or usage.peak_mem_mb is None or not policy.mem_from_peak:
-        return None
-    return max(1, math.ceil(usage.peak_mem_mb * policy.mem_from_peak))
 
 
 def current_mem(before: dict[str, str], manifest: Manifest, usage: Usage | None) -> int | None:
@@ -166,7 +155,7 @@ def summary(manifest: Manifest, decisions: list[Decision]) -> str:
 def status_lines(manifest: Manifest, rows: list[Row]) -> list[str]:
     """What `status` says of the retry policy above its table: the round, the supervisor's job, what the policy
     does next (or the summary's headline once it is written)."""
-    policy = policy_of(manifest)
+    policy = RetryPolicy.of(manifest.retry)
     if policy is None:
         return []
     summary_file = manifest.dirs.summary

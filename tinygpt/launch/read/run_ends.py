@@ -26,12 +26,12 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tinygpt.launch.errors import LaunchError
+from tinygpt.launch.errors import LaunchError, SlurmAway
 from tinygpt.launch.manifest import BACKENDS
 from tinygpt.launch.node.supervise import FAILED, UNSAVED
 from tinygpt.launch.read import log_files
 from tinygpt.launch.read.run_states import Row, collect
-from tinygpt.launch.slurm.slurm_cli import RETRY, SlurmAway
+from tinygpt.launch.slurm.slurm_cli import RETRY
 
 if TYPE_CHECKING:
     from tinygpt.launch.manifest import Manifest

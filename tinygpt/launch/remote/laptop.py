@@ -43,7 +43,7 @@ import yaml
 from tinygpt.base import durable
 from tinygpt.base.config import PATH_KEYS
 from tinygpt.launch.console import INVOKED_AS, SPEC_AS, said_as
-from tinygpt.launch.errors import LaunchError
+from tinygpt.launch.errors import LaunchError, LoginAway, SshRefused
 from tinygpt.launch.layout import REMOTE_RECORD, REPO_ROOT, SweepDirs
 from tinygpt.launch.remote import login_side
 from tinygpt.launch.remote.private_folders import socket_folder, wheel_cache
@@ -61,14 +61,6 @@ SOURCE = Path(login_side.__file__).read_text()
 PULLED = ("runs/{name}/*.md", "runs/{name}/*.png", "runs/{name}/*/metrics.jsonl", "runs/{name}/*/provenance.json",
           "runs/{name}/*/config.yaml")
 CHECKPOINTS = ("runs/{name}/*/checkpoints",)
-
-
-class SshRefused(LaunchError):
-    exit_status = 255  # (ssh's own, for its failures)
-
-
-class LoginAway(LaunchError):
-    exit_status = 75  # (sysexits' EX_TEMPFAIL: the login node may be back later, as slurm_cli.SlurmAway)
 
 
 @dataclass(frozen=True)

@@ -20,19 +20,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tinygpt.launch.errors import LaunchError
+from tinygpt.launch.errors import LaunchError, SlurmAway
 
 TIMEOUT_S = 30
 _UNREACHABLE = "Unable to contact slurm controller"  # (Slurm's words for a connection to it that failed)
 NO_COMMANDS = "no Slurm commands on this machine (scontrol is not on PATH)"
 AGAIN = "try again in a minute"  # (what every SlurmAway says)
 RETRY = f"nothing was written or submitted; {AGAIN}"
-
-
-class SlurmAway(LaunchError):
-    """The controller or accounting did not answer: nothing was done, and the same command may work in a minute."""
-
-    exit_status = 75  # sysexits' EX_TEMPFAIL, for scripts to retry on
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ path, `{sweep}` the sweep's name, `{headline}` its first line. The supervisor (c
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -79,6 +80,18 @@ class RetryPolicy(schema.Schema):
     mem_from_peak: OptFloat = Field(None, ge=1, le=100, description=(
         "right-sizing: a run sent again asks for its measured peak memory x this (never less than it needed)"))
     notify: Notify | None = Field(None, description="where the summary goes at the end: mail, command")
+
+    @classmethod
+    def of(cls, recorded: dict | None) -> RetryPolicy | None:
+        """The policy a manifest records (its `retry`), or None for none."""
+        return cls.model_validate(recorded) if recorded else None
+
+    def right_size(self, peak_mem_mb: float | None) -> int | None:
+        """The memory a run asks for next by its measured peak (mem_from_peak), in MB; None: not measured or not
+        asked for."""
+        if peak_mem_mb is None or not self.mem_from_peak:
+            return None
+        return max(1, math.ceil(peak_mem_mb * self.mem_from_peak))
 
     @field_validator("ends", mode="before")
     @classmethod

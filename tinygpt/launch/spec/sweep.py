@@ -489,7 +489,7 @@ def _points(spec: SpecFile, problems: list[str], naming: int, check=_check_keys,
     return points, len(grid_points)
 
 
-def load_name(path: str | Path) -> str:
+def load_name(path: str | os.PathLike[str]) -> str:
     """Only the sweep's name (for status, cancel and report, which read the manifest, not the spec)."""
     path = Path(path)
     data = schema.load_yaml(path, LaunchError)
@@ -498,3 +498,12 @@ def load_name(path: str | Path) -> str:
     if not check_safe_name(name, "name", problems):
         raise LaunchError(problems, str(path))
     return name
+
+
+def manifest_path(spec: str | os.PathLike[str], workdir: str | os.PathLike[str]) -> Path:
+    """The manifest of the sweep that `spec` launched under `workdir`; `spec` may also be that manifest itself."""
+    if Path(spec).name == "manifest.json":
+        return Path(spec).resolve()
+    if "\x00" in str(workdir):
+        raise LaunchError(f"--workdir: {str(workdir)!r} holds a NUL character; give a directory path")
+    return SweepDirs(Path(workdir).resolve(), load_name(spec)).manifest

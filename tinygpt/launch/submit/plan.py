@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 class Records(NamedTuple):
-    """A manifest's runs as a relaunch merges them (commands/relaunch.py): what they share, each run's record,
+    """A manifest's runs as a relaunch merges them (act/relaunch.py): what they share, each run's record,
     and the runs to submit now, by index."""
 
     base: dict[str, Any]

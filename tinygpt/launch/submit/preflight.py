@@ -6,7 +6,7 @@ fits its MaxTime and the nodes its size; the GPUs asked for are on its nodes, of
 account and QOS are the user's, and the time fits the QOS's MaxWall (where accounting answers); each job
 array's task ids stay below MaxArraySize. Then `sbatch --test-only` of each batch script: Slurm's own
 verdict, and its estimate of when the job would start. When Slurm does not answer, nothing is submitted
-(the check fails closed); a controller that does not answer is said at once (slurm_cli.SlurmAway).
+(the check fails closed); a controller that does not answer is said at once (errors.SlurmAway).
 """
 
 from __future__ import annotations

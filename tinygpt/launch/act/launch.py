@@ -1,18 +1,20 @@
-"""`launch.py SPEC` and `launch.py check SPEC`: a spec read and checked (every problem at once, the local ones
-before Slurm is asked anything), its manifest and scripts written (plan.py), then submitted through a backend
-(or run here with --local, or as a chain of jobs with --chain); nothing is written while a check fails.
+"""A launch (`launch.py SPEC`, `launch.py check SPEC`, `api.launch`): a spec read and checked (every problem at
+once, the local ones before Slurm is asked anything), its manifest and scripts written (plan.py), then submitted
+through a backend (or run here with --local, or as a chain of jobs with --chain); nothing is written while a check
+fails.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
+import dataclasses
 import gc
 import io
 import os
 import shlex
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -21,7 +23,7 @@ from rich.table import Table
 
 from tinygpt.base import durable
 from tinygpt.launch import manifest as manifest_mod
-from tinygpt.launch.commands import relaunch
+from tinygpt.launch.act import relaunch
 from tinygpt.launch.console import console as output_console
 from tinygpt.launch.console import next_command
 from tinygpt.launch.errors import LaunchError
@@ -45,7 +47,28 @@ if TYPE_CHECKING:
 MAX_NPROC = 64  # --local's ranks per run: a machine's worth; more only oversubscribes it
 
 
-def run(args: argparse.Namespace) -> int:
+@dataclasses.dataclass(frozen=True)
+class LaunchOptions:
+    """What a launch is asked: the options of `launch.py SPEC` by their names there (`check`: a dry run that is
+    checked against the live cluster)."""
+
+    spec: str
+    workdir: str = "."
+    cluster: str | None = None
+    backend: str | None = None
+    set: Sequence[str] = ()  # KEY=VALUE, each a trainer key (or a command's value) set for every run
+    command: Literal["launch", "check"] = "launch"
+    dry_run: bool = False
+    local: bool = False
+    chain: bool = False
+    hold: bool = False
+    nproc: int = 1
+    no_check: bool = False
+    no_snapshot: bool = False
+    fresh: bool = False
+
+
+def run(args: LaunchOptions) -> int:
     """`launch.py SPEC` (and `check SPEC`): the spec read and checked, then written and submitted."""
     # A sweep of 100,000 runs is a few hundred thousand small objects, none of them in a reference cycle: the
     # cyclic collector would walk them again and again (a third of such a launch), so it rests until the end.
@@ -56,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         gc.enable()
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: LaunchOptions) -> int:
     if not 1 <= args.nproc <= MAX_NPROC:
         raise LaunchError(f"--nproc: must be from 1 to {MAX_NPROC}, got {args.nproc}")
     if args.local and args.nproc > (cpus := len(os.sched_getaffinity(0))):
@@ -97,18 +120,22 @@ class CheckDocument(BaseModel):
     said: list[str] = Field(description="what `check` printed: the runs, the resources, Slurm's estimates")
 
 
-def check_json(args: argparse.Namespace, check) -> int:
-    """`check --json`: `check()` run with its words caught, then one CheckDocument on stdout."""
+def check_document(options: LaunchOptions) -> CheckDocument:
+    """`check` run with its words caught (a refusal among them, as its message and exit status): the outcome as one
+    document (`check --json`, `api.check`)."""
     said, problems = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(said), contextlib.redirect_stderr(problems):
-        status = check()
+        try:
+            status = run(dataclasses.replace(options, command="check", dry_run=True, local=False, hold=False))
+        except LaunchError as err:
+            print(f"error: {err}", file=sys.stderr)
+            status = err.exit_status
     lines = [line.removeprefix("error: ") for line in problems.getvalue().splitlines() if line.strip()]
-    print(CheckDocument(format=1, spec=str(args.spec), ok=status == 0, exit_status=status,
-                        problems=lines if status else [], said=said.getvalue().splitlines()).model_dump_json(indent=2))
-    return status
+    return CheckDocument(format=1, spec=str(options.spec), ok=status == 0, exit_status=status,
+                         problems=lines if status else [], said=said.getvalue().splitlines())
 
 
-def _refuse_local_problems(sweep: Sweep, args: argparse.Namespace) -> None:
+def _refuse_local_problems(sweep: Sweep, args: LaunchOptions) -> None:
     """Everything this machine can check beyond the spec's schema, before Slurm is asked anything: the values the
     #SBATCH lines will carry (as sbatch will read them) and the options, all at once; then, for a submission or
     a check with none of those, each corpus prepared where the jobs will read it (its file decodes, data_dir
@@ -131,7 +158,7 @@ def _refuse_local_problems(sweep: Sweep, args: argparse.Namespace) -> None:
         raise LaunchError(problems, str(args.spec))
 
 
-def _launch_locked(sweep: Sweep, args: argparse.Namespace, cluster: LiveCluster | None) -> int:
+def _launch_locked(sweep: Sweep, args: LaunchOptions, cluster: LiveCluster | None) -> int:
     manifest_path = sweep.dirs.manifest
     again, launch_number = None, 1
     if manifest_path.exists():  # launched before: its jobs and its study come first
@@ -198,7 +225,7 @@ def _supervise(plan: Plan, ids: list[str]) -> None:
           f"{', '.join(plan.sweep.retry.ends)}, for at most {rounds} more round(s)")
 
 
-def _again(previous: Manifest, sweep: Sweep, args: argparse.Namespace) -> relaunch.Relaunch | None:
+def _again(previous: Manifest, sweep: Sweep, args: LaunchOptions) -> relaunch.Relaunch | None:
     """A relaunch shown: what to submit, the changed runs' directories moved aside for --fresh; None when nothing
     is to be submitted (nothing new, or a dry run or check, which write nothing)."""
     again = relaunch.compare(previous, sweep, args.fresh, _code_digest(sweep, args) if sweep.code_counts else None)
@@ -217,7 +244,7 @@ def _again(previous: Manifest, sweep: Sweep, args: argparse.Namespace) -> relaun
     return again
 
 
-def _code_digest(sweep: Sweep, args: argparse.Namespace) -> str | None:
+def _code_digest(sweep: Sweep, args: LaunchOptions) -> str | None:
     """The digest of the code the sweep's runs would be submitted with, read and not written: the project's for a
     command, the launcher's for the trainer (a tree sent from a laptop is its own snapshot); None: --no-snapshot."""
     if args.no_snapshot:
@@ -230,7 +257,7 @@ def _code_digest(sweep: Sweep, args: argparse.Namespace) -> str | None:
         sweep.project, everything=True, include=tuple(sweep.command.include)).identity(sweep.project, sweep.spec_path)
 
 
-def _relaunches(previous: Manifest, sweep: Sweep, args: argparse.Namespace) -> bool:
+def _relaunches(previous: Manifest, sweep: Sweep, args: LaunchOptions) -> bool:
     """Whether launching the spec again submits only its new runs (relaunch.py): a job array of runs of its own,
     submitted to Slurm before; an Optuna search's workers, submitit's array, a chain, --local runs and a sweep
     only ever written by a dry run start over as before."""
@@ -347,7 +374,7 @@ def _print_words(plan: Plan, index: int, console) -> None:
                       markup=False, highlight=False, soft_wrap=True)
 
 
-def _print_plan(plan: Plan, args: argparse.Namespace, steps: dict) -> None:
+def _print_plan(plan: Plan, args: LaunchOptions, steps: dict) -> None:
     sweep = plan.sweep
     console = output_console()
     # A line of its own, not the table's title: rich wraps a title at the table's width.

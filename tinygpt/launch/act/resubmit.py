@@ -9,12 +9,37 @@ and nodes are kept in the manifest (`status` shows them).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
+from tinygpt.launch import manifest as manifest_mod
 from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.manifest import Life
+from tinygpt.launch.read import run_ends
 from tinygpt.launch.read.run_states import RESUBMIT_CHOICES, Row
 from tinygpt.launch.spec.resources import format_time, mem_problem, parse_mem_mb, parse_time_min
+from tinygpt.launch.submit import backends
+
+
+def resubmit(path: Path, states: tuple[str, ...], time: str | None = None, mem: str | None = None,
+             exclude: Sequence[str] = (), exclude_failed_nodes: bool = False, dry_run: bool = False) -> list[str]:
+    """The runs of the sweep at manifest `path` whose latest job ended in one of `states`, sent again through its
+    backend under the sweep's lock, with the changes asked for; the new jobs' ids (none for a dry run or no run)."""
+    changes = parse_changes(time, mem, list(exclude))
+    manifest_mod.load(path)  # (a sweep never launched is an error here, before the lock makes its folder)
+    with manifest_mod.sweep_lock(path.parent):
+        manifest = manifest_mod.load(path)  # (as it is once no other command can change it)
+        rows = run_ends.collect_rows(manifest)
+        if exclude_failed_nodes:
+            bad = run_ends.failed_nodes(rows, manifest)
+            print(f"nodes where a run ended in NODE_FAIL or HUNG: {', '.join(bad) or 'none'}")
+            changes = parse_changes(time, mem, [*exclude, *bad])
+        previous = choose(rows, states, changes)
+        if not previous:
+            return []
+        return backends.of(manifest.backend).resubmit(manifest, [int(i) for i in previous], changes.options,
+                                                      previous, dry_run)
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tinygpt.launch.errors import LaunchError
+from tinygpt.launch.errors import LaunchError, SlurmAway
 from tinygpt.launch.read.run_states import Rows, collect, jobs_of, read_progress
 from tinygpt.launch.slurm import slurm_cli
-from tinygpt.launch.slurm.slurm_cli import RETRY, SlurmAway
+from tinygpt.launch.slurm.slurm_cli import RETRY
 from tinygpt.launch.submit.plan import Records
 
 if TYPE_CHECKING:

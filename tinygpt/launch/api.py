@@ -1,0 +1,190 @@
+"""The launcher as a library, for notebooks and scripts: what the commands do, called from Python.
+
+    from tinygpt.launch import api
+
+    sweep = api.launch("jobs/tiny.yaml", workdir="work")       # or a spec built as a dict, with its `name`
+    sweep.wait(timeout=1800)                                    # every run ended: a SweepStatus
+    for run, records in sweep.metrics().items():
+        print(run, [r["train_loss"] for r in records if "lr" in r])
+
+The answers are typed: `Sweep.status()` is the document `launch.py status --json` prints and `check()` the one
+`check --json` prints, each made by the same code. A refusal raises the launcher's own errors (`LaunchError`, and
+its kinds: `SlurmAway` when Slurm does not answer, `SweepBusy` when another command holds the sweep, `WaitTimeout`)
+with the messages the commands print; `exit_status` is the command's. What a command prints along the way (the plan
+table, the hints) a call prints too. Importing this module imports no torch and no Slurm command runs until called.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tinygpt.base import durable
+from tinygpt.launch.errors import LaunchError, LoginAway, SlurmAway, SshRefused, SweepBusy, WaitTimeout
+
+if TYPE_CHECKING:
+    from tinygpt.launch.act.launch import CheckDocument
+    from tinygpt.launch.manifest import Manifest
+    from tinygpt.launch.read.status_document import SweepStatus
+
+__all__ = ["LaunchError", "LoginAway", "SlurmAway", "SshRefused", "Sweep", "SweepBusy", "WaitTimeout", "check",
+           "launch", "open_sweep"]
+
+Spec = str | os.PathLike[str] | Mapping[str, Any]  # a spec's file, or the spec itself (with its `name`)
+
+
+class Sweep:
+    """A sweep that was launched (or written by a dry run): its manifest, and what its runs are doing now."""
+
+    def __init__(self, manifest_path: str | os.PathLike[str]) -> None:
+        from tinygpt.launch import manifest
+
+        self.path = Path(manifest_path)
+        self.manifest: Manifest = manifest.load(self.path)  # (as it was read; `status()` asks anew)
+
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+    @property
+    def runs(self) -> list[str]:
+        """The runs' names, in the order of their numbers."""
+        return [r.name for r in self.manifest.runs]
+
+    def __repr__(self) -> str:
+        return f"Sweep({self.name!r}, {len(self.manifest.runs)} run(s), manifest {str(self.path)!r})"
+
+    def status(self) -> SweepStatus:
+        """Every run's state, progress and losses now (asks Slurm): the document of `launch.py status --json`."""
+        from tinygpt.launch.read import status_document
+
+        return status_document.document(self._reloaded())
+
+    def wait(self, timeout: float, poll: float = 5.0) -> SweepStatus:
+        """Block until every run has ended (and a retry policy has written its summary, or the sweep was
+        cancelled); its status then. WaitTimeout after `timeout` seconds, naming what has not ended: the runs go
+        on. A Slurm that does not answer for a moment is waited out, as `status --watch` does."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                now = self.status()
+                if self._ended(now):
+                    return now
+            except SlurmAway:
+                now = None
+            if time.monotonic() >= deadline:
+                left = ", ".join(f"{r.name} ({r.state})" for r in now.runs if not r.ended) if now else "every run"
+                raise WaitTimeout(f"sweep `{self.name}`: not ended after {timeout:g} s: {left or 'its retry policy'}; "
+                                  f"the runs go on (wait again, or cancel them)")
+            time.sleep(max(0.0, min(poll, deadline - time.monotonic())))
+
+    def metrics(self, runs: Iterable[str] | None = None) -> dict[str, list[dict[str, Any]]]:
+        """Each run's records ({name: records}, oldest first): its metrics.jsonl, every whole line (the trainer's
+        steps, evaluations and events, or a program's own and its printed progress)."""
+        from tinygpt.training import metrics
+
+        wanted = None if runs is None else set(runs)
+        if wanted is not None and (unknown := sorted(wanted - set(self.runs))):
+            raise LaunchError(f"runs: {', '.join(unknown)} not in sweep `{self.name}`; its runs: "
+                              f"{', '.join(self.runs[:20])}{' ...' if len(self.runs) > 20 else ''}")
+        return {r.name: list(metrics.read(metrics.of_run(r.out_dir))) for r in self.manifest.runs
+                if wanted is None or r.name in wanted}
+
+    def cancel(self) -> list[str]:
+        """Every job of the sweep cancelled (`launch.py cancel`), its retry policy stopped; the jobs' ids."""
+        from tinygpt.launch.act.cancel import cancel
+
+        return cancel(self.path)
+
+    def resubmit(self, states: Sequence[str] | None = None, *, time: str | None = None, mem: str | None = None,
+                 exclude: Sequence[str] = (), exclude_failed_nodes: bool = False, dry_run: bool = False) -> list[str]:
+        """The runs whose latest job ended in one of `states` (default: those `launch.py resubmit` sends), again,
+        with a new time limit, memory or nodes left out; the new jobs' ids."""
+        from tinygpt.launch.act.resubmit import parse_states, resubmit
+        from tinygpt.launch.read.run_states import RESUBMIT_DEFAULT
+
+        chosen = parse_states(",".join(RESUBMIT_DEFAULT if states is None else states))
+        return resubmit(self.path, chosen, time, mem, exclude, exclude_failed_nodes, dry_run)
+
+    def _reloaded(self) -> Manifest:
+        from tinygpt.launch import manifest
+
+        self.manifest = manifest.load(self.path)  # (a relaunch or a resubmission may have changed it)
+        return self.manifest
+
+    def _ended(self, now: SweepStatus) -> bool:
+        if not all(r.ended for r in now.runs):
+            return False
+        dirs = self.manifest.dirs
+        return not self.manifest.retry or dirs.summary.exists() or dirs.cancelled.exists()
+
+
+def launch(spec: Spec, workdir: str | os.PathLike[str] = ".", *, cluster: str | None = None,
+           backend: str | None = None, set: Mapping[str, Any] | None = None, dry_run: bool = False,
+           local: bool = False, chain: bool = False, hold: bool = False, nproc: int = 1, check: bool = True,
+           snapshot: bool = True, fresh: bool = False) -> Sweep:
+    """`launch.py SPEC`: the spec checked (against the live cluster too, unless `check=False`), its scripts and
+    manifest written, its runs submitted (`dry_run`: nothing submitted; `local`: run here, one after another). A
+    spec launched before submits only its new runs. The keywords are the command's options."""
+    from tinygpt.launch.act.launch import LaunchOptions, run
+
+    path = _spec_file(spec, workdir)
+    run(LaunchOptions(spec=str(path), workdir=str(workdir), cluster=cluster, backend=backend, set=_words(set),
+                      dry_run=dry_run, local=local, chain=chain, hold=hold, nproc=nproc, no_check=not check,
+                      no_snapshot=not snapshot, fresh=fresh))
+    return open_sweep(path, workdir)
+
+
+def check(spec: Spec, workdir: str | os.PathLike[str] = ".", *, cluster: str | None = None,
+          backend: str | None = None, set: Mapping[str, Any] | None = None) -> CheckDocument:
+    """`launch.py check SPEC --json`: the spec against the live cluster and Slurm's estimates; nothing is written
+    or submitted. A spec that does not fit is an answer (`ok` false, its `problems`), not an exception."""
+    from tinygpt.launch.act.launch import LaunchOptions, check_document
+
+    path = _spec_file(spec, workdir)
+    return check_document(LaunchOptions(spec=str(path), workdir=str(workdir), cluster=cluster, backend=backend,
+                                        set=_words(set), command="check", dry_run=True))
+
+
+def open_sweep(spec: str | os.PathLike[str], workdir: str | os.PathLike[str] = ".") -> Sweep:
+    """The sweep that a spec launched (its YAML, or the sweep's jobs/<name>/manifest.json) under `workdir`."""
+    from tinygpt.launch.spec.sweep import manifest_path
+
+    return Sweep(manifest_path(spec, workdir))
+
+
+def _spec_file(spec: Spec, workdir: str | os.PathLike[str]) -> Path:
+    """A spec's file: the one given, or a spec given as a mapping written as `<workdir>/<name>.yaml` (so that the
+    commands can follow the sweep: `launch.py status <name>.yaml`). A file there already is never written over
+    with another spec."""
+    if not isinstance(spec, Mapping):
+        return Path(spec)
+    name = spec.get("name")
+    if not isinstance(name, str) or not name:
+        raise LaunchError("name: a spec given as a mapping needs its `name` (its file is written as <name>.yaml "
+                          "in the work directory)")
+    import yaml  # type: ignore[import-untyped]  # (no stubs in the venv; safe_dump is all it uses)
+
+    from tinygpt.launch.layout import check_safe_name
+
+    problems: list[str] = []
+    check_safe_name(name, "name", problems)
+    if problems:
+        raise LaunchError(problems)
+    path = Path(workdir) / f"{name}.yaml"
+    text = yaml.safe_dump(dict(spec), sort_keys=False, allow_unicode=True)
+    if path.exists() and path.read_text(errors="replace") != text:
+        raise LaunchError(f"name: {path} holds another spec; give this one another `name`, or launch that file")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    durable.write(path, text)
+    return path
+
+
+def _words(values: Mapping[str, Any] | None) -> list[str]:
+    """`set=` as the command's `--set KEY=VALUE` words: a text as written, anything else as JSON (which YAML
+    reads back as the same value: 300, 0.001, true, null)."""
+    return [f"{key}={value if isinstance(value, str) else json.dumps(value)}" for key, value in (values or {}).items()]
