@@ -694,6 +694,26 @@ def test_every_backend_a_spec_may_name_has_an_implementation():
     assert {b.name for b in backends.BACKENDS.values()} == set(spec_mod.BACKENDS)
 
 
+def test_a_backend_says_what_it_cannot_do_and_a_launch_asks_it_not_which_it_is(tmp_path, tiny_corpus):
+    """--local only chooses the Local backend; what it refuses (a dry run, --hold, a resubmission) it says, with
+    the reason, all at once and before anything is written."""
+    from tests.support.processes import run_cli
+    from tinygpt.launch.submit import backends
+
+    assert [(b.name, b.to_slurm, b.holds) for b in (*backends.BACKENDS.values(), backends.Local())] == [
+        ("sbatch", True, True), ("submitit", True, False), ("local", False, False)]
+    spec = tmp_path / "s.yaml"
+    spec.write_text(f"name: s\nbackend: submitit\ntrain: {{data_file: {tiny_corpus}, {tiny_yaml()}}}\n")
+    code, err = run_cli([str(spec), "--local", "--dry-run", "--hold", "--workdir", str(tmp_path / "w")])
+    assert code == 1 and "--local and --dry-run: choose one" in err and backends.HOLD_ONLY in err, err
+    code, err = run_cli([str(spec), "--dry-run", "--hold", "--workdir", str(tmp_path / "w")])
+    assert code == 1 and backends.HOLD_ONLY in err and "choose one" not in err, err
+    assert not (tmp_path / "w").exists()
+    assert run_cli([str(spec), "--dry-run", "--hold", "--chain", "--workdir", str(tmp_path / "w")])[0] == 0
+    with pytest.raises(LaunchError, match=r"ran here \(--local\), with no Slurm job to send again"):
+        backends.Local().resubmit(None, [0], {}, {}, dry_run=False)
+
+
 def test_a_job_accounting_still_calls_running_takes_the_state_the_controller_saw_it_end_in(monkeypatch):
     """Accounting hears of a job's end a moment after the controller: a `status` or `resubmit` in that moment
     reads the controller's state (a lag no real cluster shows on demand, hence the stand-ins)."""

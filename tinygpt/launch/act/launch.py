@@ -82,11 +82,6 @@ def run(args: LaunchOptions) -> int:
 def _run(args: LaunchOptions) -> int:
     if not 1 <= args.nproc <= MAX_NPROC:
         raise LaunchError(f"--nproc: must be from 1 to {MAX_NPROC}, got {args.nproc}")
-    if args.local and args.nproc > (cpus := len(os.sched_getaffinity(0))):
-        print(f"warning: --nproc {args.nproc} ranks share the {cpus} CPU(s) this process may use: each run is "
-              f"slower, not faster, than with --nproc {cpus}", file=sys.stderr)
-    if args.local and args.dry_run:
-        raise LaunchError("--local and --dry-run: choose one")
     set_values = {}
     for item in args.set:
         key, eq, value = item.partition("=")
@@ -95,16 +90,19 @@ def _run(args: LaunchOptions) -> int:
         set_values[key.strip()] = value
     sweep = spec_mod.load(args.spec, args.workdir, cluster=args.cluster, backend=args.backend,
                          set_values=set_values)
-    _refuse_local_problems(sweep, args)
+    backend = backends.chosen(sweep, args.local, args.nproc)
+    _refuse_local_problems(sweep, args, backend)
+    for warning in backend.warnings():
+        print(f"warning: {warning}", file=sys.stderr)
     cluster = None  # (the live cluster, asked when the spec is checked against it)
-    if args.command == "check" or not (args.dry_run or args.local or args.no_check):
+    if args.command == "check" or (backend.to_slurm and not (args.dry_run or args.no_check)):
         cluster = preflight.before_writing(sweep)  # (nothing is written when it fails)
-    elif args.no_check and not (args.dry_run or args.local):
+    elif backend.to_slurm and args.no_check and not args.dry_run:
         slurm_cli.require_controller()
         print("not checked against the live cluster (--no-check)")
     # One command at a time writes a sweep: from the check that its jobs are not live to the last record.
     with manifest_mod.sweep_lock(sweep.dirs.jobs):
-        return _launch_locked(sweep, args, cluster)
+        return _launch_locked(sweep, args, backend, cluster)
 
 
 class CheckDocument(BaseModel):
@@ -135,35 +133,31 @@ def check_document(options: LaunchOptions) -> CheckDocument:
                          problems=lines if status else [], said=said.getvalue().splitlines())
 
 
-def _refuse_local_problems(sweep: Sweep, args: LaunchOptions) -> None:
+def _refuse_local_problems(sweep: Sweep, args: LaunchOptions, backend: backends.Backend) -> None:
     """Everything this machine can check beyond the spec's schema, before Slurm is asked anything: the values the
     #SBATCH lines will carry (as sbatch will read them) and the options, all at once; then, for a submission or
     a check with none of those, each corpus prepared where the jobs will read it (its file decodes, data_dir
     takes the prepared data; written only for a spec fit to go). The same message on every machine."""
-    problems = unwritable(sweep)
-    if args.hold and (args.local or (sweep.backend != "sbatch" and not args.chain)):
-        problems.append("--hold: only for submissions with the sbatch backend (or the data step of --chain)")
-    if sweep.retry is not None and args.chain and not args.local:
+    problems = unwritable(sweep) + backend.refusals(sweep, hold=args.hold, chain=args.chain, dry_run=args.dry_run,
+                                                    nproc=args.nproc)
+    if sweep.retry is not None and args.chain and backend.to_slurm:
         problems.append("--chain: the report step would run before the retry policy's rounds end; launch without "
                         "--chain (the supervisor writes runs/<sweep>/summary.md at the end), or without `retry`")
     if sweep.command is not None:
-        if args.local and args.nproc > 1:
-            problems.append("--nproc: starts the trainer's ranks under torchrun; a command runs one process per run "
-                            "here")
-        if not (args.no_snapshot or args.local):  # (what the jobs' snapshot of the project will hold)
+        if backend.to_slurm and not args.no_snapshot:  # (what the jobs' snapshot of the project will hold)
             problems += snapshot.unheld_words(sweep.project, sweep.command.argv, tuple(sweep.command.include))
-    elif not problems and (args.command == "check" or not (args.dry_run or args.local or args.chain)):
+    elif not problems and (args.command == "check" or (backend.to_slurm and not (args.dry_run or args.chain))):
         problems = corpora.prepare_data(sweep)[1]  # (read by every task: a corpus that fails stops us here)
     if problems:
         raise LaunchError(problems, str(args.spec))
 
 
-def _launch_locked(sweep: Sweep, args: LaunchOptions, cluster: LiveCluster | None) -> int:
+def _launch_locked(sweep: Sweep, args: LaunchOptions, backend: backends.Backend, cluster: LiveCluster | None) -> int:
     manifest_path = sweep.dirs.manifest
     again, launch_number = None, 1
     if manifest_path.exists():  # launched before: its jobs and its study come first
         previous = manifest_mod.load(manifest_path)
-        if _relaunches(previous, sweep, args):
+        if _relaunches(previous, sweep, args.chain, backend):
             again = _again(previous, sweep, args)
             if again is None:
                 return 0
@@ -171,17 +165,16 @@ def _launch_locked(sweep: Sweep, args: LaunchOptions, cluster: LiveCluster | Non
         else:
             _refuse_if_live(previous, sweep.name, args.spec)
             _refuse_changed_search(previous, sweep)
-    plan = plan_mod.build(sweep, None if args.local else _snapshot(sweep, args.no_snapshot),
-                          _project(sweep, args.no_snapshot) if sweep.command is not None and not args.local
+    plan = plan_mod.build(sweep, _snapshot(sweep, args.no_snapshot) if backend.to_slurm else None,
+                          _project(sweep, args.no_snapshot) if sweep.command is not None and backend.to_slurm
                           else None, again.merged() if again else None, launch_number)
-    if not args.local:
-        _say_steering_variables()
     steps = {}
-    if args.chain and not args.local:
-        steps = chain.write_scripts(plan)
-    if sweep.retry is not None and not args.local:
-        supervisor.write_scripts(plan)
-    _print_plan(plan, args, steps)
+    if backend.to_slurm:
+        _say_steering_variables()
+        steps = chain.write_scripts(plan) if args.chain else {}
+        if sweep.retry is not None:
+            supervisor.write_scripts(plan)
+    _print_plan(plan, backend, steps)
     if cluster is not None:
         for estimate in preflight.before_submitting(plan, cluster):
             print(f"slurm: {estimate}")
@@ -190,8 +183,7 @@ def _launch_locked(sweep: Sweep, args: LaunchOptions, cluster: LiveCluster | Non
               if args.command == "check"
               else "dry run: nothing submitted")
         return 0
-    backend = backends.Local(args.nproc) if args.local else backends.of(sweep.backend)
-    if args.local and args.chain:
+    if args.chain and not backend.to_slurm:
         return _chain_here(plan, backend, args.spec)
     if steps:
         ids = chain.submit(plan, steps, lambda dependency: backend.submit(plan, False, dependency), args.hold)
@@ -200,7 +192,7 @@ def _launch_locked(sweep: Sweep, args: LaunchOptions, cluster: LiveCluster | Non
               f"{ids['report'][0]}; follow with `{next_command('status', args.spec)}`")
         return 0
     ids = backend.submit(plan, args.hold, None)
-    if args.local:
+    if not backend.to_slurm:
         print(f"see `{next_command('status', args.spec)}`"
               + ("; its retry policy is Slurm's: here each run ran once" if sweep.retry else ""))
         return 0
@@ -257,12 +249,12 @@ def _code_digest(sweep: Sweep, args: LaunchOptions) -> str | None:
         sweep.project, everything=True, include=tuple(sweep.command.include)).identity(sweep.project, sweep.spec_path)
 
 
-def _relaunches(previous: Manifest, sweep: Sweep, args: LaunchOptions) -> bool:
+def _relaunches(previous: Manifest, sweep: Sweep, chained: bool, backend: backends.Backend) -> bool:
     """Whether launching the spec again submits only its new runs (relaunch.py): a job array of runs of its own,
     submitted to Slurm before; an Optuna search's workers, submitit's array, a chain, --local runs and a sweep
     only ever written by a dry run start over as before."""
-    chained = args.chain or any(s.role in chain.ROLES for s in previous.submissions)
-    return (not (args.local or chained) and sweep.backend == previous.backend == "sbatch" and sweep.search is None
+    chained = chained or any(s.role in chain.ROLES for s in previous.submissions)
+    return (backend.to_slurm and not chained and sweep.backend == previous.backend == "sbatch" and sweep.search is None
             and previous.search is None and bool(previous.slurm_submissions()))
 
 
@@ -374,11 +366,11 @@ def _print_words(plan: Plan, index: int, console) -> None:
                       markup=False, highlight=False, soft_wrap=True)
 
 
-def _print_plan(plan: Plan, args: LaunchOptions, steps: dict) -> None:
+def _print_plan(plan: Plan, backend: backends.Backend, steps: dict) -> None:
     sweep = plan.sweep
     console = output_console()
     # A line of its own, not the table's title: rich wraps a title at the table's width.
-    console.print(f"{sweep.name}: {len(sweep.runs)} run(s), backend {'local' if args.local else sweep.backend}, "
+    console.print(f"{sweep.name}: {len(sweep.runs)} run(s), backend {backend.name}, "
                   f"cluster {sweep.profile.name}", markup=False, highlight=False, style="italic")
     t = Table() if console.is_terminal else Table(box=None)  # piped: plain columns, no box drawing
     t.add_column("#", justify="right")

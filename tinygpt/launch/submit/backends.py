@@ -7,7 +7,8 @@ jobs.
                 is left to act on
 
 Each records its submissions in the manifest, so `status`, `logs`, `resubmit` and `cancel` read them the same
-way. The Slurm backends' names are manifest.BACKENDS (what a spec may name); `local` is chosen by --local.
+way, and each says what sets it apart (`to_slurm`, `holds`, `refusals`): a launch asks the backend, never which
+one it has. The Slurm backends' names are manifest.BACKENDS (what a spec may name); `local` is chosen by --local.
 """
 
 from __future__ import annotations
@@ -29,11 +30,26 @@ from tinygpt.launch.submit.slurm_options import container_prefix, sbatch_options
 
 if TYPE_CHECKING:
     from tinygpt.launch.manifest import Life, Manifest, RunRecord
+    from tinygpt.launch.spec.sweep import Sweep
     from tinygpt.launch.submit.plan import Plan
+
+HOLD_ONLY = "--hold: only for submissions with the sbatch backend (or the data step of --chain)"
 
 
 class Backend:
     name: str
+    # Its runs are Slurm jobs: a launch checks the spec against the live cluster, sends a snapshot of the code,
+    # writes a retry policy's supervisor job and a chain's steps, and a second launch submits only new runs.
+    to_slurm = True
+    holds = False  # it submits jobs held (--hold); a chain holds its data step whatever the backend
+
+    def refusals(self, sweep: Sweep, *, hold: bool, chain: bool, dry_run: bool, nproc: int) -> list[str]:
+        """What of a launch's options this backend cannot do, each with its reason (none: it can)."""
+        return [HOLD_ONLY] if hold and not (self.holds or chain) else []
+
+    def warnings(self) -> list[str]:
+        """What a launch through this backend says before anything is written (it goes on)."""
+        return []
 
     def submit(self, plan: Plan, hold: bool = False, dependency: str | None = None) -> list[str]:
         """Submit the plan's training jobs (held, after `dependency` such as afterok:123); their ids."""
@@ -58,6 +74,7 @@ class Backend:
 
 class Sbatch(Backend):
     name = "sbatch"
+    holds = True
 
     def submit(self, plan: Plan, hold: bool = False, dependency: str | None = None) -> list[str]:
         ids = []
@@ -189,10 +206,26 @@ class Local(Backend):
     what the cluster will run. `nproc` > 1 starts each run with that many gloo ranks under torchrun."""
 
     name = manifest_mod.LOCAL
+    to_slurm = False
 
     def __init__(self, nproc: int = 1, say=print) -> None:
         self.nproc = nproc
         self.say = say
+
+    def refusals(self, sweep: Sweep, *, hold: bool, chain: bool, dry_run: bool, nproc: int) -> list[str]:
+        problems = ["--local and --dry-run: choose one"] if dry_run else []
+        if hold:
+            problems.append(HOLD_ONLY)
+        if sweep.command is not None and nproc > 1:
+            problems.append("--nproc: starts the trainer's ranks under torchrun; a command runs one process per run "
+                            "here")
+        return problems
+
+    def warnings(self) -> list[str]:
+        if self.nproc > (cpus := len(os.sched_getaffinity(0))):
+            return [f"--nproc {self.nproc} ranks share the {cpus} CPU(s) this process may use: each run is slower, "
+                    f"not faster, than with --nproc {cpus}"]
+        return []
 
     def submit(self, plan: Plan, hold: bool = False, dependency: str | None = None) -> list[str]:
         """Run every run here (--hold and --chain's dependency mean nothing here); once all have run, an error
@@ -202,6 +235,11 @@ class Local(Backend):
         if failed:
             raise LaunchError(f"{failed} of {runs} run(s) failed here; each one's output is above")
         return [self.name]
+
+    def resubmit(self, manifest: Manifest, indices: list[int], options: dict[str, str],
+                 previous: dict[str, Life], dry_run: bool, round: int | None = None) -> list[str]:
+        raise LaunchError("resubmit: these runs ran here (--local), with no Slurm job to send again; run them again "
+                          "with `launch.py SPEC --local`, or submit them with `launch.py SPEC`")
 
     def cancel(self, manifest: Manifest) -> list[str]:
         return []  # (nothing is left running: a run here ends with the command)
@@ -279,3 +317,8 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (Sbatch(), Submitit())}
 def of(name: str) -> Backend:
     """The backend a spec or manifest names."""
     return BACKENDS[name]
+
+
+def chosen(sweep: Sweep, local: bool, nproc: int = 1) -> Backend:
+    """The backend a launch sends the sweep through: --local's, else the one its spec names."""
+    return Local(nproc) if local else of(sweep.backend)
