@@ -114,7 +114,7 @@ def test_preemption_signal_without_scontrol_saves_and_exits_for_resubmission(tmp
     proc = run_until_logging(trainer(tiny_corpus, out, tmp_path / "data", env=env), out)
     proc.send_signal(signal.SIGUSR2)
     stdout, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 75, stdout + stderr  # EXIT_REQUEUE: the batch script resubmits
+    assert proc.returncode == 75, stdout + stderr  # tinygpt.job.REQUEUE_EXIT: the batch script resubmits
     event = read_metrics(out)[-1]
     assert event["event"] == "preempted" and "SIGUSR2" in event["reason"]
     assert "scontrol is not on PATH" in event["requeue"]

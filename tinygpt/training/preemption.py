@@ -8,7 +8,7 @@ a checkpoint, and then:
 - on the *preemption signal* (default USR2; what `#SBATCH --signal=USR2@120` sends before the time
   limit, or `scancel -s USR2`), rank 0 requeues the job with `scontrol requeue`, and the next start
   resumes from the checkpoint. When scontrol is missing (containers) or fails, the process exits with
-  EXIT_REQUEUE, which the batch scripts turn into a resubmission.
+  REQUEUE_EXIT, which the batch scripts turn into a resubmission.
 - on SIGTERM (scancel, or preemption with PreemptMode=REQUEUE, where Slurm requeues the job itself),
   it saves and leaves without requeueing: a user's scancel means stop.
 
@@ -25,7 +25,8 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-EXIT_REQUEUE = 75  # EX_TEMPFAIL: "try again"; the batch scripts resubmit on it
+from tinygpt.job import REQUEUE_EXIT
+
 # Set to "script" by a batch script that runs several trainers in one task (`pack`): they requeue together,
 # so each trainer leaves the requeue to the script.
 REQUEUE_ENV = "TINYGPT_REQUEUE"
@@ -161,11 +162,11 @@ def leave(request: StopRequest | None, restarts: int, max_requeues: int, record:
         requeue_hook()
     elif env.get(REQUEUE_ENV) == "script":
         record("left to the batch script (runs packed in one task requeue together)")
-        return EXIT_REQUEUE
+        return REQUEUE_EXIT
     elif job is None:
         record("not in a Slurm job; resume by running the same command again")
     else:
         ok, message = requeue(job)
         record(message)
-        return 0 if ok else EXIT_REQUEUE
+        return 0 if ok else REQUEUE_EXIT
     return 0

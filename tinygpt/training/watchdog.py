@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 from tinygpt.training import distributed as dist_mod
 
-EXIT_HUNG = 76  # (75 is EXIT_REQUEUE, preemption.py)
+EXIT_HUNG = 76  # (75 is tinygpt.job.REQUEUE_EXIT)
 ROLL_CALL_S = 10.0  # how long a stuck rank waits for the others to say they are stuck too (at most hang_timeout)
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tinygpt.base import durable
+from tinygpt.job import REQUEUE_EXIT
 from tinygpt.launch.layout import pair
 from tinygpt.training import preemption
 
@@ -196,7 +197,7 @@ def _command_trial(trial, manifest: Manifest, values: dict[str, Any], out_dir: P
         trial.set_user_attr("pruned_at", seen[-1][0])
         trial.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         return "PRUNED", None
-    if ended.code == preemption.EXIT_REQUEUE:
+    if ended.code == REQUEUE_EXIT:
         return "RUNNING", supervise.after(ended, manifest, out_dir.name)
     if ended.code != 0 or not seen:
         raise TrialError(f"the program ended with exit status {ended.code}" if ended.code else
@@ -251,7 +252,7 @@ def main(argv: list[str]) -> int:
             if signal_name != "TERM" and job:
                 ok, message = preemption.requeue(job)
                 say(f"SIG{signal_name} between trials; {message}")
-                return 0 if ok else preemption.EXIT_REQUEUE
+                return 0 if ok else REQUEUE_EXIT
             return 0
         trial, resumed = next_trial(study, manifest.search, state, worker)
         if trial is None:

@@ -40,11 +40,11 @@ from pathlib import Path
 from typing import NamedTuple
 
 from tinygpt.base import durable
+from tinygpt.job import REQUEUE_EXIT
 from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.manifest import load_run
 from tinygpt.launch.node import printed_progress, torchrun_start
 from tinygpt.training import distributed, metrics
-from tinygpt.training.preemption import EXIT_REQUEUE
 from tinygpt.training.watchdog import EXIT_HUNG
 
 USAGE = "usage: python -m tinygpt.launch.node.supervise MANIFEST INDEX"
@@ -69,7 +69,7 @@ def environment(head, run_name: str, run_dir: Path) -> dict[str, str]:
     ours = str(Path(__file__).resolve().parents[3])  # (the code snapshot's root: `tinygpt` is in it)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), ours) if p)
     env.update(TINYGPT_RUN_DIR=str(run_dir), TINYGPT_RUN_NAME=run_name, TINYGPT_SWEEP=head.name,
-               TINYGPT_STOP_SIGNAL=f"SIG{head.command.stop_signal}", TINYGPT_REQUEUE_EXIT=str(EXIT_REQUEUE))
+               TINYGPT_STOP_SIGNAL=f"SIG{head.command.stop_signal}", TINYGPT_REQUEUE_EXIT=str(REQUEUE_EXIT))
     if head.command.heartbeat_s:
         env["TINYGPT_HEARTBEAT"] = str(run_dir / HEARTBEAT)
     world = distributed.detect(os.environ)
@@ -194,12 +194,12 @@ def supervise(manifest: Path, index: int) -> int:
 
 def after(ended: Ended, head, run_name: str) -> int:
     """The task's exit status once the program has ended (see the module's docstring)."""
-    if ended.code == EXIT_REQUEUE and signal.SIGTERM in ended.signals:
+    if ended.code == REQUEUE_EXIT and signal.SIGTERM in ended.signals:
         # (scancel, or a preemption under PreemptMode=REQUEUE, where Slurm requeues the job itself: as the trainer)
         print(f"tinygpt: run {run_name} saved on SIGTERM; Slurm requeues a preempted job itself, and a scancel "
               f"means stop", file=sys.stderr)
         return 0
-    if ended.code == EXIT_REQUEUE:
+    if ended.code == REQUEUE_EXIT:
         restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
         if restarts >= head.command.max_requeues:
             print(f"tinygpt: run {run_name} asked to be requeued after {restarts} requeue(s), the most "
@@ -222,7 +222,7 @@ def _requeue() -> int:
     the others' saving."""
     mark = os.environ.get(REQUEUE_MARK_ENV)
     if not mark or int(os.environ.get("SLURM_NTASKS") or 1) == 1:
-        return EXIT_REQUEUE
+        return REQUEUE_EXIT
     if os.environ.get("SLURM_PROCID", "0") == "0":
         Path(mark).touch()
     return 0

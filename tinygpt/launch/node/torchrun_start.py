@@ -30,11 +30,12 @@ import sys
 import time
 from pathlib import Path
 
+from tinygpt.job import REQUEUE_EXIT  # (the standard library's only: a few megabytes beside each worker)
+
 TORCHRUN_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")  # torchrun's own, passed on to its workers
 PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
              signal.SIGCONT)
 SHUTDOWN_S = 24 * 3600  # how long torchrun lets a stopped worker save: no limit of its own
-REQUEUE = 75  # (training/preemption.EXIT_REQUEUE: this module imports nothing of ours, being each worker's)
 
 
 def words(argv: list[str], procs_per_node: int, ends: Path, environ: dict[str, str], master: tuple[str, int]
@@ -75,12 +76,12 @@ def node_status(ends: Path, procs_per_node: int, torchrun_code: int) -> int:
             codes.append(int((ends / str(rank)).read_text()))
         except (OSError, ValueError):
             codes.append(None)
-    failed = [c for c in codes if c not in (0, REQUEUE, None)]
+    failed = [c for c in codes if c not in (0, REQUEUE_EXIT, None)]
     if failed:
         return failed[0]
     if None in codes:
         return torchrun_code or 1
-    return REQUEUE if REQUEUE in codes else 0
+    return REQUEUE_EXIT if REQUEUE_EXIT in codes else 0
 
 
 def _wait_for(pid_file: Path) -> None:

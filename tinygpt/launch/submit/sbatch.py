@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tinygpt.job import REQUEUE_EXIT
 from tinygpt.launch.layout import PACKED_RUN_LOG, TASK_LOG_PATTERN
 from tinygpt.launch.node.supervise import REQUEUE_MARK_ENV
 from tinygpt.launch.slurm import directives
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
     from tinygpt.launch.spec.profiles import Profile
     from tinygpt.launch.spec.resources import Resources
 
-REQUEUE_EXIT = preemption.EXIT_REQUEUE  # (a shorter name for the f-strings below)
 # How a task starts its srun step and waits for a controller that is away: one text, step.sh, that the scripts
 # here carry and hpc_lab/04_tinygpt/train.sbatch sources (its own comments say why).
 STEP = "".join(line for line in (Path(__file__).with_name("step.sh")).read_text().splitlines(keepends=True)
@@ -131,7 +131,7 @@ def _single(p: ScriptParams) -> list[str]:
 def _packed(p: ScriptParams) -> list[str]:
     """`pack` runs at once in one task: one srun step each (--overlap: they share the task's CPUs; each trainer
     gets its share of the CPUs as threads, and takes its share of the GPUs, told its slot), each with its own
-    log. Slurm's signal reaches every step; each trainer saves and exits with EXIT_REQUEUE (told so by
+    log. Slurm's signal reaches every step; each trainer saves and exits with REQUEUE_EXIT (told so by
     TINYGPT_REQUEUE=script), and once all have ended the script requeues the task, so that every run resumes."""
     q = shlex.quote
     task_log = '"${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID}_${SLURM_ARRAY_TASK_ID:-0}"'
