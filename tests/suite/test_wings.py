@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from bench.code_shape import graphs, imported_modules, module_name, rooms_of
+from bench.code_shape import graphs, imported_modules, levels, module_name, rooms_of
 from tests.support.paths import ROOT
 
 ROW = re.compile(r"^\| (\d+) \| `([\w/.]+)` \| (.*) \|$")
@@ -64,3 +64,21 @@ def test_the_login_nodes_half_imports_nothing_of_this_project():
     login_side = ROOT / "tinygpt/launch/remote/login_side.py"
     known = {module_name(p) for p in ROOT.joinpath("tinygpt").rglob("*.py")}
     assert imported_modules(login_side, known, type_only=True) == set()
+
+
+def test_every_module_is_named_in_its_wings_docstring():
+    wings = [d for d in ROOT.joinpath("tinygpt/launch").iterdir() if (d / "__init__.py").exists()]
+    unnamed = [f"{wing.name}/{f.stem}" for wing in sorted(wings)
+               for f in sorted(wing.glob("*.py"))
+               if f.stem != "__init__" and f"`{f.stem}`" not in ast.get_docstring(ast.parse(
+                   (wing / "__init__.py").read_text()))]
+    assert unnamed == []
+
+
+def test_no_module_of_the_launcher_imports_itself_round_a_circle_and_only_cli_imports_a_command():
+    _, modules = graphs(ROOT / "tinygpt/launch", type_only=True)
+    assert levels(modules)[1] == [], "a circle of imports (type hints counted)"
+    commands = "tinygpt.launch.commands."
+    crossing = {m: sorted(d for d in deps if d.startswith(commands))
+                for m, deps in modules.items() if m.startswith(commands) and m != commands + "cli"}
+    assert {m: deps for m, deps in crossing.items() if deps} == {}
