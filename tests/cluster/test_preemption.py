@@ -45,7 +45,6 @@ def spec_train(corpus: Path, data: Path) -> dict:
     return keys
 
 
-@pytest.mark.slurm_release
 def test_signalled_sbatch_job_requeues_resumes_and_matches_an_uninterrupted_run(tmp_path, tiny_corpus):
     ref = reference(config.resolve(flags(tiny_corpus, tmp_path / "reference", tmp_path / "data")))
     out = tmp_path / "job"
@@ -85,7 +84,6 @@ def test_two_nodes_signalled_resume_to_the_same_weights(tmp_path, tiny_corpus):
     assert loss_series(tmp_path / "signalled") == loss_series(tmp_path / "whole")
 
 
-@pytest.mark.slurm_release
 def time_limit_now(job: str, minutes: int | None = None) -> None:
     """Set the job's time limit: `minutes`, or one to two minutes past its run time so far."""
     if minutes is None:
@@ -95,6 +93,7 @@ def time_limit_now(job: str, minutes: int | None = None) -> None:
                    timeout=30)
 
 
+@pytest.mark.slurm_release
 def test_time_limit_requeues_and_completes_without_losing_or_repeating_a_step(tmp_path, tiny_corpus):
     """Slurm's own warning before the time limit stops the run, which requeues itself and finishes, every
     logged step once across its lives. slurmctld sends the warning at its periodic check (every 30 s), so a
