@@ -1,7 +1,6 @@
 """What reaches sbatch is exactly what the spec says: `#SBATCH` values encoded for sbatch's own parser, option
 names matched the way sbatch matches them, and srun arguments that cannot replace the command."""
 
-import dataclasses
 import json
 import shlex
 import subprocess
@@ -52,10 +51,9 @@ def test_the_submitit_backend_s_shell_quoting_reaches_sbatch_whole_unless_it_hol
         assert "\\" in value and "backend: sbatch" in directives.problem(value, "submitit")
 
 
-def script_with(extra: dict, **resources) -> str:
+def script_with(extra: dict, **named) -> str:
     profile = profiles.load("local")
-    base = spec_mod.Resources(1, 0, 1, 1, 512, 30, "debug", None, None, None)
-    r = dataclasses.replace(base, sbatch_extra=extra, **resources)
+    r = spec_mod.Resources(1, 0, 1, 1, 512, 30, {"partition": "debug", **named}, sbatch_extra=extra)
     return render(ScriptParams(job_name="s", array="0-1", offset=0, manifest="/w/jobs/s/manifest.json",
                                script_path="/w/jobs/s/s.sbatch", log_dir="/w/logs/s", workdir="/w",
                                python="/p", pythonpath="/r", resources=r, profile=profile))

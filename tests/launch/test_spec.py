@@ -256,8 +256,9 @@ def hostile_params(tmp_path: Path, **kw) -> ScriptParams:
         signal="USR2", signal_lead_s=90,
     )
     resources = spec_mod.Resources(nodes=2, gpus_per_node=4, tasks_per_node=4, cpus_per_task=8, mem_mb=4096,
-                                   time_min=90, partition="p'; echo foo", qos="a\"=0\"", account="acct with space",
-                                   constraint="`touch /tmp/pwned`", exclude="node[3-4]",
+                                   time_min=90, named={"partition": "p'; echo foo", "qos": "a\"=0\"",
+                                                            "account": "acct with space",
+                                                            "constraint": "`touch /tmp/pwned`", "exclude": "node[3-4]"},
                                    sbatch_extra={"reservation": "maint $(reboot)", "exclusive": None},
                                    srun_args=("--cpu-bind=cores", "--label; rm -rf ~"))
     params = dict(job_name="sweep", array="0-3%2", offset=0, manifest="/w/jobs/sweep $(reboot)/manifest.json",
@@ -402,7 +403,7 @@ def test_passed_through_options_reach_both_backends(tmp_path):
 
 def test_render_local_profile_golden():
     profile = profiles.load("local")
-    resources = spec_mod.Resources(1, 0, 1, 1, None, 30, "debug", None, None, None)
+    resources = spec_mod.Resources(1, 0, 1, 1, None, 30, {"partition": "debug"})
     params = ScriptParams(job_name="width-depth", array="0-3%4", offset=0, manifest="/w/jobs/width-depth/manifest.json",
                           script_path="/w/jobs/width-depth/width-depth.sbatch", log_dir="/w/logs/width-depth",
                           workdir="/w", python="/w/.venv/bin/python", pythonpath="/repo", resources=resources,
@@ -415,7 +416,7 @@ def test_render_local_profile_golden():
 
 def test_rendering_is_pure():
     profile = profiles.load("a100-example")
-    resources = spec_mod.Resources(2, 4, 4, 16, None, 60, "gpu", None, "my-project", None)
+    resources = spec_mod.Resources(2, 4, 4, 16, None, 60, {"partition": "gpu", "account": "my-project"})
     params = ScriptParams("s", "0-1", 0, "/m", "/s", "/l", "/w", "/p", "/r", resources, profile)
     assert render(params) == render(params)
     assert "#SBATCH --gres=gpu:a100:4" in render(params)

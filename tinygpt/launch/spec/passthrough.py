@@ -21,6 +21,7 @@ from pydantic import BeforeValidator
 
 from tinygpt.base import schema
 from tinygpt.launch.slurm import directives
+from tinygpt.launch.spec.resources import NAMED_OPTIONS
 
 # Options the launcher writes itself, and why a spec must not.
 OWNED = {
@@ -41,9 +42,8 @@ OWNED = {
 # Options with a key of their own under `resources`.
 FIRST_CLASS = {
     "nodes": "nodes", "ntasks-per-node": "tasks_per_node", "cpus-per-task": "cpus_per_task", "time": "time",
-    "mem": "mem", "partition": "partition", "qos": "qos", "account": "account", "constraint": "constraint",
-    "exclude": "exclude", "gres": "gpus_per_node", "gpus-per-node": "gpus_per_node", "gpus": "gpus_per_node",
-    "ntasks": "tasks_per_node",
+    "mem": "mem", **{key: key for key in NAMED_OPTIONS}, "gres": "gpus_per_node", "gpus-per-node": "gpus_per_node",
+    "gpus": "gpus_per_node", "ntasks": "tasks_per_node",
 }
 OPTION_NAME = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
 

@@ -148,10 +148,37 @@ _MEM_SCHEMA = {"type": ["string", "integer", "null"], "description": "a memory s
 SlurmTime = Annotated[int | None, BeforeValidator(_minutes), WithJsonSchema(_TIME_SCHEMA)]
 MemMB = Annotated[int | None, BeforeValidator(_megabytes), WithJsonSchema(_MEM_SCHEMA)]
 
+
+
+@dataclass(frozen=True)
+class NamedOption:
+    """A Slurm option that the spec's `resources` names by a key of its own and passes on as the text written. Its
+    one declaration: the spec's field (and the JSON Schema's), the profile's default, the `#SBATCH` line of both
+    backends, the refusal to pass it through `sbatch_options`, and the field its messages name come from it."""
+
+    key: str  # the key under `resources`, and sbatch's long option
+    description: str  # the spec field's
+    profile_key: str | None = None  # the profile's key that gives it where the spec is silent
+
+    @property
+    def source(self) -> str:
+        """The field a message about its value names, where the user changes it."""
+        if self.profile_key is None:
+            return f"resources.{self.key}"
+        named = "" if self.profile_key == self.key else f" {self.profile_key}"
+        return f"resources.{self.key} (or the profile's{named})"
+
+
+NAMED_OPTIONS = {o.key: o for o in (
+    NamedOption("partition", "the partition (default: the profile's default_partition)", "default_partition"),
+    NamedOption("qos", "the QOS (default: the profile's)", "qos"),
+    NamedOption("account", "the account (default: the profile's)", "account"),
+    NamedOption("constraint", "node features (sbatch --constraint)"),
+    NamedOption("exclude", "nodes not to run on (sbatch --exclude)"),
+)}
+
 # Where each option a job gets comes from, for a message that names the field to change.
-SOURCE = {"time": "resources.time", "partition": "resources.partition (or the profile's default_partition)",
-          "qos": "resources.qos (or the profile's)", "account": "resources.account (or the profile's)",
-          "constraint": "resources.constraint (or the profile's)", "exclude": "resources.exclude",
+SOURCE = {"time": "resources.time", **{key: o.source for key, o in NAMED_OPTIONS.items()},
           "chdir": "--workdir", "output": "--workdir", "job-name": "name"}
 
 
@@ -165,11 +192,7 @@ class Resources:
     cpus_per_task: int
     mem_mb: int | None
     time_min: int
-    partition: str | None
-    qos: str | None
-    account: str | None
-    constraint: str | None
-    exclude: str | None = None  # nodes not to run on (sbatch --exclude)
+    named: dict[str, str] = field(default_factory=dict)  # NAMED_OPTIONS given a value: {key: value}, in its order
     sbatch_extra: dict[str, str | None] = field(default_factory=dict)  # passed through: {long option: value}
     srun_args: tuple[str, ...] = ()  # passed through to srun
 
@@ -177,11 +200,15 @@ class Resources:
     def time(self) -> str:
         return format_time(self.time_min)
 
+    @property
+    def partition(self) -> str | None:
+        return self.named.get("partition")
+
     def record(self) -> dict[str, Any]:
         """What the manifest keeps of them (what `status` and `resubmit` read back)."""
         return {"nodes": self.nodes, "gpus_per_node": self.gpus_per_node, "tasks_per_node": self.tasks_per_node,
                 "cpus_per_task": self.cpus_per_task, "mem_mb": self.mem_mb, "time": self.time,
-                "partition": self.partition, **({"exclude": self.exclude} if self.exclude else {})}
+                "partition": self.partition, **({"exclude": self.named["exclude"]} if "exclude" in self.named else {})}
 
     def describe(self) -> str:
         gpus = f", {self.gpus_per_node} GPU/node" if self.gpus_per_node else ""

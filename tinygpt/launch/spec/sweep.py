@@ -13,7 +13,7 @@
     runs:                         # explicit extra points (with an optional `name`)
       - {name: one-head, n_head: 1}
     resources: {nodes: 1, gpus_per_node: 0, cpus_per_task: 1, mem: 2G, time: "00:30:00"}
-                                  # also partition, qos, account, constraint, exclude (nodes), and
+                                  # also partition, qos, ... (resources.NAMED_OPTIONS), and
                                   # sbatch_options / srun_args passed through (see passthrough.py)
     array_parallelism: 4          # at most this many array tasks at once
     pack: 2                       # two runs at once in each array task: they share its CPUs, split its GPUs
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, create_model, field_validator
 
 from tinygpt.base import config as train_config
 from tinygpt.base import schema
@@ -47,7 +47,7 @@ from tinygpt.launch.manifest import BACKENDS
 from tinygpt.launch.spec import command as command_mod
 from tinygpt.launch.spec import passthrough, retry, search, sweep_runs
 from tinygpt.launch.spec.command import CommandSpec
-from tinygpt.launch.spec.resources import MemMB, Resources, SlurmTime, format_time
+from tinygpt.launch.spec.resources import NAMED_OPTIONS, MemMB, Resources, SlurmTime, format_time
 from tinygpt.launch.spec.retry import RetryPolicy
 from tinygpt.launch.spec.search import Search
 from tinygpt.launch.spec.sweep_runs import Run, run_name
@@ -60,8 +60,7 @@ SHOWN_FAILING_POINTS = 3  # an Optuna search that fails on many combinations sho
 DEFAULT_TIME_MIN = 60
 
 
-class ResourcesRequest(schema.Schema):
-    """A spec's `resources`: what each job asks for (unset: from the cluster profile)."""
+class _Amounts(schema.Schema):
 
     nodes: OptInt = Field(None, ge=1, description="nodes per job (default 1)")
     gpus_per_node: OptInt = Field(None, ge=0, description="GPUs per node (default: the profile's node.gpus)")
@@ -69,16 +68,6 @@ class ResourcesRequest(schema.Schema):
     cpus_per_task: OptInt = Field(None, ge=1, description="CPUs per process (default: the profile's cpus_per_gpu)")
     mem: MemMB = Field(None, description="memory per node, e.g. 4G (default: the profile's mem_per_gpu per GPU)")
     time: SlurmTime = Field(DEFAULT_TIME_MIN, description="time limit per job, e.g. 01:00:00 (default one hour)")
-    partition: OptText = Field(None, description="the partition (default: the profile's default_partition)")
-    qos: OptText = Field(None, description="the QOS (default: the profile's)")
-    account: OptText = Field(None, description="the account (default: the profile's)")
-    constraint: OptText = Field(None, description="node features (sbatch --constraint)")
-    exclude: OptText = Field(None, description="nodes not to run on (sbatch --exclude)")
-    sbatch_options: passthrough.sbatch_options_field("resources.sbatch_options") = Field(
-        default_factory=dict, description=(
-        "extra #SBATCH options ({reservation: x, exclusive: true}); see launch/spec/passthrough.py"))
-    srun_args: passthrough.srun_args_field("resources.srun_args") = Field(
-        [], description="extra srun options, e.g. [--cpu-bind=cores]")
 
     @field_validator("time")
     @classmethod
@@ -87,6 +76,18 @@ class ResourcesRequest(schema.Schema):
             raise ValueError("give a finite time limit of at least one minute (e.g. '00:30:00')")
         return minutes
 
+
+# A spec's `resources`: the amounts above, then a field per named option (resources.NAMED_OPTIONS), then what is
+# passed through as it is.
+ResourcesRequest = create_model(
+    "ResourcesRequest", __base__=_Amounts, __doc__="A spec's `resources`: what each job asks for (unset: from the "
+                                                    "cluster profile).",
+    **{key: (OptText, Field(None, description=o.description)) for key, o in NAMED_OPTIONS.items()},
+    sbatch_options=(passthrough.sbatch_options_field("resources.sbatch_options"), Field(
+        default_factory=dict, description=(
+            "extra #SBATCH options ({reservation: x, exclusive: true}); see launch/spec/passthrough.py"))),
+    srun_args=(passthrough.srun_args_field("resources.srun_args"), Field(
+        [], description="extra srun options, e.g. [--cpu-bind=cores]")))
 
 
 class SpecFile(schema.Schema):
@@ -200,7 +201,7 @@ def _check_keys(mapping: dict, where: str, problems: list[str]) -> dict[str, Any
     return flat
 
 
-def _resources(asked: ResourcesRequest, profile: Profile, problems: list[str], ours: bool = True) -> Resources:
+def _resources(asked: Any, profile: Profile, problems: list[str], ours: bool = True) -> Resources:
     """What each job asks Slurm for: the spec's `resources`, the profile's defaults where it is silent. A program
     that is not `ours` (the trainer) gets no GPU unless the spec asks: of a program the launcher knows nothing
     of, a profile's GPUs are the most it may ask for, not what it is given (one task per GPU would start it
@@ -209,9 +210,10 @@ def _resources(asked: ResourcesRequest, profile: Profile, problems: list[str], o
     cpus = asked.cpus_per_task or (profile.cpus_per_gpu if (gpus and profile.cpus_per_gpu) else 1)
     mem_mb = asked.mem if asked.mem is not None else (gpus * profile.mem_per_gpu if gpus and profile.mem_per_gpu
                                                       else None)
+    named = {key: getattr(asked, key) or (getattr(profile, o.profile_key) if o.profile_key else None)
+             for key, o in NAMED_OPTIONS.items()}
     resources = Resources(asked.nodes or 1, gpus, asked.tasks_per_node or gpus or 1, cpus, mem_mb, asked.time,
-                          asked.partition or profile.default_partition, asked.qos or profile.qos,
-                          asked.account or profile.account, asked.constraint, asked.exclude,
+                          {key: value for key, value in named.items() if value},
                           {**profile.sbatch_options, **asked.sbatch_options}, profile.srun_args + asked.srun_args)
     _check_limits(resources, profile, problems)
     return resources

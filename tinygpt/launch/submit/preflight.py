@@ -133,14 +133,15 @@ def _account_problems(sweep: Sweep, cluster: LiveCluster) -> list[str]:
     r, mine = sweep.resources, cluster.my_accounts()
     if mine is None:  # (no accounting: Slurm's sbatch --test-only still judges)
         return []
-    if r.account and r.account not in mine:
-        return [f"{SOURCE['account']}: `{r.account}` is not one of your accounts "
+    account, qos = r.named.get("account"), r.named.get("qos")
+    if account and account not in mine:
+        return [f"{SOURCE['account']}: `{account}` is not one of your accounts "
                 f"({', '.join(sorted(mine)) or 'none'}); name one of those"]
-    allowed = cluster.allowed_qos(r.account)
-    if r.qos and allowed is not None and r.qos not in allowed:
-        return [f"{SOURCE['qos']}: `{r.qos}` is not a QOS you may use with account "
-                f"{r.account or cluster.accounts[0]} ({', '.join(sorted(allowed)) or 'none'}); name one of those"]
-    qos = r.qos or cluster.default_qos(r.account)
+    allowed = cluster.allowed_qos(account)
+    if qos and allowed is not None and qos not in allowed:
+        return [f"{SOURCE['qos']}: `{qos}` is not a QOS you may use with account "
+                f"{account or cluster.accounts[0]} ({', '.join(sorted(allowed)) or 'none'}); name one of those"]
+    qos = qos or cluster.default_qos(account)
     wall = (cluster.qos_max_wall or {}).get(qos or "", "")
     limit = time_limit_min(wall) if wall else None
     if limit is not None and r.time_min > limit:

@@ -34,9 +34,7 @@ def sbatch_options(r: Resources, prof: Profile, workdir: Path) -> dict[str, str 
     }
     if r.mem_mb is not None:  # (never 0, which Slurm reads as a whole node's: refused when the spec is read)
         opts["mem"] = f"{r.mem_mb}M"
-    for key in ("partition", "qos", "account", "constraint", "exclude"):
-        if getattr(r, key):
-            opts[key] = getattr(r, key)
+    opts.update(r.named)  # (spec/resources.NAMED_OPTIONS: each key is sbatch's option)
     if r.gpus_per_node:
         if prof.gpu_request == "gres":
             kind = f"gpu:{prof.node.gpu_type}" if prof.node.gpu_type else "gpu"
