@@ -87,3 +87,38 @@ def test_ctrl_c_ends_a_command_130_also_where_a_library_turned_it_into_its_own_e
     interrupted, bug = run("interrupt"), run("bug")
     assert interrupted.returncode == 130 and "Traceback" not in interrupted.stderr, interrupted.stderr
     assert bug.returncode == 1 and "ValueError: a bug of the command's own" in bug.stderr, bug.stderr
+
+
+SWALLOWED_CTRL_C = """
+import os, signal, sys, weakref
+from tinygpt.launch.commands import cli, status
+
+looked = status.collect
+
+
+def collect(manifest):  # (a Ctrl-C that lands in a callback of Python's own, as importlib's module lock has)
+    class Held:
+        pass
+
+    held = Held()
+    ref = weakref.ref(held, lambda _: os.kill(os.getpid(), signal.SIGINT))
+    del held
+    return looked(manifest)
+
+
+status.collect = collect
+sys.argv = ["tinygpt-launch", "status", *sys.argv[1:]]
+sys.exit(cli.main())
+"""
+
+
+def test_ctrl_c_ends_a_watch_also_where_python_only_printed_it(tmp_path):
+    """Python prints, and drops, a KeyboardInterrupt raised in a callback of its own ("Exception ignored": seen in CI
+    on the login node, where a Ctrl-C landed in importlib's module-lock callback and the forwarded `status --watch`
+    watched on): the watch of a sweep that never ends still ends 130 at its next look."""
+    spec = sweep(tmp_path)
+    watch = subprocess.run([sys.executable, "-c", SWALLOWED_CTRL_C, str(spec), "--watch", "--workdir",
+                            str(tmp_path / "w")], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                           env=python_env())
+    assert "Exception ignored" in watch.stderr and "KeyboardInterrupt" in watch.stderr, watch.stderr
+    assert watch.returncode == 130, watch.stderr

@@ -1,6 +1,6 @@
 """The console the launcher's commands print to: a terminal's width and colours, or, when piped into a file,
-grep or a pager, plain lines at full width that never wrap (there is no screen to fit); and the spec as its
-user names it, in what a command tells them to run next."""
+grep or a pager, plain lines at full width that never wrap (there is no screen to fit); the spec as its user
+names it, in what a command tells them to run next; and the user's Ctrl-C at it."""
 
 from __future__ import annotations
 
@@ -15,6 +15,24 @@ def console():
     if not out.is_terminal and "COLUMNS" not in os.environ:
         out = Console(width=1_000)
     return out
+
+
+INTERRUPTS: list[int] = []  # the Ctrl-Cs this command got
+
+
+def interrupted(signum: int, _frame) -> None:
+    """Python's own answer to a Ctrl-C (KeyboardInterrupt), remembered: a command ends 130 on Ctrl-C wherever it
+    lands, also in a library that catches it and raises its own error instead (pydantic, building a validator), and
+    where Python only prints it ("Exception ignored": one raised while importlib runs a callback of its own), which
+    a command that waits hears at its next `stop_if_interrupted`. (commands/cli.py installs it.)"""
+    INTERRUPTS.append(signum)
+    raise KeyboardInterrupt
+
+
+def stop_if_interrupted() -> None:
+    """A Ctrl-C that was heard but swallowed on its way ends the command now."""
+    if INTERRUPTS:
+        raise KeyboardInterrupt
 
 
 SPEC_AS = "TINYGPT_SPEC_AS"  # how the user named the spec on the laptop that sent this command (remote/laptop.py)

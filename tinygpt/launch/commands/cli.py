@@ -236,7 +236,7 @@ def _launched(args: argparse.Namespace) -> Manifest:
 def main(argv: list[str] | None = None) -> int:
     invoked_here = argv is None
     if invoked_here:
-        signal.signal(signal.SIGINT, _interrupted)
+        signal.signal(signal.SIGINT, console.interrupted)
     argv = sys.argv[1:] if argv is None else argv
     if problems := not_utf8(argv):
         print(f"error: {LaunchError(problems)}", file=sys.stderr)
@@ -268,19 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception:
-        if _INTERRUPTS:  # (a Ctrl-C that a library turned into its own error: pydantic, building a model's validator)
+        if console.INTERRUPTS:  # (a Ctrl-C that a library turned into its own error: pydantic, building a validator)
             return 130
         raise
-
-
-_INTERRUPTS: list[int] = []  # the Ctrl-Cs this command got
-
-
-def _interrupted(signum: int, _frame) -> None:
-    """Python's own answer to a Ctrl-C (KeyboardInterrupt), remembered: a command ends 130 on Ctrl-C wherever it
-    lands, also in a library that catches it and raises its own error instead."""
-    _INTERRUPTS.append(signum)
-    raise KeyboardInterrupt
 
 
 def _complete(top: argparse.ArgumentParser) -> None:

@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING
 
 from tinygpt.launch import manifest as manifest_mod
+from tinygpt.launch.console import stop_if_interrupted
 from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.read import run_states
 from tinygpt.launch.read.log_files import find_run, latest_life, read, run_jobs
@@ -74,4 +75,5 @@ def follow(manifest: Manifest, which: str, ended) -> None:
             return
         if time.monotonic() - last_check > 5:
             last_check, done = time.monotonic(), ended()  # (one more read after the end, then stop)
+        stop_if_interrupted()
         time.sleep(0.5)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tinygpt.launch import manifest as manifest_mod
-from tinygpt.launch.console import next_command
+from tinygpt.launch.console import next_command, stop_if_interrupted
 from tinygpt.launch.read.run_states import SUMMARY_ABOVE, Row, Rows, collect
 
 if TYPE_CHECKING:
@@ -167,7 +167,9 @@ def show(manifest: Manifest, watch: bool = False, interval: float = 5.0, console
 
     with Live(view(rows, title, console.width, every_row), console=console, refresh_per_second=1) as live:
         while not all(r.state.ended for r in rows):
+            stop_if_interrupted()
             time.sleep(interval)
+            stop_if_interrupted()
             manifest = manifest_mod.load(manifest.path)  # (a resubmission may have added jobs meanwhile)
             rows = collect(manifest)
             live.update(view(rows, title, console.width, every_row))
