@@ -37,7 +37,8 @@ def write_scripts(plan: Plan) -> None:
     sweep = plan.sweep
     small = dataclasses.replace(sweep.resources, nodes=1, gpus_per_node=0, tasks_per_node=1, cpus_per_task=1,
                                 mem_mb=None, time_min=min(sweep.resources.time_min, STEP_MAX_MIN), srun_args=(),
-                                exclude=None)
+                                # (any node may run the supervisor: the runs' excluded ones are theirs)
+                                named={k: v for k, v in sweep.resources.named.items() if k != "exclude"})
     python = f'{container_prefix(sweep.profile)}"$PYTHON"'
     q = shlex.quote
     commands = {HEAL: [f"{python} -m tinygpt.launch.commands.cli heal {q(str(plan.manifest_path))}"],
