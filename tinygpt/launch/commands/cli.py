@@ -220,17 +220,12 @@ def _profile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _manifest_path(spec: str, workdir: str) -> Path:
-    from tinygpt.launch.spec.sweep import manifest_path
-
-    return manifest_path(spec, workdir)
-
-
 def _launched(args: argparse.Namespace) -> Manifest:
     """The sweep that the command's SPEC launched, loaded once for the command."""
     from tinygpt.launch import manifest
+    from tinygpt.launch.spec.sweep import manifest_path
 
-    return manifest.load(_manifest_path(args.spec, args.workdir))
+    return manifest.load(manifest_path(args.spec, args.workdir))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -362,8 +357,9 @@ def _pull(args) -> int:
 
 def _heal(args) -> int:
     from tinygpt.launch.commands import heal
+    from tinygpt.launch.spec.sweep import manifest_path
 
-    return heal.run(_manifest_path(args.spec, args.workdir))
+    return heal.run(manifest_path(args.spec, args.workdir))
 
 
 def _cancel(args) -> int:

@@ -169,7 +169,6 @@ def show(manifest: Manifest, watch: bool = False, interval: float = 5.0, console
         while not all(r.state.ended for r in rows):
             stop_if_interrupted()
             time.sleep(interval)
-            stop_if_interrupted()
             manifest = manifest_mod.load(manifest.path)  # (a resubmission may have added jobs meanwhile)
             rows = collect(manifest)
             live.update(view(rows, title, console.width, every_row))

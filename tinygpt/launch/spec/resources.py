@@ -149,7 +149,6 @@ SlurmTime = Annotated[int | None, BeforeValidator(_minutes), WithJsonSchema(_TIM
 MemMB = Annotated[int | None, BeforeValidator(_megabytes), WithJsonSchema(_MEM_SCHEMA)]
 
 
-
 @dataclass(frozen=True)
 class NamedOption:
     """A Slurm option that the spec's `resources` names by a key of its own and passes on as the text written. Its
