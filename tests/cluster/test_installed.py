@@ -31,7 +31,7 @@ def installed(tmp_path: Path) -> Path:
 
 @pytest.mark.shares_cluster
 def test_the_installed_command_launches_from_outside_the_checkout_with_a_profile_of_the_users(tmp_path):
-    """... and says its hints as the user typed it, and its retry supervisor job runs from the installed package's
+    """... and says its hints as the user typed it, and its retry heal job runs from the installed package's
     snapshot (its batch script's files too) and writes the summary."""
     target, outside, config = installed(tmp_path), tmp_path / "elsewhere", tmp_path / "config"
     (config / "tinygpt-hpc" / "clusters").mkdir(parents=True)

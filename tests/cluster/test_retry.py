@@ -1,4 +1,4 @@
-"""A sweep's retry policy carried out by Slurm, on the real local cluster: its supervisor job reads how each run
+"""A sweep's retry policy carried out by Slurm, on the real local cluster: its heal job reads how each run
 ended, sends again what the policy allows with what it needs, and sends one summary at the end.
 
 tests/support/foreign/ends.py ends as each run's `kind` says: a time limit it does not survive, memory over its
@@ -54,7 +54,7 @@ def launch_spec(tmp_path: Path, keys: dict) -> tuple[Path, Path, str]:
     spec.write_text(yaml.safe_dump({"name": name, **keys}))
     out = launch(str(spec), "--workdir", str(work))
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "retry: supervisor job" in out.stdout, out.stdout
+    assert "retry: heal job" in out.stdout, out.stdout
     return spec, work, name
 
 
@@ -82,7 +82,7 @@ def mails_of(job_id: str) -> list[str]:
 def test_a_sweep_with_every_kind_of_end_finishes_what_can_be_retried_and_sends_one_summary(tmp_path):
     """Four runs, one of each end: a time limit it cannot save for (the signal Slurm sends before the limit ends it;
     sent again with twice the time), out of memory (twice the memory), a hung heartbeat (again, elsewhere) and a
-    bug (given up, its error line kept). The supervisor's second pass finds everything ended, writes the summary,
+    bug (given up, its error line kept). The heal job's second pass finds everything ended, writes the summary,
     mails it through Slurm and runs the user's command with it: two rounds, each run sent at most twice.
 
     The warning is sent as Slurm sends it (`scancel -s USR2` to the job's steps) once the program runs: slurmctld
@@ -142,7 +142,7 @@ def test_out_of_memory_is_told_from_a_bug_on_this_release_and_the_summary_mailed
     summary = work / "runs" / name / "summary.md"
     try:
         wait_until(summary.exists, timeout=240, poll=1, what=f"the summary\n{logs(work)}")
-        # (the supervisor writes the summary, then submits the job that mails it and records that job)
+        # (the heal job writes the summary, then submits the job that mails it and records that job)
         notify = wait_until(lambda: next((s.job_id for s in manifest_of(work, name).submissions
                                           if s.role == "notify"), None), timeout=60, poll=0.5,
                             what="the summary's mail job in the manifest")
@@ -189,7 +189,7 @@ def test_our_trainer_out_of_its_memory_is_sent_again_with_more_and_finishes(tmp_
 def test_runs_lost_to_a_node_and_to_a_preemption_go_again_through_a_controller_away_each_once(tmp_path):
     """Two runs on partition low-cancel, a node each. One loses its node (made not requeueable first, so that
     Slurm ends it NODE_FAIL and leaves it to the policy); a job of partition high takes the other's node
-    (PreemptMode=CANCEL: PREEMPTED). The supervisor then finds the sweep locked (as a `resubmit` by hand holds
+    (PreemptMode=CANCEL: PREEMPTED). The heal job then finds the sweep locked (as a `resubmit` by hand holds
     it), then Slurm's controller stopped: it waits and asks again, deciding nothing from no answer. Once the
     controller is back it sends each run once more, the first without the lost node, and both finish."""
     spec, work, name = launch_ends(tmp_path, ["stay", "time"], {"rounds": 1}, time=10, partition="low-cancel",
@@ -215,11 +215,11 @@ def test_runs_lost_to_a_node_and_to_a_preemption_go_again_through_a_controller_a
             node("boot", where[0])  # (its run goes elsewhere: the node may come back meanwhile)
             crashed = False
             wait_until(lambda: "is being changed by another" in heal_log(), timeout=180, poll=0.5,
-                       what=f"the supervisor waiting for the lock\n{logs(work)}")
+                       what=f"the heal job waiting for the lock\n{logs(work)}")
             daemon("stop", "slurmctld")
             stopped = True
         wait_until(lambda: waited("the Slurm controller"), timeout=120, poll=0.5,
-                   what=f"the supervisor waiting for the controller\n{heal_log()}")
+                   what=f"the heal job waiting for the controller\n{heal_log()}")
         daemon("start", "slurmctld")
         stopped = False
         summary = work / "runs" / name / "summary.md"
@@ -245,15 +245,15 @@ def test_runs_lost_to_a_node_and_to_a_preemption_go_again_through_a_controller_a
 
 
 @pytest.mark.shares_cluster
-def test_status_shows_the_round_and_the_supervisor_and_cancel_ends_both(tmp_path):
-    """While its run is live, `status` names the round, the supervisor job waiting on it and the column of
-    rounds; `cancel` cancels the supervisor with the runs, and nothing is sent after."""
+def test_status_shows_the_round_and_the_heal_job_and_cancel_ends_both(tmp_path):
+    """While its run is live, `status` names the round, the heal job waiting on it and the column of
+    rounds; `cancel` cancels the heal job with the runs, and nothing is sent after."""
     spec, work, name = launch_ends(tmp_path, ["stay"], {"rounds": 2})
     manifest = manifest_of(work, name)
     heal = next(s.job_id for s in manifest.submissions if s.role == "heal")
     wait_until(lambda: squeue_nodes(manifest.task_job_ids()[0]), timeout=120, poll=0.5, what="the run running")
     status = launch("status", str(spec), "--workdir", str(work))
-    assert f"retry: round 1 of at most 3; supervisor {heal} PENDING (Dependency)" in status.stdout, status.stdout
+    assert f"retry: round 1 of at most 3; heal job {heal} PENDING (Dependency)" in status.stdout, status.stdout
     header = next(line for line in status.stdout.splitlines() if "round" in line and "state" in line)
     row = next(line for line in status.stdout.splitlines() if "kind-stay" in line)
     cells = dict(zip((c.strip() for c in header.split("┃")[1:-1]), (c.strip() for c in row.split("│")[1:-1])))

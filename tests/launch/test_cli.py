@@ -91,7 +91,8 @@ def test_ctrl_c_ends_a_command_130_also_where_a_library_turned_it_into_its_own_e
 
 SWALLOWED_CTRL_C = """
 import os, signal, sys, weakref
-from tinygpt.launch.commands import cli, status
+from tinygpt.launch.commands import cli
+from tinygpt.launch.status import table as status
 
 looked = status.collect
 

@@ -12,8 +12,8 @@ from tests.support.finished_sweep import make
 from tests.support.processes import launch
 from tests.support.tiny import TINY_TEXT, train_tiny
 from tinygpt import report
-from tinygpt.launch.commands import status
 from tinygpt.launch.read.run_states import SUMMARY_ABOVE, Row
+from tinygpt.launch.status import table as status
 
 RUNS = SUMMARY_ABOVE + 50
 

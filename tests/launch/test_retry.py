@@ -1,6 +1,6 @@
 """A retry policy's decisions, without a cluster: how each kind of end is read from Slurm's state and the run's
 log, what the next round asks for, when a run is given up, and the summary. (tests/cluster/test_retry.py makes
-each end for real and lets the supervisor job act on it.)"""
+each end for real and lets the heal job act on it.)"""
 
 import contextlib
 import io
@@ -13,8 +13,8 @@ import yaml
 from tinygpt.launch import manifest as manifest_mod
 from tinygpt.launch.commands import cli
 from tinygpt.launch.errors import LaunchError
+from tinygpt.launch.heal import decide
 from tinygpt.launch.node import supervise
-from tinygpt.launch.read import retry_round
 from tinygpt.launch.read.efficiency import Usage
 from tinygpt.launch.read.run_states import Row
 from tinygpt.launch.spec import sweep as spec_mod
@@ -31,7 +31,7 @@ ENDS = {
     "time": ("TIMEOUT", "slurmstepd: error: *** JOB 18 ON node2 CANCELLED AT 2026-12-05T00:00:00 DUE TO TIME LIMIT ***",
              "node2"),
     "unsaved": ("FAILED", f"tinygpt: run kind=x {supervise.UNSAVED} (SIGUSR2)", "node1"),
-    # What a program prints is no evidence: Slurm's processes' and the supervisor's lines are.
+    # What a program prints is no evidence: Slurm's processes' and the heal job's lines are.
     "says_oom": ("FAILED", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
                            f"slurmstepd: error: x\nsays: tinygpt: run kind=x {supervise.UNSAVED} (SIGUSR2)", "node1"),
     # Task 0's own failure, after which srun ended task 1 (SIGTERM) or the warning signal reached it first.
@@ -78,9 +78,9 @@ def rows(manifest) -> list[Row]:
                 nodes) for i, (kind, (state, _, nodes)) in enumerate(ENDS.items())]
 
 
-def decisions(manifest, usage=None) -> dict[str, retry_round.Decision]:
+def decisions(manifest, usage=None) -> dict[str, decide.Decision]:
     policy = RetryPolicy.of(manifest.retry)
-    return {d.row.name.removeprefix("kind="): d for d in retry_round.decide(manifest, rows(manifest), usage or {},
+    return {d.row.name.removeprefix("kind="): d for d in decide.decide(manifest, rows(manifest), usage or {},
                                                                            policy)}
 
 
@@ -143,13 +143,13 @@ def test_the_summary_names_every_run_and_each_given_up_ones_error_line(sweep):
     logs = Path(sweep.logs_dir)
     (logs / f"100_{time_run}.out").rename(logs / f"150_{time_run}.out")
     manifest = manifest_mod.load(sweep.path)
-    text = retry_round.summary(manifest, list(decisions(manifest).values()))
+    text = decide.summary(manifest, list(decisions(manifest).values()))
     assert text.splitlines()[0] == "# sweep s: 1 of 13 run(s) finished, 1 after a retry, 5 given up; 2 round(s)"
     assert "| kind=time | 2 | node_failure, time_limit | as launched; --exclude=node2 | time_limit |" in text, text
     assert "- kind=bug (100_1 FAILED, program): ValueError: bad data: row 7 has no label" in text
 
 
-def test_the_supervisor_says_how_its_program_ended_as_the_classifier_reads_it(sweep, capsys):
+def test_the_heal_job_says_how_its_program_ended_as_the_classifier_reads_it(sweep, capsys):
     """Died of the stop signal passed on to it: unsaved (a time limit). Died of a SIGTERM: stopped (a scancel, a
     preemption, srun ending a step whose other task failed), never a time limit. Its own status: its failure."""
     head = sweep  # (its command's stop signal is the profile's)
@@ -182,7 +182,7 @@ def test_a_policy_refuses_what_it_cannot_do(tmp_path):
         spec_mod.load(spec, tmp_path)
     assert err.value.problems == [
         "retry.max_time: 00:20:00 is less than resources.time 00:30:00; a retry never asks for less",
-        "retry: a sweep's supervisor job resubmits with the sbatch backend; remove `backend: submitit` or `retry`"]
+        "retry: a sweep's heal job resubmits with the sbatch backend; remove `backend: submitit` or `retry`"]
 
 
 def test_a_policy_below_what_a_run_asks_is_refused_and_names_where_it_came_from(tmp_path):

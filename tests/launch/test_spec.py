@@ -565,8 +565,8 @@ def status_rows(n: int = 3):
 def test_status_shows_earlier_lives_of_resubmitted_runs():
     from rich.console import Console
 
-    from tinygpt.launch.commands.status import fitted
     from tinygpt.launch.read.run_states import submission_history
+    from tinygpt.launch.status.table import fitted
 
     manifest = hand_made_manifest(Path("/nonexistent"), 3, [
         {"job_id": "40", "indices": [0, 1, 2]},
@@ -592,7 +592,7 @@ def test_status_shows_earlier_lives_of_resubmitted_runs():
 def test_status_table_hides_the_least_needed_columns_to_fit_the_terminal(width, hidden):
     from rich.console import Console
 
-    from tinygpt.launch.commands.status import COLUMNS, fitted
+    from tinygpt.launch.status.table import COLUMNS, fitted
 
     console = Console(width=width, record=True)
     console.print(fitted(status_rows(), "sweep width-depth", width))

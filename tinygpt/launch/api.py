@@ -29,7 +29,7 @@ from tinygpt.launch.errors import LaunchError, LoginAway, SlurmAway, SshRefused,
 if TYPE_CHECKING:
     from tinygpt.launch.act.launch import CheckDocument
     from tinygpt.launch.manifest import Manifest
-    from tinygpt.launch.read.status_document import SweepStatus
+    from tinygpt.launch.status.document import SweepStatus
 
 __all__ = ["LaunchError", "LoginAway", "SlurmAway", "SshRefused", "Sweep", "SweepBusy", "WaitTimeout", "check",
            "launch", "open_sweep"]
@@ -60,9 +60,9 @@ class Sweep:
 
     def status(self) -> SweepStatus:
         """Every run's state, progress and losses now (asks Slurm): the document of `launch.py status --json`."""
-        from tinygpt.launch.read import status_document
+        from tinygpt.launch.status import document
 
-        return status_document.document(self._reloaded())
+        return document.document(self._reloaded())
 
     def wait(self, timeout: float, poll: float = 5.0) -> SweepStatus:
         """Block until every run has ended (and a retry policy has written its summary, or the sweep was

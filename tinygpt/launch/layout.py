@@ -115,12 +115,12 @@ class SweepDirs:
 
     @property
     def summary(self) -> Path:
-        """What its retry policy's last round left (commands/heal.py), beside the sweep's report."""
+        """What its retry policy's last round left (heal/heal_pass.py), beside the sweep's report."""
         return self.runs / "summary.md"
 
     @property
     def cancelled(self) -> Path:
-        """Present once `cancel` has cancelled the sweep: its supervisor job sends nothing more."""
+        """Present once `cancel` has cancelled the sweep: its heal job sends nothing more."""
         return self.jobs / "cancelled"
 
 

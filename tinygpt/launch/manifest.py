@@ -67,7 +67,7 @@ class Life(_Record):
     job_id: str
     state: str
     nodes: str = ""
-    end: str | None = None  # a retry policy's word for how it ended (read/run_ends.py)
+    end: str | None = None  # a retry policy's word for how it ended (heal/ends.py)
 
 
 class Submission(_Record):
@@ -77,7 +77,7 @@ class Submission(_Record):
     job_id: str
     indices: list[int]
     submitted_at: float
-    role: str | None = None  # a chain's data or report step; a retry policy's supervisor (heal) or summary (notify)
+    role: str | None = None  # a chain's data or report step; a retry policy's heal job or summary (notify)
     round: int | None = None  # a retry policy's: the sweep's round this submission began (the launch is round 1)
     array: str | None = None  # sbatch: the task ids asked for
     offset: int = 0  # sbatch: the index of the run of the array's task 0
@@ -193,7 +193,7 @@ class ManifestHead(_Record):
     base: dict
     search: SearchRecord | None = None
     command: CommandRecord | None = None
-    retry: dict | None = None  # the retry policy (spec/retry.py), resolved: what its supervisor job reads
+    retry: dict | None = None  # the retry policy (spec/retry.py), resolved: what its heal job reads
     submissions: list[Submission]
 
     @property

@@ -10,7 +10,7 @@ from tinygpt.launch.submit import backends
 
 
 def cancel(path: Path) -> list[str]:
-    """The jobs of the sweep at manifest `path` cancelled under its lock (a supervisor deciding now sends nothing
+    """The jobs of the sweep at manifest `path` cancelled under its lock (a heal job deciding now sends nothing
     after this); their ids, none when no job of it went to Slurm."""
     manifest_mod.load(path)
     with manifest_mod.sweep_lock(path.parent):

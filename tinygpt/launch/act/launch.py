@@ -27,12 +27,13 @@ from tinygpt.launch.act import relaunch
 from tinygpt.launch.console import console as output_console
 from tinygpt.launch.console import next_command
 from tinygpt.launch.errors import LaunchError
+from tinygpt.launch.heal import job as heal_job
 from tinygpt.launch.layout import REPO_ROOT
 from tinygpt.launch.read import run_states
 from tinygpt.launch.slurm import slurm_cli
 from tinygpt.launch.spec import corpora
 from tinygpt.launch.spec import sweep as spec_mod
-from tinygpt.launch.submit import backends, chain, preflight, snapshot, supervisor
+from tinygpt.launch.submit import backends, chain, preflight, snapshot
 from tinygpt.launch.submit import plan as plan_mod
 from tinygpt.launch.submit.slurm_options import unwritable
 
@@ -142,7 +143,7 @@ def _refuse_local_problems(sweep: Sweep, args: LaunchOptions, backend: backends.
                                                     nproc=args.nproc)
     if sweep.retry is not None and args.chain and backend.to_slurm:
         problems.append("--chain: the report step would run before the retry policy's rounds end; launch without "
-                        "--chain (the supervisor writes runs/<sweep>/summary.md at the end), or without `retry`")
+                        "--chain (the heal job writes runs/<sweep>/summary.md at the end), or without `retry`")
     if sweep.command is not None:
         if backend.to_slurm and not args.no_snapshot:  # (what the jobs' snapshot of the project will hold)
             problems += snapshot.unheld_words(sweep.project, sweep.command.argv, tuple(sweep.command.include))
@@ -173,7 +174,7 @@ def _launch_locked(sweep: Sweep, args: LaunchOptions, backend: backends.Backend,
         _say_steering_variables()
         steps = chain.write_scripts(plan) if args.chain else {}
         if sweep.retry is not None:
-            supervisor.write_scripts(plan)
+            heal_job.write_scripts(plan)
     _print_plan(plan, backend, steps)
     if cluster is not None:
         for estimate in preflight.before_submitting(plan, cluster):
@@ -203,7 +204,7 @@ def _launch_locked(sweep: Sweep, args: LaunchOptions, backend: backends.Backend,
 
 
 def _supervise(plan: Plan, ids: list[str]) -> None:
-    """A sweep with a retry policy: its supervisor after the first round; an earlier launch's summary and
+    """A sweep with a retry policy: its heal job after the first round; an earlier launch's summary and
     cancellation set aside."""
     if plan.sweep.retry is None:
         return
@@ -211,9 +212,9 @@ def _supervise(plan: Plan, ids: list[str]) -> None:
     for done in (dirs.summary, dirs.cancelled):
         if done.exists():
             durable.set_aside(done)
-    job = supervisor.submit(manifest_mod.load(plan.manifest_path), ids, 1)
+    job = heal_job.submit(manifest_mod.load(plan.manifest_path), ids, 1)
     rounds = plan.sweep.retry.rounds
-    print(f"retry: supervisor job {job} follows the runs (afterany): it sends again what ended by "
+    print(f"retry: heal job {job} follows the runs (afterany): it sends again what ended by "
           f"{', '.join(plan.sweep.retry.ends)}, for at most {rounds} more round(s)")
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from tinygpt.launch import manifest as manifest_mod
 from tinygpt.launch.errors import LaunchError
+from tinygpt.launch.heal import ends
 from tinygpt.launch.manifest import Life
-from tinygpt.launch.read import run_ends
 from tinygpt.launch.read.run_states import RESUBMIT_CHOICES, Row
 from tinygpt.launch.spec.resources import format_time, mem_problem, parse_mem_mb, parse_time_min
 from tinygpt.launch.submit import backends
@@ -30,9 +30,9 @@ def resubmit(path: Path, states: tuple[str, ...], time: str | None = None, mem: 
     manifest_mod.load(path)  # (a sweep never launched is an error here, before the lock makes its folder)
     with manifest_mod.sweep_lock(path.parent):
         manifest = manifest_mod.load(path)  # (as it is once no other command can change it)
-        rows = run_ends.collect_rows(manifest)
+        rows = ends.collect_rows(manifest)
         if exclude_failed_nodes:
-            bad = run_ends.failed_nodes(rows, manifest)
+            bad = ends.failed_nodes(rows, manifest)
             print(f"nodes where a run ended in NODE_FAIL or HUNG: {', '.join(bad) or 'none'}")
             changes = parse_changes(time, mem, [*exclude, *bad])
         previous = choose(rows, states, changes)

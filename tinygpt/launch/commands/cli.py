@@ -9,7 +9,7 @@
     python launch.py cancel SPEC.yaml           scancel the sweep's jobs
     python launch.py resubmit SPEC.yaml         the runs that failed, hung or were preempted, again
                      [--time T] [--mem M] [--exclude NODES] [--exclude-failed-nodes] [--states S,...] [--dry-run]
-    python launch.py heal SPEC.yaml             one pass of the spec's `retry:` policy (what its supervisor job runs)
+    python launch.py heal SPEC.yaml             one pass of the spec's `retry:` policy (what its heal job runs)
     python launch.py report SPEC.yaml           loss curves, final losses, samples, attention maps
     python launch.py logs SPEC.yaml [RUN]       a run's Slurm log, its latest life [--tail N] [--follow] [--all]
     python launch.py sync SPEC.yaml             upload the sweep's offline W&B runs (wandb sync), from a login node
@@ -65,7 +65,7 @@ def parser() -> argparse.ArgumentParser:
     command("cancel", "scancel the sweep's jobs")
     _resubmit_options(command("resubmit", "the runs that failed, hung or were preempted, again"))
     command("heal", "one pass of the sweep's retry policy: the runs it allows, again, as the next round, or the "
-                    "summary at the end (what the sweep's supervisor job runs after each round)")
+                    "summary at the end (what the sweep's heal job runs after each round)")
     p = command("report", "loss curves, final losses, samples, attention maps")
     p.add_argument("--prompt", default=None, help="prompt for the attention maps and samples")
     p = command("logs", "a run's Slurm log, its latest life")
@@ -178,14 +178,12 @@ def _status(args: argparse.Namespace) -> int:
         print(api.open_sweep(args.spec, args.workdir).status().model_dump_json(indent=2))
         return 0
     manifest = _launched(args)
+    from tinygpt.launch.status import table
+
     if args.efficiency:
-        from tinygpt.launch.read import efficiency
-
-        efficiency.show(manifest)
+        table.show_efficiency(manifest)
         return 0
-    from tinygpt.launch.commands import status
-
-    status.show(manifest, watch=args.watch, interval=args.interval, every_row=args.every_row)
+    table.show(manifest, watch=args.watch, interval=args.interval, every_row=args.every_row)
     return 0
 
 
@@ -356,10 +354,10 @@ def _pull(args) -> int:
 
 
 def _heal(args) -> int:
-    from tinygpt.launch.commands import heal
+    from tinygpt.launch.heal import heal_pass
     from tinygpt.launch.spec.sweep import manifest_path
 
-    return heal.run(manifest_path(args.spec, args.workdir))
+    return heal_pass.run(manifest_path(args.spec, args.workdir))
 
 
 def _cancel(args) -> int:
@@ -373,9 +371,9 @@ def _cancel(args) -> int:
 # Each command's handler: hand the parsed arguments to the module that does it, print.
 # (`check` is the launch command as a dry run that is checked: its defaults say so, in _launch_options)
 def _list(args) -> int:
-    from tinygpt.launch.commands import sweeps
+    from tinygpt.launch.commands import list_sweeps
 
-    return sweeps.show(Path(args.workdir), args.json)
+    return list_sweeps.show(Path(args.workdir), args.json)
 
 
 HANDLERS = {"launch": _launch, "check": _launch, "status": _status, "cancel": _cancel, "report": _report, "sync": _sync,

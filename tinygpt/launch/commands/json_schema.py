@@ -122,7 +122,7 @@ def _finish(schema: dict[str, Any], title: str) -> dict[str, Any]:
 def document_schema(kind: str) -> dict[str, Any]:
     """What `status --json` or `check --json` prints: an output, so its numbers are numbers alone."""
     from tinygpt.launch.act.launch import CheckDocument
-    from tinygpt.launch.read.status_document import SweepStatus
+    from tinygpt.launch.status.document import SweepStatus
 
     schema = (SweepStatus if kind == "status" else CheckDocument).model_json_schema()
     return {"$schema": DIALECT, "title": f"The document of tinygpt-hpc's `{kind} --json`",

@@ -50,7 +50,7 @@ from tinygpt.training.watchdog import EXIT_HUNG
 USAGE = "usage: python -m tinygpt.launch.node.supervise MANIFEST INDEX"
 # What the task says of a program that died of the stop signal Slurm sends before the time limit, without asking
 # to be requeued: it could not save; a retry policy reads it as a time limit. Said by this process alone, at the
-# start of its line (read/run_ends.py reads no other line as evidence), and only for the profile's stop signal: a
+# start of its line (heal/ends.py reads no other line as evidence), and only for the profile's stop signal: a
 # SIGTERM is a scancel, a preemption, or srun ending the task because another task of the step failed.
 UNSAVED = "died of the signal Slurm sends before the time limit, without saving"
 STOPPED = ("died of a signal passed on to it that is not the warning before the time limit (SIGTERM: a scancel, a "

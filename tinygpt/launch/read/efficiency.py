@@ -176,24 +176,3 @@ def markdown(rows: list[dict[str, str]]) -> str:
              "|" + " --- |" * len(columns)]
     lines += ["| " + " | ".join(row[c] for c in columns) + " |" for row in rows]
     return "\n".join(lines) + "\n"
-
-
-def show(manifest: Manifest) -> None:
-    """`launch.py status SPEC --efficiency`: the table on the terminal (every column when piped)."""
-    from rich.table import Table
-
-    from tinygpt.launch.console import console
-
-    rows = table_rows(manifest)
-    if not rows:
-        print(f"no job of sweep {manifest.name} went to Slurm: nothing to account for")
-        return
-    t = Table(title=f"sweep {manifest.name}: use of the allocation (sacct; the latest job of each run)",
-              title_justify="left")
-    columns = columns_of(rows)
-    for col in columns:
-        t.add_column(col, justify="left" if col in ("run", "job", "state", "flag") else "right",
-                     no_wrap=col not in ("run", "flag"))
-    for row in rows:
-        t.add_row(*(f"[red]{row[c]}[/]" if c == "flag" else row[c] for c in columns))
-    console().print(t)

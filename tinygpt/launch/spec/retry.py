@@ -1,4 +1,4 @@
-"""A spec's `retry:` (and a profile's default): which ends of a run its sweep's supervisor job sends again, how.
+"""A spec's `retry:` (and a profile's default): which ends of a run its sweep's heal job sends again, how.
 
     retry:
       rounds: 3                      # at most this many rounds after the first (0: none)
@@ -14,9 +14,9 @@
 
 A failure of the program itself (a Python error, bad data, a NaN loss: it ended with an error of its own) and a
 run cancelled by a person are never retried: they are not among the kinds `ends` takes. `notify.command` is
-started with these words, never through a shell, on the compute node where the sweep's last supervisor job
+started with these words, never through a shell, on the compute node where the sweep's last heal job
 runs (many clusters' nodes reach no internet: point it at something they reach); `{summary}` is the summary's
-path, `{sweep}` the sweep's name, `{headline}` its first line. The supervisor (commands/heal.py) does the rest.
+path, `{sweep}` the sweep's name, `{headline}` its first line. The heal job (heal/heal_pass.py) does the rest.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class Notify(schema.Schema):
     mail: OptText = Field(None, description=(
         "an address for Slurm's own mail: a one-line job named by the summary ends with --mail-type=END"))
     command: list[Text] | None = Field(None, min_length=1, description=(
-        "a program and its words, run where the last supervisor job runs (a compute node): {summary} is the "
+        "a program and its words, run where the last heal job runs (a compute node): {summary} is the "
         "summary's path, {sweep} the sweep's name, {headline} its first line; never through a shell"))
 
     @field_validator("mail")
@@ -63,7 +63,7 @@ class Notify(schema.Schema):
 
 
 class RetryPolicy(schema.Schema):
-    """How a sweep's supervisor job sends again the runs that ended badly, by how they ended."""
+    """How a sweep's heal job sends again the runs that ended badly, by how they ended."""
 
     rounds: Int = Field(3, ge=0, le=MAX_ROUNDS, description="at most this many rounds after the first (0: none)")
     ends: list[Literal[tuple(KINDS)]] = Field(list(KINDS), description=(

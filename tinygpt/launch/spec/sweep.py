@@ -119,7 +119,7 @@ class SpecFile(schema.Schema):
         "launched again, a run last submitted with other code (the project's for a command, the launcher's for "
         "the trainer) counts as changed"))
     retry: RetryPolicy | None = Field(None, description=(
-        "which ends of a run its supervisor job sends again, and how (over the profile's `retry`); see "
+        "which ends of a run its heal job sends again, and how (over the profile's `retry`); see "
         "launch/spec/retry.py"))
 
     @field_validator("name")
@@ -147,7 +147,7 @@ class Sweep:
     command: CommandSpec | None = None  # a program of the user's instead of the trainer
     project: Path | None = None  # the folder whose files a command's jobs run
     code_counts: bool = False  # a relaunch counts a run submitted with other code as changed
-    retry: RetryPolicy | None = None  # how its supervisor job sends again the runs that ended badly
+    retry: RetryPolicy | None = None  # how its heal job sends again the runs that ended badly
     naming: int = NAMING  # how its runs are named (layout.NAMING): a sweep launched before keeps its own
 
     @property
@@ -355,7 +355,7 @@ def _retry(spec: SpecFile, profile: Profile | None, resources: Resources | None,
     limits = (part.max_time if part else None, profile.node.mem)
     policy = retry.resolve(spec.retry, profile.retry, resources, limits, problems, f"profile `{profile.name}`")
     if policy is not None and backend != "sbatch":
-        problems.append("retry: a sweep's supervisor job resubmits with the sbatch backend; remove `backend: "
+        problems.append("retry: a sweep's heal job resubmits with the sbatch backend; remove `backend: "
                         "submitit` or `retry`")
     return policy
 

@@ -1,8 +1,7 @@
 """submit/: a checked sweep becomes files and jobs: the plan on disk (`plan`), its batch scripts (`sbatch`, over
 `slurm_options`, which both backends share), the backends that submit, resubmit and cancel (`backends`), the job
-chain (`chain`), a retry policy's supervisor job and the summary's mail (`supervisor`), the code snapshot jobs run
-(`snapshot`), the check against the live cluster before anything is written (`preflight`), and the warm fork server
-that runs local runs (`fork_server`).
+chain (`chain`), the code snapshot jobs run (`snapshot`), the check against the live cluster before anything is
+written (`preflight`), and the warm fork server that runs local runs (`fork_server`).
 
 Imports the ground floor, `slurm/`, `spec/` and `node/`.
 """

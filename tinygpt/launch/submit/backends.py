@@ -39,7 +39,7 @@ HOLD_ONLY = "--hold: only for submissions with the sbatch backend (or the data s
 class Backend:
     name: str
     # Its runs are Slurm jobs: a launch checks the spec against the live cluster, sends a snapshot of the code,
-    # writes a retry policy's supervisor job and a chain's steps, and a second launch submits only new runs.
+    # writes a retry policy's heal job and a chain's steps, and a second launch submits only new runs.
     to_slurm = True
     holds = False  # it submits jobs held (--hold); a chain holds its data step whatever the backend
 

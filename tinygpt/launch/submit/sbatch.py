@@ -161,7 +161,7 @@ def _packed(p: ScriptParams) -> list[str]:
 def render_step(name: str, commands: list[str], resources: Resources, profile: Profile, workdir: str, log: str,
                 python: str, pythonpath: str, of: str = "a job chain") -> str:
     """A one-task batch script around shell `commands` (already quoted), with the profile's setup: the data
-    and report steps of a job chain (chain.py), a retry policy's supervisor and summary (supervisor.py)."""
+    and report steps of a job chain (chain.py), a retry policy's heal job and summary (heal/job.py)."""
     q = shlex.quote
     options = {**sbatch_options(resources, profile, Path(workdir)), "job-name": name, "output": log,
                "open-mode": "append"}

@@ -1,10 +1,10 @@
-"""A retry policy's small jobs (spec/retry.py): the sweep's supervisor and the summary's mail.
+"""A retry policy's small jobs (spec/retry.py): the sweep's heal job and the summary's mail.
 
     <sweep>-heal     one small task after a round's jobs (--dependency=afterany): `launch.py heal` reads how
                      each run ended, sends again what the policy allows as the next round, and submits itself
                      again after that round; after the last, it writes the summary and sends it
     <sweep>-notify   one small task that prints the summary, named by its headline, with Slurm's own mail at
-                     its end (--mail-type=END): submitted once, by the last supervisor, where notify.mail says
+                     its end (--mail-type=END): submitted once, by the last heal job, where notify.mail says
 
 Both scripts are written at launch, beside the array's, and ask for what a chain's steps ask for (chain.py): one
 CPU, no GPU, the sweep's partition and account, at most an hour.
@@ -33,11 +33,11 @@ JOB_NAME_MAX = 120  # characters of the headline the summary's job is named by (
 
 
 def write_scripts(plan: Plan) -> None:
-    """The supervisor's and the summary's batch scripts, for a sweep with a retry policy."""
+    """The heal job's and the summary's batch scripts, for a sweep with a retry policy."""
     sweep = plan.sweep
     small = dataclasses.replace(sweep.resources, nodes=1, gpus_per_node=0, tasks_per_node=1, cpus_per_task=1,
                                 mem_mb=None, time_min=min(sweep.resources.time_min, STEP_MAX_MIN), srun_args=(),
-                                # (any node may run the supervisor: the runs' excluded ones are theirs)
+                                # (any node may run the heal job: the runs' excluded ones are theirs)
                                 named={k: v for k, v in sweep.resources.named.items() if k != "exclude"})
     python = f'{container_prefix(sweep.profile)}"$PYTHON"'
     q = shlex.quote
@@ -51,7 +51,7 @@ def write_scripts(plan: Plan) -> None:
 
 
 def submit(manifest: Manifest, after: list[str], round: int) -> str:
-    """The supervisor of round `round`, to start once every job of `after` has ended; its id."""
+    """The heal job of round `round`, to start once every job of `after` has ended; its id."""
     script = manifest.dirs.step_script(HEAL)
     job_id = slurm_cli.sbatch(str(script), [f"--dependency=afterany:{':'.join(after)}"])
     manifest_mod.record_submission(manifest.path, "sbatch", job_id, [], role=HEAL, round=round, script=str(script))

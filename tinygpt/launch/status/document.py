@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tinygpt.launch.read import retry_round
+from tinygpt.launch.heal import decide
 from tinygpt.launch.read.run_states import collect
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ class SweepStatus(BaseModel):
     unheard: list[str] = Field(description="Slurm's daemons that did not answer: the states may be older than "
                                            "they look (empty when every one answered)")
     counts: dict[str, int] = Field(description="runs by state name")
-    retry: list[str] = Field(description="what `status` says of its retry policy: the round, the supervisor job, "
+    retry: list[str] = Field(description="what `status` says of its retry policy: the round, the heal job, "
                                          "what the policy does next, or the summary's headline (empty: no policy)")
     runs: list[RunStatus]
 
@@ -80,5 +80,5 @@ def document(manifest: Manifest) -> SweepStatus:
     return SweepStatus(format=FORMAT, sweep=manifest.name, manifest=str(manifest.path), cluster=manifest.cluster,
                        backend=manifest.backend, program="command" if manifest.command else "trainer",
                        time=time.time(), unheard=list(rows.unheard),
-                       counts=dict(Counter(r.state_name for r in runs)), retry=retry_round.status_lines(manifest, rows),
+                       counts=dict(Counter(r.state_name for r in runs)), retry=decide.status_lines(manifest, rows),
                        runs=runs)

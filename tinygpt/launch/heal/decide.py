@@ -1,8 +1,8 @@
 """What a sweep's retry policy does next with each run, from how it ended: send it again with what it needs,
 give it up (and why), or wait for it; and the summary of the sweep once nothing is left to send.
 
-Read only: the supervisor job (commands/heal.py) sends what this decides, and `status` shows it. A run's round
-is the round of its newest submission (the launch is round 1; each of the supervisor's is one more). What a run
+Read only: the heal job (heal/heal_pass.py) sends what this decides, and `status` shows it. A run's round
+is the round of its newest submission (the launch is round 1; each of the heal job's is one more). What a run
 sent again asks for changes only as its end says (spec/retry.py's KINDS), over what its newest job asked for.
 """
 
@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from tinygpt.launch.read.run_ends import End, failed_nodes, of_run
+from tinygpt.launch.heal.ends import End, failed_nodes, of_run
 from tinygpt.launch.read.run_states import retry_rounds
 from tinygpt.launch.spec.resources import format_time, parse_mem_mb, parse_time_min
 from tinygpt.launch.spec.retry import NEVER, RetryPolicy
@@ -35,7 +35,7 @@ class Decision:
     options: dict[str, str] = field(default_factory=dict)  # SEND: the sbatch long options its next job gets
 
     def said(self) -> str:
-        """What the policy does with the run, in a line (the supervisor's log, `status`)."""
+        """What the policy does with the run, in a line (the heal job's log, `status`)."""
         what = (f"round {self.round + 1} with {options_text(self.options) or 'what it had'}" if self.action == SEND
                 else f"given up: {self.why}: {self.end.line}")
         return f"{self.row.name} ({self.row.job_id}) ended {self.end.kind}: {what}"
@@ -153,7 +153,7 @@ def summary(manifest: Manifest, decisions: list[Decision]) -> str:
 
 
 def status_lines(manifest: Manifest, rows: list[Row]) -> list[str]:
-    """What `status` says of the retry policy above its table: the round, the supervisor's job, what the policy
+    """What `status` says of the retry policy above its table: the round, the heal job, what the policy
     does next (or the summary's headline once it is written)."""
     policy = RetryPolicy.of(manifest.retry)
     if policy is None:
@@ -167,7 +167,7 @@ def status_lines(manifest: Manifest, rows: list[Row]) -> list[str]:
     state = _job_state(job) if job else "none submitted"
     decisions = decide(manifest, rows, {}, policy)
     now = max((d.round for d in decisions), default=1)
-    lines = [f"retry: round {now} of at most {1 + policy.rounds}; supervisor {job or '-'} {state}"
+    lines = [f"retry: round {now} of at most {1 + policy.rounds}; heal job {job or '-'} {state}"
              + ("; cancelled: nothing more is sent" if manifest.dirs.cancelled.exists() else "")]
     return lines + [f"  {d.said()}" for d in decisions if d.action in (SEND, GIVE_UP)]
 

@@ -153,7 +153,7 @@ def show(manifest: Manifest, watch: bool = False, interval: float = 5.0, console
         console = output_console()
     title = f"sweep {manifest.name}  ({manifest.path})"
     rows = collect(manifest)
-    from tinygpt.launch.read.retry_round import status_lines
+    from tinygpt.launch.heal.decide import status_lines
     from tinygpt.launch.read.run_states import chain_steps
 
     chain = chain_steps(manifest)
@@ -223,3 +223,25 @@ def _print_failures(manifest: Manifest, rows: list[Row], console) -> None:
     for r in failed:
         line = log_files.last_error(manifest, r.index) or "(no log)"
         console.print(f"  {escape(r.name)} ({r.job_id} {r.state.name}): {escape(line)}", soft_wrap=True)
+
+
+def show_efficiency(manifest: Manifest) -> None:
+    """`launch.py status SPEC --efficiency`: the table on the terminal (every column when piped)."""
+    from rich.table import Table
+
+    from tinygpt.launch.console import console
+    from tinygpt.launch.read.efficiency import columns_of, table_rows
+
+    rows = table_rows(manifest)
+    if not rows:
+        print(f"no job of sweep {manifest.name} went to Slurm: nothing to account for")
+        return
+    t = Table(title=f"sweep {manifest.name}: use of the allocation (sacct; the latest job of each run)",
+              title_justify="left")
+    columns = columns_of(rows)
+    for col in columns:
+        t.add_column(col, justify="left" if col in ("run", "job", "state", "flag") else "right",
+                     no_wrap=col not in ("run", "flag"))
+    for row in rows:
+        t.add_row(*(f"[red]{row[c]}[/]" if c == "flag" else row[c] for c in columns))
+    console().print(t)

@@ -1,8 +1,8 @@
-"""`launch.py heal SPEC`: one pass of a sweep's retry policy; what its supervisor job runs after each round.
+"""`launch.py heal SPEC`: one pass of a sweep's retry policy; what its heal job runs after each round.
 
 Under the sweep's lock (a `resubmit` by hand beside it waits its turn, so no run is sent twice) it reads how
-each run's newest job ended (read/run_ends.py), sends again those the policy allows as the next round, with
-what they need (read/retry_round.py), and submits the supervisor again after every job still to end. When
+each run's newest job ended (heal/ends.py), sends again those the policy allows as the next round, with
+what they need (heal/decide.py), and submits the heal job again after every job still to end. When
 nothing is left to end, it writes the sweep's summary (runs/<sweep>/summary.md) and sends it where the
 policy's `notify` says, once. While Slurm's controller or its accounting does not answer, or another command
 holds the lock, it waits and asks again: it never decides from no answer. A sweep `cancel` has cancelled
@@ -22,14 +22,16 @@ from typing import TYPE_CHECKING
 from tinygpt.base import durable
 from tinygpt.launch import manifest as manifest_mod
 from tinygpt.launch.errors import LaunchError, SlurmAway, SweepBusy
+from tinygpt.launch.heal import decide
+from tinygpt.launch.heal import job as heal_job
+from tinygpt.launch.heal.decide import GIVE_UP, SEND, WAIT, Decision
+from tinygpt.launch.heal.ends import collect_rows
+from tinygpt.launch.heal.job import HEAL
 from tinygpt.launch.manifest import Life
-from tinygpt.launch.read import efficiency, retry_round
-from tinygpt.launch.read.retry_round import GIVE_UP, SEND, WAIT, Decision
-from tinygpt.launch.read.run_ends import collect_rows
+from tinygpt.launch.read import efficiency
 from tinygpt.launch.read.run_states import jobs_of
 from tinygpt.launch.spec.retry import RetryPolicy
-from tinygpt.launch.submit import backends, supervisor
-from tinygpt.launch.submit.supervisor import HEAL
+from tinygpt.launch.submit import backends
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -60,11 +62,11 @@ def one_pass(manifest: Manifest) -> int:
         print(f"heal: sweep {manifest.name} was cancelled: nothing is sent")
         return 0
     if superseded(manifest):
-        print("heal: a later supervisor of this sweep was submitted already: nothing to do")
+        print("heal: a later heal job of this sweep was submitted already: nothing to do")
         return 0
     rows = collect_rows(manifest, who="")
     usage = _usage(manifest) if policy.mem_from_peak else {}
-    decisions = retry_round.decide(manifest, rows, usage, policy)
+    decisions = decide.decide(manifest, rows, usage, policy)
     for d in decisions:
         if d.action in (SEND, GIVE_UP):
             print(f"heal: {d.said()}", flush=True)
@@ -74,15 +76,15 @@ def one_pass(manifest: Manifest) -> int:
         live = jobs_of([d.row.job_id for d in decisions if d.action == WAIT])
         if sent or live:
             next_round = max(d.round + (d.action == SEND) for d in decisions)
-            job = supervisor.submit(manifest, [*sent, *live], next_round)
-            print(f"heal: supervisor {job} follows round {next_round} (after {', '.join([*sent, *live])})")
+            job = heal_job.submit(manifest, [*sent, *live], next_round)
+            print(f"heal: heal job {job} follows round {next_round} (after {', '.join([*sent, *live])})")
             return 0
     finish(manifest, decisions, policy.notify)
     return 0
 
 
 def superseded(manifest: Manifest) -> bool:
-    """Whether a supervisor was submitted after this one (this job, requeued, runs its pass again)."""
+    """Whether a heal job was submitted after this one (this job, requeued, runs its pass again)."""
     mine = os.environ.get("SLURM_JOB_ID")
     heals = [s.job_id for s in manifest.submissions if s.role == HEAL]
     return mine in heals and heals.index(mine) < len(heals) - 1
@@ -112,16 +114,16 @@ def send(manifest: Manifest, chosen: list[Decision]) -> tuple[list[str], dict[in
 
 
 def finish(manifest: Manifest, decisions: list[Decision], notify) -> None:
-    """The summary, written, and sent once (a supervisor requeued after it sent it sends nothing)."""
+    """The summary, written, and sent once (a heal job requeued after it sent it sends nothing)."""
     if manifest.dirs.summary.exists():  # (launch removes an earlier launch's)
         print(f"heal: the summary was written already: {manifest.dirs.summary}")
         return
-    text = retry_round.summary(manifest, decisions)
-    headline = retry_round.headline(manifest, decisions)
+    text = decide.summary(manifest, decisions)
+    headline = decide.headline(manifest, decisions)
     durable.write(manifest.dirs.summary, text)
     print(text, flush=True)
     if notify is not None and notify.mail:
-        job = supervisor.mail(manifest, headline, notify.mail)
+        job = heal_job.mail(manifest, headline, notify.mail)
         print(f"heal: the summary's mail goes to {notify.mail} at the end of job {job}")
     if notify is not None and notify.command:
         _run_command(manifest, notify.command, headline, text)
