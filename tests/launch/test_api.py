@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from tests.support.paths import ROOT
 from tests.support.processes import run_cli
@@ -49,11 +50,13 @@ def test_the_librarys_refusals_are_the_commands_and_write_nothing(tmp_path, tiny
     bad["train"]["n_layers"] = 2
     with pytest.raises(api.LaunchError) as refused:
         api.launch(bad, workdir, dry_run=True)
+    assert sorted(p.name for p in workdir.iterdir()) == ["lib.yaml"]  # (the refused spec's file went with it)
+    assert api.check(bad, workdir, cluster="local").ok is False
+    assert sorted(p.name for p in workdir.iterdir()) == ["lib.yaml"]  # (a check writes nothing either)
+    (workdir / "bad.yaml").write_text(yaml.safe_dump(bad))  # (the same file, written by hand for the command)
     status, said = run_cli([str(workdir / "bad.yaml"), "--dry-run", "--workdir", str(workdir)])
     assert status == refused.value.exit_status == 1 and said == f"error: {refused.value}\n"
     assert "did you mean `n_layer`" in said and not (workdir / "jobs").exists()
-    with pytest.raises(api.LaunchError, match="no manifest"):
-        api.open_sweep(workdir / "bad.yaml", workdir)
     assert (api.SlurmAway.exit_status, api.LoginAway.exit_status) == (errors.TRY_AGAIN, 75)
     assert all(issubclass(getattr(api, name), api.LaunchError) for name in api.__all__ if name.endswith(
         ("Error", "Away", "Busy", "Timeout", "Refused")))

@@ -19,9 +19,10 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from tinygpt.base import durable
 from tinygpt.launch.errors import LaunchError, LoginAway, SlurmAway, SshRefused, SweepBusy, WaitTimeout
@@ -132,10 +133,10 @@ def launch(spec: Spec, workdir: str | os.PathLike[str] = ".", *, cluster: str | 
     spec launched before submits only its new runs. The keywords are the command's options."""
     from tinygpt.launch.act.launch import LaunchOptions, run
 
-    path = _spec_file(spec, workdir)
-    run(LaunchOptions(spec=str(path), workdir=str(workdir), cluster=cluster, backend=backend, set=_words(set),
-                      dry_run=dry_run, local=local, chain=chain, hold=hold, nproc=nproc, no_check=not check,
-                      no_snapshot=not snapshot, fresh=fresh))
+    with _spec_file(spec, workdir, keep="launched") as path:
+        run(LaunchOptions(spec=str(path), workdir=str(workdir), cluster=cluster, backend=backend, set=_words(set),
+                          dry_run=dry_run, local=local, chain=chain, hold=hold, nproc=nproc, no_check=not check,
+                          no_snapshot=not snapshot, fresh=fresh))
     return open_sweep(path, workdir)
 
 
@@ -145,9 +146,9 @@ def check(spec: Spec, workdir: str | os.PathLike[str] = ".", *, cluster: str | N
     or submitted. A spec that does not fit is an answer (`ok` false, its `problems`), not an exception."""
     from tinygpt.launch.act.launch import LaunchOptions, check_document
 
-    path = _spec_file(spec, workdir)
-    return check_document(LaunchOptions(spec=str(path), workdir=str(workdir), cluster=cluster, backend=backend,
-                                        set=_words(set), command="check", dry_run=True))
+    with _spec_file(spec, workdir, keep="never") as path:
+        return check_document(LaunchOptions(spec=str(path), workdir=str(workdir), cluster=cluster, backend=backend,
+                                            set=_words(set), command="check", dry_run=True))
 
 
 def open_sweep(spec: str | os.PathLike[str], workdir: str | os.PathLike[str] = ".") -> Sweep:
@@ -157,12 +158,15 @@ def open_sweep(spec: str | os.PathLike[str], workdir: str | os.PathLike[str] = "
     return Sweep(manifest_path(spec, workdir))
 
 
-def _spec_file(spec: Spec, workdir: str | os.PathLike[str]) -> Path:
-    """A spec's file: the one given, or a spec given as a mapping written as `<workdir>/<name>.yaml` (so that the
-    commands can follow the sweep: `launch.py status <name>.yaml`). A file there already is never written over
-    with another spec."""
+@contextmanager
+def _spec_file(spec: Spec, workdir: str | os.PathLike[str], keep: Literal["launched", "never"]) -> Iterator[Path]:
+    """A spec's file for the commands' code: the one given, or a spec given as a mapping written as
+    `<workdir>/<name>.yaml`. That file stays only where the call launched the sweep (`keep="launched"`: its
+    manifest exists, so that the commands can follow it: `launch.py status <name>.yaml`); a refusal or a check
+    leaves nothing behind. A file there already is never written over with another spec, nor removed."""
     if not isinstance(spec, Mapping):
-        return Path(spec)
+        yield Path(spec)
+        return
     name = spec.get("name")
     if not isinstance(name, str) or not name:
         raise LaunchError("name: a spec given as a mapping needs its `name` (its file is written as <name>.yaml "
@@ -170,6 +174,7 @@ def _spec_file(spec: Spec, workdir: str | os.PathLike[str]) -> Path:
     import yaml  # type: ignore[import-untyped]  # (no stubs in the venv; safe_dump is all it uses)
 
     from tinygpt.launch.layout import check_safe_name
+    from tinygpt.launch.spec.sweep import manifest_path
 
     problems: list[str] = []
     check_safe_name(name, "name", problems)
@@ -177,11 +182,17 @@ def _spec_file(spec: Spec, workdir: str | os.PathLike[str]) -> Path:
         raise LaunchError(problems)
     path = Path(workdir) / f"{name}.yaml"
     text = yaml.safe_dump(dict(spec), sort_keys=False, allow_unicode=True)
-    if path.exists() and path.read_text(errors="replace") != text:
+    ours = not path.exists()
+    if not ours and path.read_text(errors="replace") != text:
         raise LaunchError(f"name: {path} holds another spec; give this one another `name`, or launch that file")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    durable.write(path, text)
-    return path
+    if ours:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        durable.write(path, text)
+    try:
+        yield path
+    finally:
+        if ours and (keep == "never" or not manifest_path(path, workdir).exists()):
+            path.unlink(missing_ok=True)
 
 
 def _words(values: Mapping[str, Any] | None) -> list[str]:
