@@ -17,8 +17,9 @@
 # stand-ins: Slurm schedules, accounts for and hands them out, no device exists and the trainers run on CPU;
 # one N[:TYPE] for every node, or one per node, e.g. `--nodes 2 --gpus 2:a100,2:h100`), --accounts
 # (accounts and limits enforced as on a university cluster: account `tinygpt`, the user's default, with QOS
-# `normal` and `capped` (a job of at most 10 minutes, refused at submission above it), and account `elsewhere`,
-# which the user is not in; AccountingStorageEnforce=associations,limits,qos). Always there besides `debug`:
+# `normal`, `capped` (a job of at most 10 minutes, refused at submission above it) and `waves` (no limit until a
+# test sets one on it: the queue limits' tests), account `waves` (the user's too, for the tests of association
+# limits), and account `elsewhere`, which the user is not in; AccountingStorageEnforce=associations,limits,qos). Always there besides `debug`:
 # `short`, the same nodes with a time limit of 30 minutes. --login (with --nodes 2 or more): a login node, the
 # host `login` that the user tgstudent reaches over SSH with a key made here, and the cluster's file system
 # /cluster, there and on the compute nodes and not on this machine itself (login.sh says how).
@@ -531,13 +532,17 @@ if [ "$ACCOUNTS" = 1 ]; then
   # Refused at submission (DenyOnLimit), not left pending, when a job asks for more than 10 minutes.
   [ -n "$(sacctmgr -n -P show qos capped format=name 2>/dev/null)" ] \
     || dbd add qos capped MaxWall=00:10:00 Flags=DenyOnLimit Description="at most 10 minutes a job"
-  for account in tinygpt elsewhere; do
+  [ -n "$(sacctmgr -n -P show qos waves format=name 2>/dev/null)" ] \
+    || dbd add qos waves Description="the queue limits' tests set theirs here"
+  for account in tinygpt waves elsewhere; do
     [ -n "$(sacctmgr -n -P show account "$account" format=account 2>/dev/null)" ] \
       || dbd add account "$account" Cluster="$CLUSTER" Description="$account" Organization=tinygpt-local
   done
   for user in $ACCOUNT_USERS; do
     has_assoc "$user" tinygpt || dbd add user "$user" Account=tinygpt Cluster="$CLUSTER"
-    dbd modify user "$user" where cluster="$CLUSTER" account=tinygpt set QOS=normal,capped DefaultQOS=normal
+    has_assoc "$user" waves || dbd add user "$user" Account=waves Cluster="$CLUSTER"
+    dbd modify user "$user" where cluster="$CLUSTER" account=tinygpt set QOS=normal,capped,waves DefaultQOS=normal
+    dbd modify user "$user" where cluster="$CLUSTER" account=waves set QOS=normal,waves DefaultQOS=normal
     dbd modify user "$user" set DefaultAccount=tinygpt
   done
 fi
@@ -610,7 +615,7 @@ if [ "$RESET" = 1 ]; then
 fi
 partitions=$(sinfo -h -o '%P' 2>/dev/null | paste -sd, -)
 extras=${GPUS:+, GPUs $GPUS}
-[ "$ACCOUNTS" = 1 ] && extras+=", accounts tinygpt (yours, QOS normal and capped) and elsewhere"
+[ "$ACCOUNTS" = 1 ] && extras+=", accounts tinygpt (yours, QOS normal, capped and waves), waves (yours) and elsewhere"
 [ "$LOGIN" = 1 ] && extras+=", login node $LOGIN_NAME ($LOGIN_ADDR: ssh -i $HOME_DIR/login/id_ed25519 -o UserKnownHostsFile=$HOME_DIR/login/known_hosts $LOGIN_USER@$LOGIN_NAME)"
 # A shell that ran a Slurm command before remembers where it found it (bash's hash), not PATH's order.
 [ -n "$RELEASE_ROOT" ] && say "Slurm $RELEASE's commands are in /usr/local/bin; in a shell that ran one of"\

@@ -64,8 +64,8 @@ REFUSED = [
      "nodes"),
     # (up.sh --accounts: the user is in account tinygpt, not in elsewhere; QOS capped refuses jobs over 10 minutes)
     ("account", None, {"account": "elsewhere"}, "",
-     "resources.account (or the profile's): `elsewhere` is not one of your accounts (root, tinygpt); name one of "
-     "those"),
+     "resources.account (or the profile's): `elsewhere` is not one of your accounts (root, tinygpt, waves); name one "
+     "of those"),
     ("qos", None, {"qos": "capped", "time": "00:20:00"}, "",
      "resources.time: 00:20:00 is over QOS capped's MaxWall 00:10:00; ask for at most 00:10:00, or another QOS "
      "(resources.qos (or the profile's))"),

@@ -52,7 +52,8 @@ def test_profile_new_writes_what_slurm_says_and_sweeps_run_with_it_unchanged(tmp
     assert written["gpu_request"] == "gres" and written["max_array_size"] == 1001
     # The user's account and QOS (up.sh --accounts), and what limits the others
     assert (written["account"], written["qos"]) == ("tinygpt", "normal")
-    assert "# your default QOS (allowed: capped (MaxWall 00:10:00), normal)" in text
+    assert "# your default QOS (allowed: capped (MaxWall 00:10:00), normal, waves)" in text
+    assert "# queue limits on your jobs: none (a launch reads them anew" in text
     assert "# preemption: preempt/partition_prio, mode REQUEUE" in text and "low-cancel CANCEL" in text
     assert text.count("# a guess") == 2 and "# modules:" in text and "# setup:" in text
     # It passes the profile schema (the loader's and the editors' JSON Schema), and is used as it is.

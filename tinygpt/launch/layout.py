@@ -119,6 +119,11 @@ class SweepDirs:
         return self.runs / "summary.md"
 
     @property
+    def waves(self) -> Path:
+        """A sweep larger than the queue limits let out at once: its runs that wait for a wave (heal/waves.py)."""
+        return self.jobs / "waves.json"
+
+    @property
     def cancelled(self) -> Path:
         """Present once `cancel` has cancelled the sweep: its heal job sends nothing more."""
         return self.jobs / "cancelled"

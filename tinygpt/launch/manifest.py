@@ -102,6 +102,42 @@ class Submission(_Record):
         return self.per_run_ids[str(index)] if self.per_run_ids is not None else self.job_id
 
 
+class WaveScript(_Record):
+    """Runs of one batch script that go out in waves: each wave is `sbatch --array=<their tasks>` of it."""
+
+    script: str
+    offset: int
+    pack: int = Field(1, ge=1)
+    indices: list[int]
+
+
+class WavesRecord(_Record):
+    """`jobs/<sweep>/waves.json`: the runs a launch let wait for a wave, and what decides a wave's size. Written
+    under the sweep's lock by a launch (a relaunch adds to it); a run waits while no submission names it, so the
+    submissions record alone says what went out, and a run is never sent twice."""
+
+    format: Literal[1] = 1
+    scripts: list[WaveScript]
+    account: str | None = None  # whose limits apply (None: the user's default account)
+    qos: list[str] = []  # the QOS whose limits apply: the job's and its partition's
+    margin: int = Field(0, ge=0)  # places of the limit left to the user's other jobs
+    throttle: int | None = None  # array_parallelism: `%N` of each wave's --array
+
+
+def load_waves(dirs: SweepDirs) -> WavesRecord | None:
+    """The sweep's waves record; None when it has none (all its runs went out at once)."""
+    try:
+        text = dirs.waves.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise _damaged(dirs.waves, str(err)) from None
+    try:
+        return WavesRecord.model_validate_json(text, strict=False)
+    except ValidationError as err:
+        raise _damaged(dirs.waves, schema.messages(err, WavesRecord)[0]) from None
+
+
 class SearchRecord(_Record):
     """An Optuna search: its space, its study's journal, its budget."""
 
@@ -257,6 +293,15 @@ class Manifest(ManifestHead):
         """When the sweep first went to Slurm (the start of its sacct window)."""
         return min((s.submitted_at for s in self.slurm_submissions()), default=None)
 
+    def waiting(self, record: WavesRecord | None = None) -> list[int]:
+        """The runs that wait for a wave: in the waves record (`record`, else the sweep's file), named by no
+        submission yet."""
+        record = record or load_waves(self.dirs)
+        if record is None:
+            return []
+        sent = {index for sub in self.slurm_submissions() for index in sub.indices}
+        return sorted({i for s in record.scripts for i in s.indices} - sent)
+
     def task_job_ids(self) -> dict[int, str]:
         """Run index -> the Slurm id of its newest job (`<array>_<task>` for array tasks)."""
         return {index: sub.task_of(index) for sub in self.slurm_submissions() for index in sub.indices}
@@ -390,7 +435,8 @@ def _appended(path: Path, own: list) -> list[dict[str, Any]]:
 
 
 def _damaged(path: Path, problem: str) -> LaunchError:
-    return LaunchError(f"{path}: the {'manifest' if path.suffix == '.json' else 'submissions record'} is damaged "
+    what = {"manifest.json": "manifest", "waves.json": "waves record"}.get(path.name, "submissions record")
+    return LaunchError(f"{path}: the {what} is damaged "
                        f"({problem}), so the sweep's runs and jobs cannot be read from it; if none of its jobs is "
                        f"queued or running (squeue --me), move it aside (mv {path} {path}.corrupt) and launch the "
                        f"spec again")

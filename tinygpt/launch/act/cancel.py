@@ -1,4 +1,5 @@
-"""`launch.py cancel SPEC`: every job of a sweep cancelled through its backend, and its retry policy stopped."""
+"""`launch.py cancel SPEC`: every job of a sweep cancelled through its backend, and its heal job stopped (its retry
+policy, and the waves it feeds)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,6 @@ def cancel(path: Path) -> list[str]:
     manifest_mod.load(path)
     with manifest_mod.sweep_lock(path.parent):
         manifest = manifest_mod.load(path)
-        if manifest.retry:
+        if manifest.retry or manifest.dirs.waves.exists():
             durable.write(manifest.dirs.cancelled, "cancelled by launch.py cancel\n")
         return backends.of(manifest.backend).cancel(manifest)

@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 from rich.table import Table
@@ -28,6 +28,7 @@ from tinygpt.launch.console import console as output_console
 from tinygpt.launch.console import next_command
 from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.heal import job as heal_job
+from tinygpt.launch.heal import waves
 from tinygpt.launch.layout import REPO_ROOT
 from tinygpt.launch.read import run_states
 from tinygpt.launch.slurm import slurm_cli
@@ -38,7 +39,8 @@ from tinygpt.launch.submit import plan as plan_mod
 from tinygpt.launch.submit.slurm_options import unwritable
 
 if TYPE_CHECKING:
-    from tinygpt.launch.manifest import Manifest
+    from tinygpt.launch.manifest import Manifest, WavesRecord
+    from tinygpt.launch.slurm.limits import Limit
     from tinygpt.launch.slurm.live_cluster import LiveCluster
     from tinygpt.launch.spec.sweep import Sweep
     from tinygpt.launch.submit.plan import Plan
@@ -154,36 +156,54 @@ def _refuse_local_problems(sweep: Sweep, args: LaunchOptions, backend: backends.
 
 
 def _launch_locked(sweep: Sweep, args: LaunchOptions, backend: backends.Backend, cluster: LiveCluster | None) -> int:
-    manifest_path = sweep.dirs.manifest
-    again, launch_number = None, 1
-    if manifest_path.exists():  # launched before: its jobs and its study come first
-        previous = manifest_mod.load(manifest_path)
-        if _relaunches(previous, sweep, args.chain, backend):
-            again = _again(previous, sweep, args)
-            if again is None:
-                return 0
-            launch_number = 1 + len({s.script for s in previous.submissions if s.script})
-        else:
-            _refuse_if_live(previous, sweep.name, args.spec)
-            _refuse_changed_search(previous, sweep)
+    before = _launched_before(sweep, args, backend)
+    if before is None:
+        return 0
+    again, launch_number = before
     plan = plan_mod.build(sweep, _snapshot(sweep, args.no_snapshot) if backend.to_slurm else None,
                           _project(sweep, args.no_snapshot) if sweep.command is not None and backend.to_slurm
                           else None, again.merged() if again else None, launch_number)
     steps = {}
+    in_waves = _waves(plan, args, backend, cluster, again is not None)
     if backend.to_slurm:
         _say_steering_variables()
         steps = chain.write_scripts(plan) if args.chain else {}
-        if sweep.retry is not None:
+        if sweep.retry is not None or in_waves:
             heal_job.write_scripts(plan)
     _print_plan(plan, backend, steps)
+    if in_waves:
+        print(waves.said(in_waves.record, in_waves.tasks, in_waves.places, in_waves.tightest))
     if cluster is not None:
-        for estimate in preflight.before_submitting(plan, cluster):
+        for estimate in preflight.before_submitting(plan, cluster, in_waves is not None):
             print(f"slurm: {estimate}")
     if args.dry_run:
         print(f"check: the spec fits cluster {cluster.name} (Slurm {cluster.release}); nothing submitted"
               if args.command == "check"
               else "dry run: nothing submitted")
         return 0
+    return _send(plan, args, backend, steps, again, in_waves)
+
+
+def _launched_before(sweep: Sweep, args: LaunchOptions,
+                     backend: backends.Backend) -> tuple[relaunch.Relaunch | None, int] | None:
+    """A sweep launched before: what a relaunch submits and its launch's number ((None, 1): a first launch, or
+    one that starts over); None when nothing is to be submitted."""
+    if not sweep.dirs.manifest.exists():
+        return None, 1
+    previous = manifest_mod.load(sweep.dirs.manifest)  # (its jobs and its study come first)
+    if not _relaunches(previous, sweep, args.chain, backend):
+        _refuse_if_live(previous, sweep.name, args.spec)
+        _refuse_changed_search(previous, sweep)
+        return None, 1
+    again = _again(previous, sweep, args)
+    if again is None:
+        return None
+    return again, 1 + len({s.script for s in previous.submissions if s.script and s.indices})
+
+
+def _send(plan: Plan, args: LaunchOptions, backend: backends.Backend, steps: dict, again: relaunch.Relaunch | None,
+          in_waves: Waves | None) -> int:
+    """The written plan submitted: as a chain, in waves, or whole (with a retry policy's heal job)."""
     if args.chain and not backend.to_slurm:
         return _chain_here(plan, backend, args.spec)
     if steps:
@@ -192,27 +212,97 @@ def _launch_locked(sweep: Sweep, args: LaunchOptions, backend: backends.Backend,
         print(f"submitted the chain: {data}training array {', '.join(ids['training'])}, report job "
               f"{ids['report'][0]}; follow with `{next_command('status', args.spec)}`")
         return 0
+    _set_aside_the_last_launchs(plan, again is not None)
+    if in_waves:
+        return _launch_in_waves(plan, in_waves, args.spec)
     ids = backend.submit(plan, args.hold, None)
     if not backend.to_slurm:
         print(f"see `{next_command('status', args.spec)}`"
-              + ("; its retry policy is Slurm's: here each run ran once" if sweep.retry else ""))
+              + ("; its retry policy is Slurm's: here each run ran once" if plan.sweep.retry else ""))
         return 0
-    print(f"submitted {len(again.submit) if again else len(sweep.runs)} run(s) as job array {', '.join(ids)}; "
+    print(f"submitted {len(again.submit) if again else len(plan.sweep.runs)} run(s) as job array {', '.join(ids)}; "
           f"follow with `{next_command('status', args.spec)}`")
     _supervise(plan, ids)
     return 0
 
 
-def _supervise(plan: Plan, ids: list[str]) -> None:
-    """A sweep with a retry policy: its heal job after the first round; an earlier launch's summary and
-    cancellation set aside."""
-    if plan.sweep.retry is None:
-        return
+def _set_aside_the_last_launchs(plan: Plan, relaunch: bool) -> None:
+    """An earlier launch's summary and cancellation (and its waves, unless this launch adds to them)."""
     dirs = plan.sweep.dirs
-    for done in (dirs.summary, dirs.cancelled):
+    for done in (dirs.summary, dirs.cancelled, *(() if relaunch else (dirs.waves,))):
         if done.exists():
             durable.set_aside(done)
-    job = heal_job.submit(manifest_mod.load(plan.manifest_path), ids, 1)
+
+
+class Waves(NamedTuple):
+    """A launch larger than the queue limits let out at once: its waves, the tasks waiting, the places now."""
+
+    record: WavesRecord
+    tasks: int
+    places: int | None
+    tightest: Limit | None
+
+
+def _waves(plan: Plan, args: LaunchOptions, backend: backends.Backend, cluster: LiveCluster | None,
+           relaunch: bool) -> Waves | None:
+    """The waves the sweep goes out in (heal/waves.py), when its tasks are more than the queue limits let out now
+    (or a relaunch adds to the waves of the launch before); None: all at once. Asked only of a checked sbatch
+    array: a chain, a search's workers and submitit's array go out whole, and Slurm's own words refuse them."""
+    sweep = plan.sweep
+    if cluster is None or backend.name != "sbatch" or args.chain or sweep.search is not None or not plan.scripts:
+        return None
+    before = manifest_mod.load_waves(sweep.dirs) if relaunch else None
+    record = waves.joined(before, waves.record_for(sweep, plan, _queue_qos(sweep, cluster)))
+    tasks = waves.tasks_of(record, set(manifest_mod.load(plan.manifest_path).waiting(record)))
+    places, tightest = waves.room(record, sweep.queue_margin)
+    if before is None and (places is None or tasks <= places + (0 if sweep.retry else waves.HEAL_PLACES)):
+        return None
+    if before is None and places <= 0 and not args.dry_run:
+        raise LaunchError(f"waves: no place in the queue for a first wave now ({tightest} counts your jobs; "
+                          f"queue_margin {sweep.queue_margin}, and one place for the heal job); launch again "
+                          f"once some of your jobs have ended, or lower queue_margin")
+    return Waves(record, tasks, places, tightest)
+
+
+def _queue_qos(sweep: Sweep, cluster: LiveCluster) -> list[str]:
+    """The QOS whose limits count the sweep's jobs: the job's own (the association's default when it names
+    none) and its partition's."""
+    account = sweep.resources.named.get("account")
+    job = sweep.resources.named.get("qos") or cluster.default_qos(account)
+    partition = cluster.partitions.get(sweep.resources.partition or cluster.default_partition or "", {})
+    return [q for q in dict.fromkeys([job, partition.get("QoS")]) if q and q not in ("N/A", "(null)")]
+
+
+def _launch_in_waves(plan: Plan, found: Waves, spec: str) -> int:
+    """The first wave submitted, the rest recorded to wait, and the heal job that feeds them (unless the sweep's
+    heal job is queued already: a relaunch's new runs join its waves)."""
+    manifest = manifest_mod.load(plan.manifest_path)
+    feeding = waves.queued_heal_job(manifest)
+    waves.save(manifest, found.record)
+    ids = waves.feed(manifest, found.record, found.places)
+    manifest = manifest_mod.load(plan.manifest_path)
+    live = [manifest.task_job_ids()[i] for s in manifest.submissions if s.job_id in ids for i in s.indices]
+    waiting = len(manifest.waiting(found.record))
+    print(f"submitted {len(live)} run(s) as job array {', '.join(ids) or '(none: no place now)'}; {waiting} wait for "
+          f"a wave; follow with `{next_command('status', spec)}`")
+    if feeding:
+        print(f"waves: heal job {feeding}, queued already, sends the next wave")
+        return 0
+    try:
+        job = heal_job.submit(manifest, waves.after_the_first_of(sorted(set(live))), 1)
+    except LaunchError as err:
+        raise LaunchError(f"waves: {err}; the runs not submitted wait: launch the spec again once some of your jobs "
+                          f"have ended, and a heal job sends them") from None
+    print(f"waves: heal job {job} sends the next wave when a task of the sweep ends"
+          + (f"; it also sends again what ended by {', '.join(plan.sweep.retry.ends)}" if plan.sweep.retry else ""))
+    return 0
+
+
+def _supervise(plan: Plan, ids: list[str]) -> None:
+    """A sweep with a retry policy: its heal job after the first round."""
+    if plan.sweep.retry is None:
+        return
+    job = heal_job.submit(manifest_mod.load(plan.manifest_path), heal_job.after_all(ids), 1)
     rounds = plan.sweep.retry.rounds
     print(f"retry: heal job {job} follows the runs (afterany): it sends again what ended by "
           f"{', '.join(plan.sweep.retry.ends)}, for at most {rounds} more round(s)")

@@ -127,6 +127,9 @@ def _states(previous: Manifest) -> dict[str, tuple[str, str]]:
                         f"nothing was written; {RETRY}")
     states = {}
     for row in rows:
+        if row.source == "waves":  # (submitted by the heal job in a wave to come: not new)
+            states[row.name] = ("waiting for a wave", "")
+            continue
         if row.job_id == "-":
             continue
         name = row.state.name

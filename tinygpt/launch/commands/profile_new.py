@@ -23,7 +23,7 @@ from pathlib import Path
 from tinygpt.base import durable
 from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.layout import schema_file
-from tinygpt.launch.slurm import slurm_cli
+from tinygpt.launch.slurm import limits, slurm_cli
 from tinygpt.launch.slurm.live_cluster import LiveCluster, Shape
 
 PLAIN = re.compile(r"[A-Za-z][A-Za-z0-9_./-]*")
@@ -180,7 +180,10 @@ def _account_lines(cluster: LiveCluster) -> list[str]:
         lines.append(f"qos: {_scalar(default_qos)}   # your default QOS (allowed: {', '.join(allowed)})")
     else:
         lines.append(f"# qos: ...   # no default QOS; allowed: {', '.join(allowed) or 'none listed'}")
-    return lines
+    found = limits.read(default, [default_qos] if default_qos else [])
+    said = "accounting did not say" if found is None else ", ".join(map(str, found)) or "none"
+    return [*lines, f"# queue limits on your jobs: {said} (a launch reads them anew; a sweep over them goes out in "
+                    f"waves)"]
 
 
 def _describe(node: Shape) -> str:

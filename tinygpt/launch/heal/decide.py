@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tinygpt.launch.heal.ends import End, failed_nodes, of_run
+from tinygpt.launch.heal.job import job_state
 from tinygpt.launch.read.run_states import retry_rounds
 from tinygpt.launch.spec.resources import format_time, parse_mem_mb, parse_time_min
 from tinygpt.launch.spec.retry import NEVER, RetryPolicy
@@ -164,20 +165,9 @@ def status_lines(manifest: Manifest, rows: list[Row]) -> list[str]:
         return [f"retry: done: {first} ({summary_file})"]
     heals = [s for s in manifest.submissions if s.role == "heal"]
     job = heals[-1].job_id if heals else None
-    state = _job_state(job) if job else "none submitted"
+    state = job_state(job) if job else "none submitted"
     decisions = decide(manifest, rows, {}, policy)
     now = max((d.round for d in decisions), default=1)
     lines = [f"retry: round {now} of at most {1 + policy.rounds}; heal job {job or '-'} {state}"
              + ("; cancelled: nothing more is sent" if manifest.dirs.cancelled.exists() else "")]
     return lines + [f"  {d.said()}" for d in decisions if d.action in (SEND, GIVE_UP)]
-
-
-def _job_state(job: str) -> str:
-    from tinygpt.launch.slurm import slurm_cli
-
-    queued = (slurm_cli.squeue_states([job]) if slurm_cli.controller_silence() is None else None) or {}
-    states = {**(slurm_cli.sacct_states([job]) or {}), **queued}  # (the controller's word, with its reason, first)
-    found = states.get(job)
-    if found is None:
-        return "(Slurm does not say)"
-    return found.state + (f" ({found.reason})" if found.reason and found.reason != "None" else "")

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from tinygpt.base import durable
 from tinygpt.launch import manifest as manifest_mod
 from tinygpt.launch.errors import LaunchError, SlurmAway, SweepBusy
-from tinygpt.launch.heal import decide
+from tinygpt.launch.heal import decide, waves
 from tinygpt.launch.heal import job as heal_job
 from tinygpt.launch.heal.decide import GIVE_UP, SEND, WAIT, Decision
 from tinygpt.launch.heal.ends import collect_rows
@@ -36,7 +36,7 @@ from tinygpt.launch.submit import backends
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from tinygpt.launch.manifest import Manifest
+    from tinygpt.launch.manifest import Manifest, WavesRecord
 
 WAIT_S = 5.0  # between two tries while Slurm does not answer or the sweep is locked
 NOTIFY_TIMEOUT_S = 300
@@ -55,8 +55,9 @@ def run(path: Path, wait_s: float = WAIT_S) -> int:
 
 def one_pass(manifest: Manifest) -> int:
     policy = RetryPolicy.of(manifest.retry)
-    if policy is None:
-        print(f"heal: sweep {manifest.name} has no retry policy: nothing to do")
+    record = manifest_mod.load_waves(manifest.dirs)
+    if policy is None and record is None:
+        print(f"heal: sweep {manifest.name} has no retry policy and no waves: nothing to do")
         return 0
     if manifest.dirs.cancelled.exists():
         print(f"heal: sweep {manifest.name} was cancelled: nothing is sent")
@@ -64,22 +65,51 @@ def one_pass(manifest: Manifest) -> int:
     if superseded(manifest):
         print("heal: a later heal job of this sweep was submitted already: nothing to do")
         return 0
-    rows = collect_rows(manifest, who="")
-    usage = _usage(manifest) if policy.mem_from_peak else {}
-    decisions = decide.decide(manifest, rows, usage, policy)
-    for d in decisions:
-        if d.action in (SEND, GIVE_UP):
-            print(f"heal: {d.said()}", flush=True)
     with _no_sigterm():  # (Slurm's SIGTERM between a submission and its record would lose the record)
+        if record is not None and manifest.waiting(record):
+            manifest = _next_wave(manifest, record)
+        rows = collect_rows(manifest, who="")
+        if policy is None:
+            return _follow_waves(manifest, rows, 1)
+        usage = _usage(manifest) if policy.mem_from_peak else {}
+        decisions = decide.decide(manifest, rows, usage, policy)
+        for d in decisions:
+            if d.action in (SEND, GIVE_UP):
+                print(f"heal: {d.said()}", flush=True)
         sent, refused = send(manifest, [d for d in decisions if d.action == SEND])
         decisions = [refused.get(d.row.index, d) for d in decisions]
+        next_round = max((d.round + (d.action == SEND) for d in decisions), default=1)
+        if manifest.waiting():
+            manifest = manifest_mod.load(manifest.path)  # (with the runs just sent again)
+            return _follow_waves(manifest, collect_rows(manifest, who="") if sent else rows, next_round)
         live = jobs_of([d.row.job_id for d in decisions if d.action == WAIT])
         if sent or live:
-            next_round = max(d.round + (d.action == SEND) for d in decisions)
-            job = heal_job.submit(manifest, [*sent, *live], next_round)
+            job = heal_job.submit(manifest, heal_job.after_all([*sent, *live]), next_round)
             print(f"heal: heal job {job} follows round {next_round} (after {', '.join([*sent, *live])})")
             return 0
     finish(manifest, decisions, policy.notify)
+    return 0
+
+
+def _next_wave(manifest: Manifest, record: WavesRecord) -> Manifest:
+    """The runs waiting for a wave that fit the queue now, submitted; the manifest with their records."""
+    places, tightest = waves.room(record, waves.margin_now(manifest, record))
+    waiting = waves.tasks_of(record, set(manifest.waiting(record)))
+    print(f"heal: {waves.said(record, waiting, places, tightest)}", flush=True)
+    ids = waves.feed(manifest, record, places)
+    if ids:
+        print(f"heal: sent a wave as job(s) {', '.join(ids)}", flush=True)
+    return manifest_mod.load(manifest.path)
+
+
+def _follow_waves(manifest: Manifest, rows: list, round: int) -> int:
+    """The heal job again while runs wait for a wave: when the first live task ends; none when nothing waits."""
+    if not manifest.waiting():
+        print(f"heal: every run of sweep {manifest.name} went out: nothing more to feed")
+        return 0
+    when = waves.after_the_first_of(waves.live_tasks(rows))
+    job = heal_job.submit_until_taken(manifest, when, round)
+    print(f"heal: heal job {job} sends the next wave ({' '.join(when)})")
     return 0
 
 

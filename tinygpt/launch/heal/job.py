@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+import time
 from typing import TYPE_CHECKING
 
 from tinygpt.base import durable
 from tinygpt.launch import manifest as manifest_mod
+from tinygpt.launch.errors import LaunchError, SlurmAway
 from tinygpt.launch.layout import STEP_LOG_PATTERN
-from tinygpt.launch.slurm import slurm_cli
+from tinygpt.launch.slurm import limits, slurm_cli
 from tinygpt.launch.submit.chain import STEP_MAX_MIN
 from tinygpt.launch.submit.sbatch import render_step
 from tinygpt.launch.submit.slurm_options import container_prefix
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
     from tinygpt.launch.submit.plan import Plan
 
 HEAL, NOTIFY = "heal", "notify"  # the jobs' roles in the manifest's submissions
+BACK_OFF_S = 30.0  # between two tries of a heal job Slurm refused for a submit limit
 JOB_NAME_MAX = 120  # characters of the headline the summary's job is named by (the mail's subject)
 
 
@@ -50,12 +53,33 @@ def write_scripts(plan: Plan) -> None:
         durable.write(sweep.dirs.step_script(step), text)
 
 
-def submit(manifest: Manifest, after: list[str], round: int) -> str:
-    """The heal job of round `round`, to start once every job of `after` has ended; its id."""
+def after_all(job_ids: list[str]) -> list[str]:
+    """The heal job's sbatch options to start once every job of `job_ids` has ended."""
+    return [f"--dependency=afterany:{':'.join(job_ids)}"]
+
+
+def submit(manifest: Manifest, when: list[str], round: int) -> str:
+    """The heal job of round `round`, to start as its sbatch options `when` say (after_all, or waves'
+    after_the_first_of); its id."""
     script = manifest.dirs.step_script(HEAL)
-    job_id = slurm_cli.sbatch(str(script), [f"--dependency=afterany:{':'.join(after)}"])
+    job_id = slurm_cli.sbatch(str(script), when)
     manifest_mod.record_submission(manifest.path, "sbatch", job_id, [], role=HEAL, round=round, script=str(script))
     return job_id
+
+
+def submit_until_taken(manifest: Manifest, when: list[str], round: int, wait_s: float = BACK_OFF_S) -> str:
+    """`submit`, tried again every `wait_s` seconds while Slurm refuses it for a submit limit (one lowered under
+    the jobs the user has queued: they leave the queue meanwhile, and this job's own place goes with it); its id."""
+    while True:
+        try:
+            return submit(manifest, when, round)
+        except SlurmAway:
+            raise
+        except LaunchError as err:
+            if not limits.over_a_submit_limit(str(err)):
+                raise
+            print(f"heal: the next heal job is over a limit now ({err}); trying again in {wait_s:.0f} s", flush=True)
+            time.sleep(wait_s)
 
 
 def mail(manifest: Manifest, headline: str, address: str) -> str:
@@ -65,3 +89,13 @@ def mail(manifest: Manifest, headline: str, address: str) -> str:
                                             f"--mail-user={address}"])
     manifest_mod.record_submission(manifest.path, "sbatch", job_id, [], role=NOTIFY, script=str(script))
     return job_id
+
+
+def job_state(job: str) -> str:
+    """A heal job's state as `status` says it: `PENDING (Dependency)`."""
+    queued = (slurm_cli.squeue_states([job]) if slurm_cli.controller_silence() is None else None) or {}
+    states = {**(slurm_cli.sacct_states([job]) or {}), **queued}  # (the controller's word, with its reason, first)
+    found = states.get(job)
+    if found is None:
+        return "(Slurm does not say)"
+    return found.state + (f" ({found.reason})" if found.reason and found.reason != "None" else "")

@@ -29,6 +29,7 @@ FAILED = ("FAILED", "OUT_OF_MEMORY", "NODE_FAIL", "TIMEOUT", "BOOT_FAIL", "DEADL
 # CANCELLED, which means stop: only --states takes it.
 RESUBMIT_DEFAULT = ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "HUNG", "PREEMPTED")
 RESUBMIT_CHOICES = (*RESUBMIT_DEFAULT, "CANCELLED", "BOOT_FAIL", "DEADLINE")
+WAITING = "WAITING for a wave"  # a run of a sweep larger than the queue limits, not submitted yet
 SUMMARY_ABOVE = 100  # runs: `status` shows a larger sweep as its runs by state, with those that need a look listed
 
 
@@ -68,6 +69,7 @@ class Row:
     history: tuple[str, ...] = ()  # its earlier submissions: "JOB STATE on NODES", oldest first
     starts: str = ""  # when Slurm expects its pending job to start, where it says (squeue's estimate)
     round: int | None = None  # under a retry policy: the round of its newest job (the launch is round 1)
+    reason: str = ""  # why Slurm keeps its job pending (squeue's reason: Priority, QOSMaxJobsPerUserLimit, ...)
 
     def __post_init__(self) -> None:
         self.state = RunState(self.state)
@@ -124,6 +126,7 @@ def collect(manifest: Manifest) -> Rows:
     slurm_states, unheard = job_states(wanted, manifest.first_submitted()) if wanted else ({}, [])
     history = submission_history(manifest)
     rounds = retry_rounds(manifest) if manifest.retry else {}
+    waiting = set(manifest.waiting())
     rows = Rows()
     rows.unheard = unheard
     for run in manifest.runs:
@@ -137,6 +140,8 @@ def collect(manifest: Manifest) -> Rows:
             state, source, restart_count = RunState("FINISHED"), js.source, js.restarts
         elif js is not None:
             state, source, restart_count = RunState(js.state), js.source, js.restarts
+        elif run.index in waiting:  # (not submitted yet: the heal job sends it in a wave)
+            state, source, restart_count = RunState(WAITING), "waves", None
         else:
             state, source = state_from_run_dir(progress), "run dir"
             restart_count = progress.get("restarts_seen")
@@ -153,7 +158,7 @@ def collect(manifest: Manifest) -> Rows:
         rows.append(Row(run.index, run.name, job_id or "-", state, source, restart_count, step, max_steps,
                         progress.get("train_loss"), progress.get("val_loss"), progress.get("tokens_per_s"), eta,
                         str(run_dir), nodes, history.get(run.index, ()), js.starts if js else "",
-                        rounds.get(run.index)))
+                        rounds.get(run.index), js.reason if js and js.reason != "None" else ""))
     return rows
 
 
@@ -188,8 +193,9 @@ def job_states(wanted: list[str], since: float | None) -> tuple[dict[str, slurm_
             continue
         if job not in accounted or RunState(queued[job].state).ended:
             states[job] = queued[job]
-        elif queued[job].starts:  # (accounting's record, with the controller's estimate of a pending start)
-            states[job] = dataclasses.replace(accounted[job], starts=queued[job].starts)
+        elif queued[job].starts or queued[job].reason:  # (accounting's record, with the controller's estimate of
+            # a pending start and its reason)
+            states[job] = dataclasses.replace(accounted[job], starts=queued[job].starts, reason=queued[job].reason)
     return states, unheard
 
 

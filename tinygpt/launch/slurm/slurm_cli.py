@@ -81,10 +81,10 @@ def sbatch(script_path: str, extra: list[str] | None = None) -> str:
     return job_id
 
 
-def sbatch_test_only(script_path: str) -> tuple[bool, str]:
+def sbatch_test_only(script_path: str, extra: list[str] | None = None) -> tuple[bool, str]:
     """`sbatch --test-only`: whether Slurm would take the script, and its words (when the job would start, on
     which nodes; or why not). Nothing is submitted."""
-    out = _run(["sbatch", "--test-only", script_path], timeout=30)
+    out = _run(["sbatch", "--test-only", *(extra or []), script_path], timeout=30)
     if out is None:
         return False, "sbatch is not on PATH or did not answer"
     said = " ".join((out.stderr + out.stdout).split()).replace("sbatch: ", "")
@@ -205,6 +205,18 @@ def qos_max_wall() -> dict[str, str] | None:
     if out is None or out.returncode != 0:
         return None
     return dict(line.split("|", 1) for line in out.stdout.splitlines() if "|" in line)
+
+
+def sacctmgr(words: list[str]) -> str | None:
+    """`sacctmgr -n -P WORDS`'s rows, as printed; None when accounting does not answer."""
+    out = _run(["sacctmgr", "-n", "-P", *words], timeout=10)
+    return out.stdout if out is not None and out.returncode == 0 else None
+
+
+def squeue_count(options: tuple[str, ...]) -> int | None:
+    """How many jobs `squeue -r OPTIONS` lists (each array task one); None when the controller does not answer."""
+    out = _run(["squeue", "-h", "-r", "-o", "%i", *options])
+    return len(out.stdout.split()) if out is not None and out.returncode == 0 else None
 
 
 def cluster_name() -> str | None:

@@ -110,6 +110,9 @@ class SpecFile(schema.Schema):
     runs: list[dict[str, Any]] | None = Field(None, description="explicit runs: trainer keys and an optional name")
     resources: ResourcesRequest = Field(default_factory=ResourcesRequest, description="what each job asks for")
     array_parallelism: OptInt = Field(None, ge=1, description="at most this many array tasks at once")
+    queue_margin: int = Field(0, ge=0, description=(
+        "places of your queue limit left to your other jobs when the sweep is larger than the limit lets out at "
+        "once and goes out in waves (read again before each wave)"))
     pack: OptInt = Field(None, ge=1, description=(
         "runs at once in each array task: they share its CPUs and split its GPUs"))
     snapshot_max_file_mb: OptFloat = Field(None, gt=0, lt=1e9, description=(
@@ -148,6 +151,7 @@ class Sweep:
     project: Path | None = None  # the folder whose files a command's jobs run
     code_counts: bool = False  # a relaunch counts a run submitted with other code as changed
     retry: RetryPolicy | None = None  # how its heal job sends again the runs that ended badly
+    queue_margin: int = 0  # places of the user's queue limit left to their other jobs (heal/waves.py)
     naming: int = NAMING  # how its runs are named (layout.NAMING): a sweep launched before keeps its own
 
     @property
@@ -257,8 +261,7 @@ def _check_limits(r: Resources, profile: Profile, problems: list[str]) -> None:
 
 def load(path: str | Path, workdir: str | Path = ".", cluster: str | None = None, backend: str | None = None,
          set_values: dict[str, Any] | None = None) -> Sweep:
-    """Read and validate a spec into runs whose trainer configs are final; raise LaunchError listing every
-    problem.
+    """Read and validate a spec into runs whose trainer configs are final; raise LaunchError listing every problem.
 
     workdir: where runs/, data/ (the default data_dir) and jobs/ go; each run's out_dir is
     <workdir>/runs/<sweep>/<run>. set_values: trainer keys set for every run (`launch.py --set KEY=VALUE`),
@@ -303,8 +306,9 @@ def load(path: str | Path, workdir: str | Path = ".", cluster: str | None = None
     policy = _retry(spec, profile, resources, backend, problems)
     if unique := list(dict.fromkeys(problems)):
         raise LaunchError(unique, str(path))
-    return Sweep(name, path, profile, backend, resources, spec.array_parallelism, workdir, runs, varying, optuna,
-                 pack, spec.snapshot_max_file_mb, code_counts=spec.code_counts, retry=policy, naming=naming)
+    return Sweep(name, path, profile, backend, resources, spec.array_parallelism, workdir, runs, varying, optuna, pack,
+                 spec.snapshot_max_file_mb, code_counts=spec.code_counts, retry=policy, naming=naming,
+                 queue_margin=spec.queue_margin)
 
 
 def _workers(optuna: dict[str, Any], naming: int) -> tuple[list[tuple[str | None, dict[str, Any]]], int]:
@@ -343,7 +347,7 @@ def _command_sweep(spec: SpecFile, path: Path, name: str, profile: Profile | Non
         raise LaunchError(unique, str(path))
     return Sweep(name, path, profile, backend, resources, spec.array_parallelism, workdir, runs, varying, optuna,
                  pack, spec.snapshot_max_file_mb, command, project, code_counts=spec.code_counts, retry=policy,
-                 naming=naming)
+                 naming=naming, queue_margin=spec.queue_margin)
 
 
 def _retry(spec: SpecFile, profile: Profile | None, resources: Resources | None, backend: str,

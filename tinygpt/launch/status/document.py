@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tinygpt.launch.heal import decide
+from tinygpt.launch.heal import decide, waves
 from tinygpt.launch.read.run_states import collect
 
 if TYPE_CHECKING:
@@ -65,6 +65,9 @@ class SweepStatus(BaseModel):
     counts: dict[str, int] = Field(description="runs by state name")
     retry: list[str] = Field(description="what `status` says of its retry policy: the round, the heal job, "
                                          "what the policy does next, or the summary's headline (empty: no policy)")
+    queue: list[str] = Field(description="what `status` says of the queue: runs waiting for a wave (a sweep larger "
+                                         "than the queue limits), the heal job that sends them and when the last "
+                                         "should go out; runs Slurm keeps pending for a limit (empty: nothing)")
     runs: list[RunStatus]
 
 
@@ -81,4 +84,4 @@ def document(manifest: Manifest) -> SweepStatus:
                        backend=manifest.backend, program="command" if manifest.command else "trainer",
                        time=time.time(), unheard=list(rows.unheard),
                        counts=dict(Counter(r.state_name for r in runs)), retry=decide.status_lines(manifest, rows),
-                       runs=runs)
+                       queue=waves.status_lines(manifest, rows), runs=runs)

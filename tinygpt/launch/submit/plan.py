@@ -116,7 +116,7 @@ def _write_scripts(sweep: Sweep, code: Path, indices: list[int], runs: int, laun
     scripts = []
     for k, chunk in enumerate(chunks):
         path = sweep.dirs.script(k, len(chunks), launch)
-        array = _ranges(sorted({(i - chunk[0]) // pack for i in chunk}))
+        array = ranges(sorted({(i - chunk[0]) // pack for i in chunk}))
         if sweep.array_parallelism:
             array += f"%{sweep.array_parallelism}"
         params = ScriptParams(
@@ -132,7 +132,7 @@ def _write_scripts(sweep: Sweep, code: Path, indices: list[int], runs: int, laun
     return scripts
 
 
-def _ranges(tasks: list[int]) -> str:
+def ranges(tasks: list[int]) -> str:
     """Slurm's --array text for ascending task ids: `0-4,7,9-10` (`0-0` for one task, as sbatch shows it)."""
     spans: list[list[int]] = []
     for t in tasks:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from tinygpt.launch.console import next_command
 from tinygpt.launch.errors import LaunchError
-from tinygpt.launch.slurm import slurm_cli
+from tinygpt.launch.slurm import limits, slurm_cli
 from tinygpt.launch.slurm.live_cluster import LiveCluster
 from tinygpt.launch.spec.resources import SOURCE, format_time, time_limit_min
 
@@ -40,15 +40,19 @@ def before_writing(sweep: Sweep) -> LiveCluster:
     return cluster
 
 
-def before_submitting(plan: Plan, cluster: LiveCluster) -> list[str]:
-    """The written scripts: their arrays against MaxArraySize, then `sbatch --test-only` of each. Slurm's
-    estimates of when each would start; a LaunchError naming every problem."""
+def before_submitting(plan: Plan, cluster: LiveCluster, in_waves: bool = False) -> list[str]:
+    """The written scripts: their arrays against MaxArraySize, then `sbatch --test-only` of each (`in_waves`: of
+    its first task, as a whole array would be over the queue limits). Slurm's estimates of when each would start;
+    a LaunchError naming every problem."""
     problems = array_problems(plan, cluster)
     estimates = []
-    for path, *_ in plan.scripts if not problems else []:
-        ok, said = slurm_cli.sbatch_test_only(str(path))
+    for path, array, *_ in plan.scripts if not problems else []:
+        ok, said = slurm_cli.sbatch_test_only(str(path), [f"--array={array.split('-')[0].split(',')[0]}"]
+                                              if in_waves else [])
         if ok:
             estimates.append(f"{path.name}: {re.sub(r'^Job [0-9]+ to start', 'would start', said)}")
+        elif in_waves and limits.over_a_submit_limit(said):  # (the queue is full now: its runs wait for a wave)
+            estimates.append(f"{path.name}: no estimate, as the queue is at its limit now: {said}")
         else:
             problems.append(f"sbatch --test-only {path.name}: Slurm would refuse the job: {said}")
     if problems:

@@ -1,0 +1,157 @@
+"""Sweeps larger than the queue limits let out at once, on the real local cluster: they go out in waves fed by the
+sweep's heal job (tinygpt/launch/heal/waves.py), never over the limit, each run once. The limits are set with
+sacctmgr on the tests' own QOS `waves` and account `waves` (up.sh --accounts), which no other test uses, and put
+back after; the queue is sampled every second, counting the jobs each limit counts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support.processes import launch, wait_until
+from tests.support.slurm import manifest_of, unique_name
+from tinygpt.launch import manifest as manifest_mod
+
+pytestmark = [pytest.mark.slurm, pytest.mark.shares_cluster]
+
+FOREIGN = Path(__file__).resolve().parents[1] / "support" / "foreign"
+
+
+@contextmanager
+def limits(entity: list[str], **values: int):
+    """`sacctmgr modify ENTITY set KEY=VALUE...` for the test, cleared (-1) after it."""
+    def modify(settings: dict) -> None:
+        words = ["sacctmgr", "-i", "modify", *entity, "set", *(f"{k}={v}" for k, v in settings.items())]
+        subprocess.run(words, check=True, capture_output=True, timeout=30)
+
+    modify(values)
+    try:
+        yield modify
+    finally:
+        modify({key: -1 for key in values})
+
+
+@contextmanager
+def queue_sampled(*selection: str):
+    """The largest number of this user's jobs squeue lists with `selection` (each array task one), sampled every
+    second while the block runs: `peak[0]`."""
+    peak, stop = [0], threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(1.0):
+            out = subprocess.run(["squeue", "-h", "-r", "-u", "root", "-o", "%i", *selection], capture_output=True,
+                                 text=True, timeout=30)
+            if out.returncode == 0:
+                peak[0] = max(peak[0], len(out.stdout.split()))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        yield peak
+    finally:
+        stop.set()
+        sampler.join()
+
+
+def write_spec(tmp_path: Path, name: str, runs: int, seconds: int, **resources) -> Path:
+    spec = tmp_path / f"{name}.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": name, "grid": {"i": list(range(runs))},
+        "command": {"project": str(FOREIGN), "argv": ["/bin/sh", "-c", f"sleep {seconds}; echo run {{i}}"]},
+        "resources": {"time": "00:05:00", **resources}}))
+    return spec
+
+
+def status(spec: Path, work: Path) -> dict:
+    out = launch("status", str(spec), "--workdir", str(work), "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout)
+
+
+def every_run_once(manifest: manifest_mod.Manifest) -> None:
+    """Each run named by exactly one submission of the sweep, and every task of those COMPLETED (sacct)."""
+    manifest = manifest_mod.load(manifest.path)
+    named = sorted(i for s in manifest.slurm_submissions() for i in s.indices)
+    assert named == list(range(len(manifest.runs))), named
+    tasks = sorted(manifest.task_job_ids().values())
+
+    def accounted() -> dict[str, str | None]:
+        out = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j",
+                              ",".join(sorted({t.split("_")[0] for t in tasks}))], capture_output=True, text=True,
+                             check=True, timeout=30)
+        states = dict(line.split("|")[:2] for line in out.stdout.splitlines() if line)
+        return {t: states.get(t) for t in tasks}
+
+    # (accounting hears of an end a moment after the controller, which status asked)
+    wait_until(lambda: None not in accounted().values(), timeout=60, poll=1, what="sacct knowing every task")
+    assert accounted() == {t: "COMPLETED" for t in tasks}
+
+
+def status_when(spec: Path, work: Path, condition, what: str, timeout: float = 300) -> dict:
+    """The sweep's status document once `condition(document)` holds."""
+    def ready() -> dict | None:
+        now = status(spec, work)
+        return now if condition(now) else None
+
+    return wait_until(ready, timeout=timeout, poll=1, what=what)
+
+
+def finished(spec: Path, work: Path, what: str) -> dict:
+    return status_when(spec, work, lambda s: all(r["state_name"] == "COMPLETED" for r in s["runs"]), what)
+
+
+def test_a_sweep_over_a_qos_submit_limit_goes_out_in_waves_never_over_it_and_each_run_once(tmp_path):
+    """QOS waves: MaxSubmitJobsPerUser=4 and, at first, MaxJobsPerUser=0. 16 runs: the launch sends 3 (one place
+    is the heal job's); they wait, and status says for which limit; once they may run, the heal job sends the rest
+    as tasks end. The user's jobs in the QOS never exceed 4."""
+    name, work = unique_name("waves"), tmp_path / "work"
+    spec = write_spec(tmp_path, name, 16, 1, qos="waves")
+    with limits(["qos", "waves"], MaxSubmitJobsPerUser=4, MaxJobsPerUser=0) as change, \
+            queue_sampled("-q", "waves") as peak:
+        out = launch(str(spec), "--workdir", str(work))
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "waves: 16 task(s) wait for a wave; 3 fit now (QOS waves MaxSubmitPU=4 counts your jobs" in out.stdout
+        assert "submitted 3 run(s) as job array" in out.stdout and "13 wait for a wave" in out.stdout
+        held = status_when(spec, work, lambda s: any("QOSMaxJobsPerUserLimit" in line for line in s["queue"]),
+                           "status naming the limit the first wave waits for", timeout=60)
+        assert held["counts"]["WAITING"] == 13 and held["queue"][0].startswith("waves: 13 run(s) wait for a wave; "
+                                                                               "heal job"), held["queue"]
+        change({"MaxJobsPerUser": -1})
+        done = finished(spec, work, "every run of the sweep COMPLETED")
+    assert done["queue"][0].startswith("waves: every run went out"), done["queue"]
+    assert 1 <= peak[0] <= 4, peak[0]
+    every_run_once(manifest_of(work, name))
+
+
+def test_an_association_limit_with_a_relaunch_while_fed_then_a_cancel_that_stops_the_feeding(tmp_path):
+    """Account waves: MaxSubmitJobs=3 on the user's association. 6 runs go out in waves; the spec launched again
+    with 4 more points while they are fed adds them to the waves: each of the 10 runs once. Then a sweep whose
+    runs would take minutes, cancelled after its first wave: nothing more is sent, its runs wait still."""
+    name, work = unique_name("wassoc"), tmp_path / "work"
+    spec = write_spec(tmp_path, name, 6, 1, account="waves")
+    with limits(["user", "root", "where", "account=waves"], MaxSubmitJobs=3), queue_sampled("-A", "waves") as peak:
+        assert launch(str(spec), "--workdir", str(work)).returncode == 0
+        spec = write_spec(tmp_path, name, 10, 1, account="waves")
+        again = launch(str(spec), "--workdir", str(work))
+        assert again.returncode == 0, again.stdout + again.stderr
+        finished(spec, work, "every run, old and new, COMPLETED")
+        every_run_once(manifest_of(work, name))
+
+        long_one = unique_name("wcancel")
+        spec = write_spec(tmp_path, long_one, 6, 300, account="waves")
+        assert launch(str(spec), "--workdir", str(work)).returncode == 0
+        manifest = manifest_of(work, long_one)
+        assert launch("cancel", str(spec), "--workdir", str(work)).returncode == 0
+        wait_until(lambda: not subprocess.run(["squeue", "-h", "-A", "waves", "-u", "root"], capture_output=True,
+                                              text=True, timeout=30).stdout.strip(), timeout=120, poll=1,
+                   what="the cancelled sweep's jobs gone from the queue")
+        after = status(spec, work)
+    assert peak[0] <= 3, peak[0]
+    assert len(manifest_mod.load(manifest.path).submissions) == len(manifest.submissions)  # (nothing sent after)
+    assert after["counts"]["WAITING"] == 4 and "cancelled: nothing more is sent" in after["queue"][0], after["queue"]
