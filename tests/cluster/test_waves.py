@@ -5,7 +5,6 @@ back after; the queue is sampled every second, counting the jobs each limit coun
 
 from __future__ import annotations
 
-import json
 import subprocess
 import threading
 from contextlib import contextmanager
@@ -16,6 +15,7 @@ import yaml
 
 from tests.support.processes import launch, wait_until
 from tests.support.slurm import manifest_of, unique_name
+from tinygpt.launch import api
 from tinygpt.launch import manifest as manifest_mod
 
 pytestmark = [pytest.mark.slurm, pytest.mark.shares_cluster]
@@ -69,9 +69,8 @@ def write_spec(tmp_path: Path, name: str, runs: int, seconds: int, **resources) 
 
 
 def status(spec: Path, work: Path) -> dict:
-    out = launch("status", str(spec), "--workdir", str(work), "--json")
-    assert out.returncode == 0, out.stdout + out.stderr
-    return json.loads(out.stdout)
+    """`status --json`'s document, asked in this process (the library's call, the command's code)."""
+    return api.open_sweep(spec, work).status().model_dump()
 
 
 def every_run_once(manifest: manifest_mod.Manifest) -> None:
@@ -99,7 +98,7 @@ def status_when(spec: Path, work: Path, condition, what: str, timeout: float = 3
         now = status(spec, work)
         return now if condition(now) else None
 
-    return wait_until(ready, timeout=timeout, poll=1, what=what)
+    return wait_until(ready, timeout=timeout, poll=2, what=what)
 
 
 def finished(spec: Path, work: Path, what: str) -> dict:
@@ -130,21 +129,21 @@ def test_a_sweep_over_a_qos_submit_limit_goes_out_in_waves_never_over_it_and_eac
 
 
 def test_an_association_limit_with_a_relaunch_while_fed_then_a_cancel_that_stops_the_feeding(tmp_path):
-    """Account waves: MaxSubmitJobs=3 on the user's association. 6 runs go out in waves; the spec launched again
-    with 4 more points while they are fed adds them to the waves: each of the 10 runs once. Then a sweep whose
+    """Account waves: MaxSubmitJobs=3 on the user's association. 4 runs go out in waves; the spec launched again
+    with 3 more points while they are fed adds them to the waves: each of the 7 runs once. Then a sweep whose
     runs would take minutes, cancelled after its first wave: nothing more is sent, its runs wait still."""
     name, work = unique_name("wassoc"), tmp_path / "work"
-    spec = write_spec(tmp_path, name, 6, 1, account="waves")
+    spec = write_spec(tmp_path, name, 4, 1, account="waves")
     with limits(["user", "root", "where", "account=waves"], MaxSubmitJobs=3), queue_sampled("-A", "waves") as peak:
         assert launch(str(spec), "--workdir", str(work)).returncode == 0
-        spec = write_spec(tmp_path, name, 10, 1, account="waves")
+        spec = write_spec(tmp_path, name, 7, 1, account="waves")
         again = launch(str(spec), "--workdir", str(work))
         assert again.returncode == 0, again.stdout + again.stderr
         finished(spec, work, "every run, old and new, COMPLETED")
         every_run_once(manifest_of(work, name))
 
         long_one = unique_name("wcancel")
-        spec = write_spec(tmp_path, long_one, 6, 300, account="waves")
+        spec = write_spec(tmp_path, long_one, 4, 300, account="waves")
         assert launch(str(spec), "--workdir", str(work)).returncode == 0
         manifest = manifest_of(work, long_one)
         assert launch("cancel", str(spec), "--workdir", str(work)).returncode == 0
@@ -154,4 +153,5 @@ def test_an_association_limit_with_a_relaunch_while_fed_then_a_cancel_that_stops
         after = status(spec, work)
     assert peak[0] <= 3, peak[0]
     assert len(manifest_mod.load(manifest.path).submissions) == len(manifest.submissions)  # (nothing sent after)
-    assert after["counts"]["WAITING"] == 4 and "cancelled: nothing more is sent" in after["queue"][0], after["queue"]
+    assert after["counts"]["WAITING"] == len(manifest.waiting()) >= 1, after["counts"]  # (as the launch left them)
+    assert "cancelled: nothing more is sent" in after["queue"][0], after["queue"]
