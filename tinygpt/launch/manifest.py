@@ -133,7 +133,11 @@ def load_waves(dirs: SweepDirs) -> WavesRecord | None:
     except OSError as err:
         raise _damaged(dirs.waves, str(err)) from None
     try:
-        return WavesRecord.model_validate_json(text, strict=False)
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise _damaged(dirs.waves, f"not JSON: {err}") from None
+    try:
+        return WavesRecord.model_validate(data)
     except ValidationError as err:
         raise _damaged(dirs.waves, schema.messages(err, WavesRecord)[0]) from None
 

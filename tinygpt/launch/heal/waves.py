@@ -15,6 +15,7 @@ none: the heal job then looks again a minute later (`--begin`), and never fails 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tinygpt.base import durable
@@ -78,7 +79,8 @@ def margin_now(manifest: Manifest, record: WavesRecord) -> int:
     import yaml
 
     try:
-        value = (yaml.safe_load(open(manifest.spec, encoding="utf-8")) or {}).get("queue_margin", record.margin)
+        value = (yaml.safe_load(Path(manifest.spec).read_text(encoding="utf-8")) or {}).get("queue_margin",
+                                                                                          record.margin)
     except (OSError, yaml.YAMLError, AttributeError, UnicodeDecodeError):
         return record.margin
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else record.margin
