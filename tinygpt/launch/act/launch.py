@@ -289,7 +289,7 @@ def _launch_in_waves(plan: Plan, found: Waves, spec: str) -> int:
         print(f"waves: heal job {feeding}, queued already, sends the next wave")
         return 0
     try:
-        job = heal_job.submit(manifest, waves.after_the_first_of(sorted(set(live))), 1)
+        job = heal_job.submit(manifest, waves.after_the_first_of(list(dict.fromkeys(live))), 1)
     except LaunchError as err:
         raise LaunchError(f"waves: {err}; the runs not submitted wait: launch the spec again once some of your jobs "
                           f"have ended, and a heal job sends them") from None

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tinygpt.launch.heal.ends import End, failed_nodes, of_run
-from tinygpt.launch.heal.job import job_state
+from tinygpt.launch.heal.job import heal_jobs, job_state
 from tinygpt.launch.read.run_states import retry_rounds
 from tinygpt.launch.spec.resources import format_time, parse_mem_mb, parse_time_min
 from tinygpt.launch.spec.retry import NEVER, RetryPolicy
@@ -163,8 +163,7 @@ def status_lines(manifest: Manifest, rows: list[Row]) -> list[str]:
     if summary_file.exists():
         first = summary_file.read_text(errors="replace").partition("\n")[0].lstrip("# ")
         return [f"retry: done: {first} ({summary_file})"]
-    heals = [s for s in manifest.submissions if s.role == "heal"]
-    job = heals[-1].job_id if heals else None
+    job = next(reversed(heal_jobs(manifest)), None)
     state = job_state(job) if job else "none submitted"
     decisions = decide(manifest, rows, {}, policy)
     now = max((d.round for d in decisions), default=1)

@@ -26,7 +26,6 @@ from tinygpt.launch.heal import decide, waves
 from tinygpt.launch.heal import job as heal_job
 from tinygpt.launch.heal.decide import GIVE_UP, SEND, WAIT, Decision
 from tinygpt.launch.heal.ends import collect_rows
-from tinygpt.launch.heal.job import HEAL
 from tinygpt.launch.manifest import Life
 from tinygpt.launch.read import efficiency
 from tinygpt.launch.read.run_states import jobs_of
@@ -116,7 +115,7 @@ def _follow_waves(manifest: Manifest, rows: list, round: int) -> int:
 def superseded(manifest: Manifest) -> bool:
     """Whether a heal job was submitted after this one (this job, requeued, runs its pass again)."""
     mine = os.environ.get("SLURM_JOB_ID")
-    heals = [s.job_id for s in manifest.submissions if s.role == HEAL]
+    heals = heal_job.heal_jobs(manifest)
     return mine in heals and heals.index(mine) < len(heals) - 1
 
 

@@ -53,6 +53,11 @@ def write_scripts(plan: Plan) -> None:
         durable.write(sweep.dirs.step_script(step), text)
 
 
+def heal_jobs(manifest: Manifest) -> list[str]:
+    """The ids of the sweep's heal jobs, oldest first."""
+    return [s.job_id for s in manifest.submissions if s.role == HEAL]
+
+
 def after_all(job_ids: list[str]) -> list[str]:
     """The heal job's sbatch options to start once every job of `job_ids` has ended."""
     return [f"--dependency=afterany:{':'.join(job_ids)}"]

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from tinygpt.base import durable
 from tinygpt.launch import manifest as manifest_mod
 from tinygpt.launch.errors import LaunchError, SlurmAway
-from tinygpt.launch.heal.job import HEAL, job_state
+from tinygpt.launch.heal.job import heal_jobs, job_state
 from tinygpt.launch.manifest import WaveScript, WavesRecord
 from tinygpt.launch.slurm import limits, slurm_cli
 from tinygpt.launch.submit.plan import ranges
@@ -123,8 +123,9 @@ def feed(manifest: Manifest, record: WavesRecord, places: int | None) -> list[st
 
 
 def live_tasks(rows: list[Row]) -> list[str]:
-    """The sweep's tasks still queued or running, by run."""
-    return [r.job_id for r in rows if r.job_id != "-" and not r.state.ended and r.source != "waves"]
+    """The sweep's tasks still queued or running, each once (packed runs share one)."""
+    return list(dict.fromkeys(r.job_id for r in rows if r.job_id != "-" and not r.state.ended
+                              and r.source != "waves"))
 
 
 def after_the_first_of(live: list[str]) -> list[str]:
@@ -138,7 +139,7 @@ def after_the_first_of(live: list[str]) -> list[str]:
 def queued_heal_job(manifest: Manifest) -> str | None:
     """The sweep's newest heal job, when it is still queued or running (it will feed what a relaunch adds);
     SlurmAway when squeue does not answer."""
-    heals = [s.job_id for s in manifest.submissions if s.role == HEAL]
+    heals = heal_jobs(manifest)
     if not heals:
         return None
     found = slurm_cli.squeue_states(heals[-1:])
@@ -167,7 +168,7 @@ def status_lines(manifest: Manifest, rows: list[Row]) -> list[str]:
     if manifest_mod.load_waves(manifest.dirs) is None:
         return lines
     waiting = sum(r.source == "waves" for r in rows)
-    heals = [s.job_id for s in manifest.submissions if s.role == HEAL]
+    heals = heal_jobs(manifest)
     if not waiting:
         return [f"waves: every run went out, in {sum(bool(s.indices) for s in manifest.slurm_submissions())} "
                 f"submission(s)", *lines]

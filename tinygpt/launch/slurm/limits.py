@@ -75,11 +75,6 @@ def read(account: str | None, qos: list[str]) -> list[Limit] | None:
     return limits
 
 
-def in_queue(limit: Limit) -> int | None:
-    """The jobs `limit` counts now, each array task one (pending, running, completing); None: no answer."""
-    return slurm_cli.squeue_count(limit.counts)
-
-
 def room(limits: list[Limit]) -> tuple[int | None, Limit | None]:
     """How many more jobs the submit limits allow now, and the tightest of them; (None, None) with none.
     SlurmAway when the controller does not answer a count (a guard never guesses)."""
@@ -87,7 +82,7 @@ def room(limits: list[Limit]) -> tuple[int | None, Limit | None]:
     for limit in limits:
         if limit.kind != "submit" or limit.jobs is None:
             continue
-        counted = in_queue(limit)
+        counted = slurm_cli.squeue_count(limit.counts)  # (each array task one: pending, running, completing)
         if counted is None:
             from tinygpt.launch.errors import SlurmAway
 

@@ -190,21 +190,19 @@ def scontrol_records(kind: str) -> list[dict[str, str]] | None:
 def associations(user: str) -> tuple[str | None, list[dict[str, str]]] | None:
     """The user's default account and their associations ({Account, QOS, DefaultQOS}) in accounting; None when
     sacctmgr does not answer (no accounting, or no sacctmgr here)."""
-    assoc = _run(["sacctmgr", "-n", "-P", "show", "assoc", f"user={user}", "format=Account,QOS,DefaultQOS"], timeout=10)
-    default = _run(["sacctmgr", "-n", "-P", "show", "user", user, "format=DefaultAccount"], timeout=10)
-    if assoc is None or assoc.returncode != 0 or default is None or default.returncode != 0:
+    assoc = sacctmgr(["show", "assoc", f"user={user}", "format=Account,QOS,DefaultQOS"])
+    default = sacctmgr(["show", "user", user, "format=DefaultAccount"])
+    if assoc is None or default is None:
         return None
-    rows = [dict(zip(("Account", "QOS", "DefaultQOS"), line.split("|"))) for line in assoc.stdout.splitlines()
+    rows = [dict(zip(("Account", "QOS", "DefaultQOS"), line.split("|"))) for line in assoc.splitlines()
             if line.strip()]
-    return default.stdout.strip() or None, rows
+    return default.strip() or None, rows
 
 
 def qos_max_wall() -> dict[str, str] | None:
     """{QOS: its MaxWall, '' for none} from accounting; None when sacctmgr does not answer."""
-    out = _run(["sacctmgr", "-n", "-P", "show", "qos", "format=Name,MaxWall"], timeout=10)
-    if out is None or out.returncode != 0:
-        return None
-    return dict(line.split("|", 1) for line in out.stdout.splitlines() if "|" in line)
+    out = sacctmgr(["show", "qos", "format=Name,MaxWall"])
+    return None if out is None else dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
 
 
 def sacctmgr(words: list[str]) -> str | None:

@@ -46,9 +46,9 @@ def before_submitting(plan: Plan, cluster: LiveCluster, in_waves: bool = False) 
     a LaunchError naming every problem."""
     problems = array_problems(plan, cluster)
     estimates = []
-    for path, array, *_ in plan.scripts if not problems else []:
-        ok, said = slurm_cli.sbatch_test_only(str(path), [f"--array={array.split('-')[0].split(',')[0]}"]
-                                              if in_waves else [])
+    for path, *_ in plan.scripts if not problems else []:
+        # (a script's first run is its task 0: plan.py starts each part's tasks at its first run)
+        ok, said = slurm_cli.sbatch_test_only(str(path), ["--array=0"] if in_waves else [])
         if ok:
             estimates.append(f"{path.name}: {re.sub(r'^Job [0-9]+ to start', 'would start', said)}")
         elif in_waves and limits.over_a_submit_limit(said):  # (the queue is full now: its runs wait for a wave)
