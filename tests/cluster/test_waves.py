@@ -121,10 +121,14 @@ def test_a_sweep_over_a_qos_submit_limit_goes_out_in_waves_never_over_it_and_eac
                            "status naming the limit the first wave waits for", timeout=60)
         assert held["counts"]["WAITING"] == 13 and held["queue"][0].startswith("waves: 13 run(s) wait for a wave; "
                                                                                "heal job"), held["queue"]
+        # (held, nothing runs: the first wave's 3 tasks and the heal job fill the 4 places, whatever the sampler saw)
+        queued = subprocess.run(["squeue", "-h", "-r", "-u", "root", "-q", "waves", "-o", "%i"], capture_output=True,
+                                text=True, check=True, timeout=30).stdout.split()
+        assert len(queued) == 4, queued
         change({"MaxJobsPerUser": -1})
         done = finished(spec, work, "every run of the sweep COMPLETED")
     assert done["queue"][0].startswith("waves: every run went out"), done["queue"]
-    assert 1 <= peak[0] <= 4, peak[0]
+    assert peak[0] <= 4, peak[0]
     every_run_once(manifest_of(work, name))
 
 
