@@ -216,6 +216,20 @@ def test_the_requeue_status_passes_through_until_the_cap_and_a_crash_is_not_requ
     assert crashed.returncode == 2 and "--lr: invalid float value: 'x'" in crashed.stderr
 
 
+def test_a_signal_after_the_program_ended_leaves_the_process_beside_it_to_say_how(tmp_path):
+    """Slurm's warning may come again once the program has saved and ended (seen on the cluster: the task then died
+    of SIGUSR2, and the run was not requeued). The process beside the program outlives such signals."""
+    spec = write(tmp_path, {"argv": [sys.executable, "-c", "pass"], "project": str(tmp_path)})
+    assert run_cli([str(spec), "--dry-run", "--workdir", str(tmp_path / "work")])[0] == 0
+    code = ("import os, signal, sys; from pathlib import Path; from tinygpt.launch.node import supervise as s; "
+            "head, run = s.load_run(Path(sys.argv[1]), 0); ended = s.run_program(head, run.name, {}, "
+            "Path(run.out_dir)); [os.kill(os.getpid(), n) for n in (signal.SIGUSR2, signal.SIGUSR1, signal.SIGTERM, "
+            "signal.SIGHUP)]; print('ended', ended.code)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "work" / "jobs" / "s" / "manifest.json")],
+                         capture_output=True, text=True, timeout=60, env=python_env())
+    assert (out.returncode, out.stdout) == (0, "ended 0\n"), out.stderr
+
+
 def stopped_once_counting(manifest: Path, run_dir: Path, **env: str) -> subprocess.CompletedProcess:
     """Run 0 started as srun starts it; once it counts, the stop signal (as Slurm sends it before the time limit)."""
     seen = len((run_dir / "metrics.jsonl").read_text().splitlines()) if (run_dir / "metrics.jsonl").exists() else 0

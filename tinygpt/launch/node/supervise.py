@@ -125,11 +125,19 @@ def run_program(head, run_name: str, values: dict, run_dir: Path, watch=None) ->
             for said in reader.finish() if reader else []:
                 print(said, file=sys.stderr)
         finally:
-            for signum, handler in before.items():  # (a search worker's own, between its trials)
-                signal.signal(signum, handler)
+            for signum, handler in before.items():
+                # A search worker's own handlers come back, for its next trial. A default one does not: a signal
+                # after the program's end (Slurm's warning again) would kill this process before it says how the
+                # program ended, and the step would end of that signal, not requeued. (A handler, not SIG_IGN,
+                # which a process this one starts would inherit.)
+                signal.signal(signum, _too_late if handler == signal.SIG_DFL else handler)
         if under_torchrun and code not in (None, EXIT_HUNG):
             code = torchrun_start.node_status(Path(ends), procs, code)
         return Ended(code, received)
+
+
+def _too_late(signum, _) -> None:
+    """A signal that came after the program ended: nothing to pass it on to."""
 
 
 def _words(head, run_name: str, values: dict) -> list[str]:
