@@ -41,12 +41,12 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import json
 import math
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -271,44 +271,53 @@ def check_preempt(device: str, quick: bool, tmp: Path) -> dict:
 
 
 def check_nccl(device: str, quick: bool, tmp: Path) -> dict:
+    """A one-rank process group (NCCL on a GPU, gloo on CPU): all_reduce, and DDP around a compiled model gives
+    the bare model's gradients."""
     import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from tinygpt.base.config import ModelConfig
-    from tinygpt.model import GPT
 
     backend = "nccl" if device.startswith("cuda") else "gloo"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    # (an in-memory store: one rank needs no TCPStore, whose server thread and port outlive the check)
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     try:
         t = torch.arange(4.0, device=device)
         dist.all_reduce(t)
         expect(t.tolist() == [0.0, 1.0, 2.0, 3.0], f"all_reduce over one rank gave {t.tolist()}")
-        cfg = ModelConfig(block_size=64, n_layer=2, n_head=4, n_embd=128)
-        torch.manual_seed(0)
-        bare = GPT(cfg, vocab_size=65).to(device)
-        torch.manual_seed(0)
-        wrapped_model = GPT(cfg, vocab_size=65).to(device)
-        compiled = torch.compile(wrapped_model, backend=compile_backend(device, quick))
-        ddp = DDP(compiled, device_ids=[torch.device(device).index] if backend == "nccl" else None)
-        idx = torch.randint(0, 65, (8, 64), device=device)
-        amp = dict(device_type=device.split(":")[0], dtype=torch.bfloat16)
-        for m in (bare, ddp):
-            with torch.autocast(**amp):
-                _, loss = m(idx, idx)
-            loss.backward()
-        g1 = torch.cat([p.grad.flatten() for p in bare.parameters()])
-        g2 = torch.cat([p.grad.flatten() for p in wrapped_model.parameters()])
-        cos = torch.nn.functional.cosine_similarity(g1, g2, dim=0).item()
+        cos = _ddp_grad_cosine(device, quick, backend)
         expect(cos > 0.999, f"DDP(compiled) gradients differ from the bare model's (cosine {cos})")
         version = torch.cuda.nccl.version() if backend == "nccl" else None  # a tuple, or an int on old torch
         version = ".".join(map(str, version)) if isinstance(version, tuple) else version
         return {"backend": backend, "nccl": version, "grad_cosine": round(cos, 6)}
     finally:
+        # DDP's reducer holds the group: gone first, here, not in a later garbage collection that would tear the
+        # group down at whatever line it happens on (a gpu_check.py that hung there, in C, was seen twice).
+        gc.collect()
         dist.destroy_process_group()
+
+
+def _ddp_grad_cosine(device: str, quick: bool, backend: str) -> float:
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from tinygpt.base.config import ModelConfig
+    from tinygpt.model import GPT
+
+    cfg = ModelConfig(block_size=64, n_layer=2, n_head=4, n_embd=128)
+    torch.manual_seed(0)
+    bare = GPT(cfg, vocab_size=65).to(device)
+    torch.manual_seed(0)
+    wrapped_model = GPT(cfg, vocab_size=65).to(device)
+    compiled = torch.compile(wrapped_model, backend=compile_backend(device, quick))
+    ddp = DDP(compiled, device_ids=[torch.device(device).index] if backend == "nccl" else None)
+    idx = torch.randint(0, 65, (8, 64), device=device)
+    amp = dict(device_type=device.split(":")[0], dtype=torch.bfloat16)
+    for m in (bare, ddp):
+        with torch.autocast(**amp):
+            _, loss = m(idx, idx)
+        loss.backward()
+    g1 = torch.cat([p.grad.flatten() for p in bare.parameters()])
+    g2 = torch.cat([p.grad.flatten() for p in wrapped_model.parameters()])
+    return torch.nn.functional.cosine_similarity(g1, g2, dim=0).item()
 
 
 def check_sample(device: str, quick: bool, tmp: Path) -> dict:
