@@ -51,7 +51,7 @@ def run_sweep(tmp_path: Path, command: dict, signal: str) -> tuple[Path, Path, s
         # summary says what the signal did)
         subprocess.run(["scancel", "-s", signal, f"{manifest.task_job_ids()[timed.index]}.0"], timeout=30)
         summary = work / "runs" / name / "summary.md"
-        wait_until(summary.exists, timeout=420, poll=1, what=f"the summary\n{logs(work)}")
+        wait_until(summary.exists, timeout=420, poll=1, what=lambda: f"the summary\n{logs(work)}")
     finally:
         cancel(*every_job(manifest_of(work, name)))
     return spec, work, name, summary.read_text()

@@ -69,7 +69,14 @@ def sent(manifest: manifest_mod.Manifest, run: str) -> list[manifest_mod.Submiss
 
 
 def logs(work: Path) -> str:
-    return "\n".join(f"== {p}\n{p.read_text(errors='replace')}" for p in sorted((work / "logs").rglob("*.out")))
+    """Every log of the work directory's sweeps, then how Slurm's accounting saw each of their jobs."""
+    said = [f"== {p}\n{p.read_text(errors='replace')}" for p in sorted((work / "logs").rglob("*.out"))]
+    jobs = [j for m in sorted((work / "jobs").glob("*/manifest.json")) for j in every_job(manifest_mod.load(m))]
+    if not jobs:
+        return "\n".join(said)
+    sacct = subprocess.run(["sacct", "-n", "-P", "-o", "JobID,JobName,State,ExitCode,NodeList,Start,End", "-j",
+                            ",".join(jobs)], capture_output=True, text=True, timeout=30)
+    return "\n".join([*said, "== sacct", sacct.stdout + sacct.stderr])
 
 
 def mails_of(job_id: str) -> list[str]:
@@ -98,7 +105,8 @@ def test_a_sweep_with_every_kind_of_end_finishes_what_can_be_retried_and_sends_o
         timed = manifest.find("kind-time")[0]
         wait_until(lambda: (Path(timed.out_dir) / "lives").exists(), timeout=120, poll=0.2, what="the program running")
         subprocess.run(["scancel", "-s", "USR2", manifest.task_job_ids()[timed.index]], check=True, timeout=30)
-        wait_until(lambda: delivered.exists(), timeout=420, poll=1, what=f"the summary delivered\n{logs(work)}")
+        wait_until(lambda: delivered.exists(), timeout=420, poll=1,
+                   what=lambda: f"the summary delivered\n{logs(work)}")
         manifest = manifest_of(work, name)
         notify = [s.job_id for s in manifest.submissions if s.role == "notify"]
         mail = wait_until(lambda: mails_of(notify[0]), timeout=60, poll=0.5, what="Slurm's mail of the summary's job")
@@ -141,7 +149,7 @@ def test_out_of_memory_is_told_from_a_bug_on_this_release_and_the_summary_mailed
     spec, work, name = launch_ends(tmp_path, ["oom"], {"rounds": 1, "notify": {"mail": ADDRESS}})
     summary = work / "runs" / name / "summary.md"
     try:
-        wait_until(summary.exists, timeout=240, poll=1, what=f"the summary\n{logs(work)}")
+        wait_until(summary.exists, timeout=240, poll=1, what=lambda: f"the summary\n{logs(work)}")
         # (the heal job writes the summary, then submits the job that mails it and records that job)
         notify = wait_until(lambda: next((s.job_id for s in manifest_of(work, name).submissions
                                           if s.role == "notify"), None), timeout=60, poll=0.5,
@@ -167,7 +175,7 @@ def test_our_trainer_out_of_its_memory_is_sent_again_with_more_and_finishes(tmp_
         "retry": {"rounds": 1, "mem_factor": 6, "mem_from_peak": 1.5}})
     summary = work / "runs" / name / "summary.md"
     try:
-        wait_until(summary.exists, timeout=300, poll=1, what=f"the summary\n{logs(work)}")
+        wait_until(summary.exists, timeout=300, poll=1, what=lambda: f"the summary\n{logs(work)}")
     finally:
         cancel(*every_job(manifest_of(work, name)))
     assert "| base | 2 | out_of_memory, finished | as launched; --mem=900M | finished |" in summary.read_text(), \
@@ -215,15 +223,15 @@ def test_runs_lost_to_a_node_and_to_a_preemption_go_again_through_a_controller_a
             node("boot", where[0])  # (its run goes elsewhere: the node may come back meanwhile)
             crashed = False
             wait_until(lambda: "is being changed by another" in heal_log(), timeout=180, poll=0.5,
-                       what=f"the heal job waiting for the lock\n{logs(work)}")
+                       what=lambda: f"the heal job waiting for the lock\n{logs(work)}")
             daemon("stop", "slurmctld")
             stopped = True
         wait_until(lambda: waited("the Slurm controller"), timeout=120, poll=0.5,
-                   what=f"the heal job waiting for the controller\n{heal_log()}")
+                   what=lambda: f"the heal job waiting for the controller\n{heal_log()}")
         daemon("start", "slurmctld")
         stopped = False
         summary = work / "runs" / name / "summary.md"
-        wait_until(summary.exists, timeout=240, poll=1, what=f"the summary\n{logs(work)}")
+        wait_until(summary.exists, timeout=240, poll=1, what=lambda: f"the summary\n{logs(work)}")
     finally:
         if stopped:
             daemon("start", "slurmctld")

@@ -13,9 +13,10 @@ import pytest
 from tests.support.paths import ROOT
 
 
-def wait_until(predicate, timeout: float = 120.0, poll: float = 0.1, what: str = "condition", proc=None):
+def wait_until(predicate, timeout: float = 120.0, poll: float = 0.1, what="condition", proc=None):
     """`predicate()`'s value once it is true, polled every `poll` s; fails loudly when `timeout` s pass first, or
-    when `proc` (a process the condition waits on) has ended first (then with its output, if it was captured)."""
+    when `proc` (a process the condition waits on) has ended first (then with its output, if it was captured).
+    `what` names the condition: text, or a function that gives it when it fails (logs as they are by then)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -23,12 +24,16 @@ def wait_until(predicate, timeout: float = 120.0, poll: float = 0.1, what: str =
             return value
         if proc is not None and proc.poll() is not None:
             out = proc.communicate()
-            pytest.fail(f"the process ended (exit {proc.returncode}) before {what}: {out}")
+            pytest.fail(f"the process ended (exit {proc.returncode}) before {_said(what)}: {out}")
         if time.monotonic() > deadline:
             if proc is not None:
                 proc.kill()
-            raise TimeoutError(f"{what} not reached within {timeout:.0f} s")
+            raise TimeoutError(f"{_said(what)} not reached within {timeout:.0f} s")
         time.sleep(poll)
+
+
+def _said(what) -> str:
+    return what() if callable(what) else what
 
 
 def slow_saves(seconds: float) -> dict[str, str]:
