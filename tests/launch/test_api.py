@@ -32,6 +32,13 @@ def test_a_spec_built_in_python_is_written_planned_and_followed_as_the_command_w
         sweep.wait(timeout=0)
     with pytest.raises(api.LaunchError, match="runs: nope not in sweep `lib`; its runs: lr-0.001, lr-0.003"):
         sweep.metrics(["nope"])
+    assert sweep.logs("lr-0.001") == []  # (never submitted)
+    with pytest.raises(api.LaunchError, match="RUN: no run `nope` in sweep lib"):
+        sweep.logs("nope")
+    with pytest.raises(api.LaunchError, match="sweep `lib`: no report was written"):
+        sweep.report()
+    (listed,) = api.list_sweeps(workdir)
+    assert (listed.sweep, listed.runs, listed.states, listed.problem) == ("lib", 2, {"NOT_STARTED": 2}, None)
     again = api.launch(spec(tiny_corpus), workdir, dry_run=True)  # (the same mapping: its file is the same)
     assert again.runs == sweep.runs and api.open_sweep(workdir / "lib.yaml", workdir).path == sweep.path
 

@@ -7,11 +7,13 @@
     for run, records in sweep.metrics().items():
         print(run, [r["train_loss"] for r in records if "lr" in r])
 
-The answers are typed: `Sweep.status()` is the document `launch.py status --json` prints and `check()` the one
-`check --json` prints, each made by the same code. A refusal raises the launcher's own errors (`LaunchError`, and
-its kinds: `SlurmAway` when Slurm does not answer, `SweepBusy` when another command holds the sweep, `WaitTimeout`)
-with the messages the commands print; `exit_status` is the command's. What a command prints along the way (the plan
-table, the hints) a call prints too. Importing this module imports no torch and no Slurm command runs until called.
+The answers are typed: `Sweep.status()` is the document `launch.py status --json` prints, `check()` the one
+`check --json` prints and `list_sweeps()` the entries of `list --json`, each made by the same code; `Sweep.logs()`
+is what `launch.py logs` shows and `Sweep.report()` writes what `launch.py report` does. A refusal raises the
+launcher's own errors (`LaunchError`, and its kinds: `SlurmAway` when Slurm does not answer, `SweepBusy` when
+another command holds the sweep, `WaitTimeout`) with the messages the commands print; `exit_status` is the
+command's. What a command prints along the way (the plan table, the hints) a call prints too. Importing this module
+imports no torch and no Slurm command runs until called.
 """
 
 from __future__ import annotations
@@ -30,10 +32,12 @@ from tinygpt.launch.errors import LaunchError, LoginAway, SlurmAway, SshRefused,
 if TYPE_CHECKING:
     from tinygpt.launch.act.launch import CheckDocument
     from tinygpt.launch.manifest import Manifest
+    from tinygpt.launch.read.log_files import RunLog
     from tinygpt.launch.status.document import SweepStatus
+    from tinygpt.launch.status.listing import SweepEntry
 
 __all__ = ["LaunchError", "LoginAway", "SlurmAway", "SshRefused", "Sweep", "SweepBusy", "WaitTimeout", "check",
-           "launch", "open_sweep"]
+           "launch", "list_sweeps", "open_sweep"]
 
 Spec = str | os.PathLike[str] | Mapping[str, Any]  # a spec's file, or the spec itself (with its `name`)
 
@@ -95,6 +99,22 @@ class Sweep:
         return {r.name: list(metrics.read(metrics.of_run(r.out_dir))) for r in self.manifest.runs
                 if wanted is None or r.name in wanted}
 
+    def logs(self, run: str, every_life: bool = False) -> list[RunLog]:
+        """The run's logs (`launch.py logs SPEC RUN`): its latest job's, the latest life of each; every job's whole
+        logs with `every_life`. Each is (job, path, text); none: the run was never submitted to Slurm."""
+        from tinygpt.launch.read.log_files import find_run, run_logs
+
+        return run_logs(self.manifest, find_run(self.manifest, run)[0].index, every_life)
+
+    def report(self, prompt: str | None = None) -> Path:
+        """`launch.py report`: the sweep's report written (loss curves, final losses, samples from `prompt`,
+        attention maps, efficiency); its report.md."""
+        from tinygpt.launch.read import sweep_report
+
+        if sweep_report.make(self._reloaded(), prompt) != 0:
+            raise LaunchError(f"sweep `{self.name}`: no report was written (see above)")
+        return self.manifest.dirs.runs / "report.md"
+
     def cancel(self) -> list[str]:
         """Every job of the sweep cancelled (`launch.py cancel`), its retry policy stopped; the jobs' ids."""
         from tinygpt.launch.act.cancel import cancel
@@ -149,6 +169,14 @@ def check(spec: Spec, workdir: str | os.PathLike[str] = ".", *, cluster: str | N
     with _spec_file(spec, workdir, keep="never") as path:
         return check_document(LaunchOptions(spec=str(path), workdir=str(workdir), cluster=cluster, backend=backend,
                                             set=_words(set), command="check", dry_run=True))
+
+
+def list_sweeps(workdir: str | os.PathLike[str] = ".") -> list[SweepEntry]:
+    """Every sweep under `workdir` (`launch.py list --json`), by name: its cluster, runs by state and when it
+    last changed, or the problem that keeps its manifest from being read."""
+    from tinygpt.launch.status.listing import listing
+
+    return listing(Path(workdir)).sweeps
 
 
 def open_sweep(spec: str | os.PathLike[str], workdir: str | os.PathLike[str] = ".") -> Sweep:

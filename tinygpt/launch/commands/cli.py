@@ -15,7 +15,7 @@
     python launch.py sync SPEC.yaml             upload the sweep's offline W&B runs (wandb sync), from a login node
     python launch.py pull SPEC.yaml             a sweep launched over SSH: its report and metrics here [--checkpoints]
     python launch.py list                       every sweep under --workdir: cluster, runs by state [--json]
-    python launch.py schema [spec|profile|status]  the JSON Schema of a spec, a profile, `status --json` [--write]
+    python launch.py schema [spec|profile|status|check|list]  the JSON Schema of a spec, a profile, a --json [--write]
     python launch.py profile new                a cluster profile from what Slurm says [--name N] [--force]
                                                 [--login USER@HOST: that login node's, from a laptop]
 
@@ -83,6 +83,8 @@ def parser() -> argparse.ArgumentParser:
 
 def _other_commands(commands) -> None:
     """The commands without a spec: list, profile, schema."""
+    from tinygpt.launch.commands import json_schema
+
     p = commands.add_parser("list", help="every sweep under a work directory: cluster, runs by state, last change")
     p.add_argument("--workdir", default=".", help="where jobs/, logs/ and runs/ are (default: here)")
     p.add_argument("--json", action="store_true", help="one JSON document instead of the lines")
@@ -97,10 +99,11 @@ def _other_commands(commands) -> None:
                                                         "and give the profile the login: section that reaches it")
     p.add_argument("--ssh-option", action="append", default=[], metavar="KEY=VALUE",
                    help="with --login: an ssh -o option for its login: section, e.g. ProxyJump=gateway (repeatable)")
-    p = commands.add_parser("schema", help="the JSON Schema of a spec, a cluster profile or `status --json`",
+    p = commands.add_parser("schema", help="the JSON Schema of a spec, a cluster profile or a command's --json",
                             description="The JSON Schema that specs (jobs/*.yaml) or cluster profiles are checked "
-                                        "with, for editors; or that `status --json` documents follow.")
-    p.add_argument("kind", nargs="?", choices=("spec", "profile", "status", "check"), default="spec",
+                                        "with, for editors; or that the documents of `status --json`, `check --json` "
+                                        "and `list --json` follow.")
+    p.add_argument("kind", nargs="?", choices=json_schema.KINDS, default="spec",
                    help="default: spec")
     p.add_argument("--write", action="store_true", help="write each into schemas/ (what a test compares)")
 

@@ -21,7 +21,7 @@ from typing import Any
 from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.layout import schema_file
 
-KINDS = ("spec", "profile", "status", "check")
+KINDS = ("spec", "profile", "status", "check", "list")
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
 
@@ -120,11 +120,12 @@ def _finish(schema: dict[str, Any], title: str) -> dict[str, Any]:
 
 
 def document_schema(kind: str) -> dict[str, Any]:
-    """What `status --json` or `check --json` prints: an output, so its numbers are numbers alone."""
+    """What `status --json`, `check --json` or `list --json` prints: an output, so its numbers are numbers alone."""
     from tinygpt.launch.act.launch import CheckDocument
     from tinygpt.launch.status.document import SweepStatus
+    from tinygpt.launch.status.listing import SweepList
 
-    schema = (SweepStatus if kind == "status" else CheckDocument).model_json_schema()
+    schema = {"status": SweepStatus, "check": CheckDocument, "list": SweepList}[kind].model_json_schema()
     return {"$schema": DIALECT, "title": f"The document of tinygpt-hpc's `{kind} --json`",
             **{k: v for k, v in schema.items() if k != "title"}}
 

@@ -12,7 +12,7 @@ from tinygpt.launch import manifest as manifest_mod
 from tinygpt.launch.console import stop_if_interrupted
 from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.read import run_states
-from tinygpt.launch.read.log_files import find_run, latest_life, read, run_jobs
+from tinygpt.launch.read.log_files import find_run, read, run_jobs, run_logs
 
 if TYPE_CHECKING:
     from tinygpt.launch.manifest import Manifest
@@ -37,22 +37,17 @@ def show(manifest: Manifest, which: str | None, tail: int | None, every_life: bo
     """Print the logs of one run (or all); return how many runs had a log."""
     found = 0
     for run in find_run(manifest, which):
-        jobs = run_jobs(manifest, run.index)
-        if not jobs:
+        logs = run_logs(manifest, run.index, every_life)
+        if not logs:
             print(f"==> run {run.name} (#{run.index}): never submitted to Slurm <==")
             continue
-        for job_id, paths in jobs if every_life else jobs[-1:]:
-            for path in paths:
-                text = read(path)
-                if not text and path.suffix == ".err":
-                    continue
-                found += bool(text)
-                where = f" on {nodes[run.index]}" if nodes.get(run.index) and job_id == jobs[-1][0] else ""
-                what = "whole log" if every_life else "latest life"
-                print(f"==> run {run.name} (#{run.index}), job {job_id}{where}, {what}: {path} <==")
-                body = text if every_life else latest_life(text)
-                lines = body.splitlines()
-                print("\n".join(lines[-tail:] if tail else lines) if text else "(no log yet: the job has not started)")
+        for log in logs:
+            found += bool(log.text)
+            where = f" on {nodes[run.index]}" if nodes.get(run.index) and log.job == logs[-1].job else ""
+            what = "whole log" if every_life else "latest life"
+            print(f"==> run {run.name} (#{run.index}), job {log.job}{where}, {what}: {log.path} <==")
+            lines = log.text.splitlines()
+            print("\n".join(lines[-tail:] if tail else lines) if log.text else "(no log yet: the job has not started)")
     return found
 
 

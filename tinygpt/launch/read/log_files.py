@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from tinygpt.base import schema
 from tinygpt.launch.errors import LaunchError
@@ -40,6 +40,26 @@ def run_jobs(manifest: Manifest, index: int) -> list[tuple[str, list[Path]]]:
             own = [packed_run_log(manifest.logs_dir, job_id, index)] if sub.pack > 1 else []  # (packed runs)
             jobs.append((job_id, [task_log(manifest.logs_dir, job_id), *own]))
     return jobs
+
+
+class RunLog(NamedTuple):
+    """One log file of a job that ran the run, and what it holds (a life, or every life)."""
+
+    job: str
+    path: Path
+    text: str  # "" while the job has not started
+
+
+def run_logs(manifest: Manifest, index: int, every_life: bool = False) -> list[RunLog]:
+    """The run's logs: its latest job's, the latest life of each (every job's whole logs with `every_life`),
+    oldest first; an empty .err left out. None at all: never submitted to Slurm."""
+    found = []
+    for job_id, paths in run_jobs(manifest, index)[None if every_life else -1:]:
+        for path in paths:
+            text = read(path)
+            if text or path.suffix != ".err":
+                found.append(RunLog(job_id, path, text if every_life else latest_life(text)))
+    return found
 
 
 def latest_life(text: str) -> str:
