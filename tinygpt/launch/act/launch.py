@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from rich.table import Table
@@ -39,8 +39,7 @@ from tinygpt.launch.submit import plan as plan_mod
 from tinygpt.launch.submit.slurm_options import unwritable
 
 if TYPE_CHECKING:
-    from tinygpt.launch.manifest import Manifest, WavesRecord
-    from tinygpt.launch.slurm.limits import Limit
+    from tinygpt.launch.manifest import Manifest
     from tinygpt.launch.slurm.live_cluster import LiveCluster
     from tinygpt.launch.spec.sweep import Sweep
     from tinygpt.launch.submit.plan import Plan
@@ -164,7 +163,8 @@ def _launch_locked(sweep: Sweep, args: LaunchOptions, backend: backends.Backend,
                           _project(sweep, args.no_snapshot) if sweep.command is not None and backend.to_slurm
                           else None, again.merged() if again else None, launch_number)
     steps = {}
-    in_waves = _waves(plan, args, backend, cluster, again is not None)
+    in_waves = waves.at_launch(plan, cluster, again is not None, args.dry_run) if (
+        cluster is not None and backend.name == "sbatch" and not args.chain) else None
     if backend.to_slurm:
         _say_steering_variables()
         steps = chain.write_scripts(plan) if args.chain else {}
@@ -202,7 +202,7 @@ def _launched_before(sweep: Sweep, args: LaunchOptions,
 
 
 def _send(plan: Plan, args: LaunchOptions, backend: backends.Backend, steps: dict, again: relaunch.Relaunch | None,
-          in_waves: Waves | None) -> int:
+          in_waves: waves.Waves | None) -> int:
     """The written plan submitted: as a chain, in waves, or whole (with a retry policy's heal job)."""
     if args.chain and not backend.to_slurm:
         return _chain_here(plan, backend, args.spec)
@@ -214,7 +214,7 @@ def _send(plan: Plan, args: LaunchOptions, backend: backends.Backend, steps: dic
         return 0
     _set_aside_the_last_launchs(plan, again is not None)
     if in_waves:
-        return _launch_in_waves(plan, in_waves, args.spec)
+        return waves.launch_first(plan, in_waves, next_command("status", args.spec))
     ids = backend.submit(plan, args.hold, None)
     if not backend.to_slurm:
         print(f"see `{next_command('status', args.spec)}`"
@@ -232,70 +232,6 @@ def _set_aside_the_last_launchs(plan: Plan, relaunch: bool) -> None:
     for done in (dirs.summary, dirs.cancelled, *(() if relaunch else (dirs.waves,))):
         if done.exists():
             durable.set_aside(done)
-
-
-class Waves(NamedTuple):
-    """A launch larger than the queue limits let out at once: its waves, the tasks waiting, the places now."""
-
-    record: WavesRecord
-    tasks: int
-    places: int | None
-    tightest: Limit | None
-
-
-def _waves(plan: Plan, args: LaunchOptions, backend: backends.Backend, cluster: LiveCluster | None,
-           relaunch: bool) -> Waves | None:
-    """The waves the sweep goes out in (heal/waves.py), when its tasks are more than the queue limits let out now
-    (or a relaunch adds to the waves of the launch before); None: all at once. Asked only of a checked sbatch
-    array: a chain, a search's workers and submitit's array go out whole, and Slurm's own words refuse them."""
-    sweep = plan.sweep
-    if cluster is None or backend.name != "sbatch" or args.chain or sweep.search is not None or not plan.scripts:
-        return None
-    before = manifest_mod.load_waves(sweep.dirs) if relaunch else None
-    record = waves.joined(before, waves.record_for(sweep, plan, _queue_qos(sweep, cluster)))
-    tasks = waves.tasks_of(record, set(manifest_mod.load(plan.manifest_path).waiting(record)))
-    places, tightest = waves.room(record, sweep.queue_margin)
-    if before is None and (places is None or tasks <= places + (0 if sweep.retry else waves.HEAL_PLACES)):
-        return None
-    if before is None and places <= 0 and not args.dry_run:
-        raise LaunchError(f"waves: no place in the queue for a first wave now ({tightest} counts your jobs; "
-                          f"queue_margin {sweep.queue_margin}, and one place for the heal job); launch again "
-                          f"once some of your jobs have ended, or lower queue_margin")
-    return Waves(record, tasks, places, tightest)
-
-
-def _queue_qos(sweep: Sweep, cluster: LiveCluster) -> list[str]:
-    """The QOS whose limits count the sweep's jobs: the job's own (the association's default when it names
-    none) and its partition's."""
-    account = sweep.resources.named.get("account")
-    job = sweep.resources.named.get("qos") or cluster.default_qos(account)
-    partition = cluster.partitions.get(sweep.resources.partition or cluster.default_partition or "", {})
-    return [q for q in dict.fromkeys([job, partition.get("QoS")]) if q and q not in ("N/A", "(null)")]
-
-
-def _launch_in_waves(plan: Plan, found: Waves, spec: str) -> int:
-    """The first wave submitted, the rest recorded to wait, and the heal job that feeds them (unless the sweep's
-    heal job is queued already: a relaunch's new runs join its waves)."""
-    manifest = manifest_mod.load(plan.manifest_path)
-    feeding = waves.queued_heal_job(manifest)
-    waves.save(manifest, found.record)
-    ids = waves.feed(manifest, found.record, found.places)
-    manifest = manifest_mod.load(plan.manifest_path)
-    live = [manifest.task_job_ids()[i] for s in manifest.submissions if s.job_id in ids for i in s.indices]
-    waiting = len(manifest.waiting(found.record))
-    print(f"submitted {len(live)} run(s) as job array {', '.join(ids) or '(none: no place now)'}; {waiting} wait for "
-          f"a wave; follow with `{next_command('status', spec)}`")
-    if feeding:
-        print(f"waves: heal job {feeding}, queued already, sends the next wave")
-        return 0
-    try:
-        job = heal_job.submit(manifest, waves.after_the_first_of(list(dict.fromkeys(live))), 1)
-    except LaunchError as err:
-        raise LaunchError(f"waves: {err}; the runs not submitted wait: launch the spec again once some of your jobs "
-                          f"have ended, and a heal job sends them") from None
-    print(f"waves: heal job {job} sends the next wave when a task of the sweep ends"
-          + (f"; it also sends again what ended by {', '.join(plan.sweep.retry.ends)}" if plan.sweep.retry else ""))
-    return 0
 
 
 def _supervise(plan: Plan, ids: list[str]) -> None:

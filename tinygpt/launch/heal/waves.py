@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from tinygpt.base import durable
 from tinygpt.launch import manifest as manifest_mod
 from tinygpt.launch.errors import LaunchError, SlurmAway
-from tinygpt.launch.heal.job import heal_jobs, job_state
+from tinygpt.launch.heal.job import heal_jobs, job_state, submit
 from tinygpt.launch.manifest import WaveScript, WavesRecord
 from tinygpt.launch.slurm import limits, slurm_cli
 from tinygpt.launch.submit.plan import ranges
@@ -31,12 +31,76 @@ if TYPE_CHECKING:
     from tinygpt.launch.manifest import Manifest
     from tinygpt.launch.read.run_states import Row
     from tinygpt.launch.slurm.limits import Limit
+    from tinygpt.launch.slurm.live_cluster import LiveCluster
     from tinygpt.launch.spec.sweep import Sweep
     from tinygpt.launch.submit.plan import Plan
 
 LIVE_MAX = 16  # the heal job starts when the first of at most this many live tasks ends
 LOOK_AGAIN = "now+60"  # with no task of the sweep live to wait for, the heal job looks again this much later
 HEAL_PLACES = 1  # the heal job's own place in the queue, always kept
+
+
+class Waves(NamedTuple):
+    """A launch larger than the queue limits let out at once: its waves, the tasks waiting, the places now."""
+
+    record: WavesRecord
+    tasks: int
+    places: int | None
+    tightest: Limit | None
+
+
+def at_launch(plan: Plan, cluster: LiveCluster, relaunch: bool, dry_run: bool) -> Waves | None:
+    """The waves a checked sbatch array goes out in, when its tasks are more than the queue limits let out now (or
+    a relaunch adds to the waves of the launch before); None: all at once. A search's workers go out whole, as do
+    a chain and submitit's array (not asked), and Slurm's own words refuse what does not fit."""
+    sweep = plan.sweep
+    if sweep.search is not None or not plan.scripts:
+        return None
+    before = manifest_mod.load_waves(sweep.dirs) if relaunch else None
+    record = joined(before, record_for(sweep, plan, queue_qos(sweep, cluster)))
+    tasks = tasks_of(record, set(manifest_mod.load(plan.manifest_path).waiting(record)))
+    places, tightest = room(record, sweep.queue_margin)
+    if before is None and (places is None or tasks <= places + (0 if sweep.retry else HEAL_PLACES)):
+        return None
+    if before is None and places <= 0 and not dry_run:
+        raise LaunchError(f"waves: no place in the queue for a first wave now ({tightest} counts your jobs; "
+                          f"queue_margin {sweep.queue_margin}, and one place for the heal job); launch again "
+                          f"once some of your jobs have ended, or lower queue_margin")
+    return Waves(record, tasks, places, tightest)
+
+
+def queue_qos(sweep: Sweep, cluster: LiveCluster) -> list[str]:
+    """The QOS whose limits count the sweep's jobs: the job's own (the association's default when it names
+    none) and its partition's."""
+    account = sweep.resources.named.get("account")
+    job = sweep.resources.named.get("qos") or cluster.default_qos(account)
+    partition = cluster.partitions.get(sweep.resources.partition or cluster.default_partition or "", {})
+    return [q for q in dict.fromkeys([job, partition.get("QoS")]) if q and q not in ("N/A", "(null)")]
+
+
+def launch_first(plan: Plan, found: Waves, follow: str) -> int:
+    """The first wave submitted, the rest recorded to wait, and the heal job that feeds them (unless the sweep's
+    heal job is queued already: a relaunch's new runs join its waves). `follow`: the command that shows them."""
+    manifest = manifest_mod.load(plan.manifest_path)
+    feeding = queued_heal_job(manifest)
+    save(manifest, found.record)
+    ids = feed(manifest, found.record, found.places)
+    manifest = manifest_mod.load(plan.manifest_path)
+    live = [manifest.task_job_ids()[i] for s in manifest.submissions if s.job_id in ids for i in s.indices]
+    waiting = len(manifest.waiting(found.record))
+    print(f"submitted {len(live)} run(s) as job array {', '.join(ids) or '(none: no place now)'}; {waiting} wait for "
+          f"a wave; follow with `{follow}`")
+    if feeding:
+        print(f"waves: heal job {feeding}, queued already, sends the next wave")
+        return 0
+    try:
+        job = submit(manifest, after_the_first_of(list(dict.fromkeys(live))), 1)
+    except LaunchError as err:
+        raise LaunchError(f"waves: {err}; the runs not submitted wait: launch the spec again once some of your jobs "
+                          f"have ended, and a heal job sends them") from None
+    print(f"waves: heal job {job} sends the next wave when a task of the sweep ends"
+          + (f"; it also sends again what ended by {', '.join(plan.sweep.retry.ends)}" if plan.sweep.retry else ""))
+    return 0
 
 
 def record_for(sweep: Sweep, plan: Plan, qos: list[str]) -> WavesRecord:
