@@ -1,5 +1,6 @@
 """`launch.py logs` and the failure lines of `status`, on the local cluster."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -44,6 +45,9 @@ def test_logs_show_the_latest_life_or_all_and_status_says_why_a_run_failed(tmp_p
     status = launch("status", str(spec), "--workdir", str(work))
     assert f"bad ({ids[1]} FAILED): error: resume: {tiny_corpus}: unreadable" in status.stdout
     assert "ok (" not in status.stdout.split("failed")[-1]  # only the failed run is explained
+    document = json.loads(launch("status", str(spec), "--workdir", str(work), "--json").stdout)
+    errors = {r["name"]: r["error"] for r in document["runs"]}  # (the same line, for scripts and the page)
+    assert errors["ok"] is None and errors["bad"].startswith(f"error: resume: {tiny_corpus}: unreadable"), errors
 
     latest = launch("logs", str(spec), "2", "--workdir", str(work)).stdout  # by number
     assert "latest life" in latest and "restart 1" in latest and "restart 0" not in latest

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tinygpt.launch.heal import decide, waves
+from tinygpt.launch.read import log_files
 from tinygpt.launch.read.run_states import collect
 
 if TYPE_CHECKING:
@@ -46,6 +47,8 @@ class RunStatus(BaseModel):
     history: list[str] = Field(description="its earlier submissions, oldest first: `JOB STATE on NODES`")
     starts: str | None = Field(description="when Slurm expects its pending job to start, where it says")
     round: int | None = Field(description="under a retry policy, the round of its newest job (the launch is 1)")
+    error: str | None = Field(None, description="for a run that failed, the line of its latest life that says why "
+                                                "(what `status` prints under its table); null otherwise")
 
 
 class SweepStatus(BaseModel):
@@ -78,7 +81,8 @@ def document(manifest: Manifest) -> SweepStatus:
                       state_name=r.state.name, ended=r.state.ended, failed=r.state.failed, source=r.source,
                       restarts=r.restarts, step=r.step, max_steps=r.max_steps, train_loss=r.train_loss,
                       val_loss=r.val_loss, tokens_per_s=r.tokens_per_s, eta_s=r.eta_s, run_dir=r.run_dir,
-                      nodes=r.nodes, history=list(r.history), starts=r.starts or None, round=r.round)
+                      nodes=r.nodes, history=list(r.history), starts=r.starts or None, round=r.round,
+                      error=log_files.last_error(manifest, r.index) if r.state.failed else None)
             for r in rows]
     return SweepStatus(format=FORMAT, sweep=manifest.name, manifest=str(manifest.path), cluster=manifest.cluster,
                        backend=manifest.backend, program="command" if manifest.command else "trainer",
