@@ -11,6 +11,7 @@ step, on the nodes of the ranks that stopped answering.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -75,10 +76,28 @@ class Row:
         self.state = RunState(self.state)
 
 
+# Each metrics file's progress as last read, by the file (its inode, size and time): a process that asks again and
+# again (`status --watch`, `serve`'s pages) reads a file only when it changed, not 10,000 files every refresh.
+_READ: dict[str, tuple[tuple[int, int, int], dict]] = {}
+
+
 def read_progress(run_dir: Path) -> dict:
     """What metrics.jsonl says: last step, losses, speed, whether the run finished or was paused."""
+    path = metrics.of_run(run_dir)
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return {}
+    seen = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    kept = _READ.get(str(path))
+    if kept is None or kept[0] != seen:
+        kept = _READ[str(path)] = (seen, _progress(path))
+    return dict(kept[1])
+
+
+def _progress(path: Path) -> dict:
     info: dict = {}
-    for rec in metrics.read(metrics.of_run(run_dir)):
+    for rec in metrics.read(path):
         event = rec.get("event")
         if event == "start":
             info["started"] = True
