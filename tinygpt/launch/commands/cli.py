@@ -15,6 +15,7 @@
     python launch.py sync SPEC.yaml             upload the sweep's offline W&B runs (wandb sync), from a login node
     python launch.py pull SPEC.yaml             a sweep launched over SSH: its report and metrics here [--checkpoints]
     python launch.py list                       every sweep under --workdir: cluster, runs by state [--json]
+    python launch.py serve [SPEC.yaml]          the sweeps as live pages in a browser (loopback, a link with a token)
     python launch.py schema [spec|profile|status|check|list]  the JSON Schema of a spec, a profile, a --json [--write]
     python launch.py profile new                a cluster profile from what Slurm says [--name N] [--force]
                                                 [--login USER@HOST: that login node's, from a laptop]
@@ -82,12 +83,21 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _other_commands(commands) -> None:
-    """The commands without a spec: list, profile, schema."""
+    """The commands without a spec: list, serve, profile, schema."""
     from tinygpt.launch.commands import json_schema
 
     p = commands.add_parser("list", help="every sweep under a work directory: cluster, runs by state, last change")
     p.add_argument("--workdir", default=".", help="where jobs/, logs/ and runs/ are (default: here)")
     p.add_argument("--json", action="store_true", help="one JSON document instead of the lines")
+    p = commands.add_parser("serve", help="the sweeps of a work directory as live pages in a browser",
+                            description="Serve the sweeps of a work directory on this machine's loopback, to the "
+                                        "holder of the link it prints: each sweep's runs, curves and logs, live; "
+                                        "cancel from the page. From a laptop, through an SSH forward.")
+    p.add_argument("spec", nargs="?", help="a sweep's spec (or manifest.json): the link printed opens its page")
+    p.add_argument("--workdir", default=".", help="where jobs/, logs/ and runs/ are (default: here)")
+    p.add_argument("--port", type=int, default=0, help="the loopback port (default: a free one)")
+    p.add_argument("--idle-minutes", type=float, default=60.0, help="stop after this long with no page open "
+                                                                    "(default: 60)")
     p = commands.add_parser("profile", help="a cluster profile written from what the reachable Slurm says",
                             description="`profile new`: ask the reachable Slurm (scontrol, sacctmgr) and write "
                                         "<ClusterName>.yaml, a comment on every guess.")
@@ -373,6 +383,19 @@ def _cancel(args) -> int:
 
 # Each command's handler: hand the parsed arguments to the module that does it, print.
 # (`check` is the launch command as a dry run that is checked: its defaults say so, in _launch_options)
+def _serve(args) -> int:
+    from tinygpt.launch.serve import server
+
+    if not 0 <= args.port <= 65535 or not args.idle_minutes > 0:
+        raise LaunchError("--port: 0 (a free one) to 65535, and --idle-minutes: more than 0")
+    sweep = None
+    if args.spec:
+        from tinygpt.launch.spec.sweep import manifest_path
+
+        sweep = manifest_path(args.spec, args.workdir).parent.name
+    return server.serve(Path(args.workdir), args.port, args.idle_minutes * 60, sweep)
+
+
 def _list(args) -> int:
     from tinygpt.launch.commands import list_sweeps
 
@@ -381,7 +404,7 @@ def _list(args) -> int:
 
 HANDLERS = {"launch": _launch, "check": _launch, "status": _status, "cancel": _cancel, "report": _report, "sync": _sync,
             "resubmit": _resubmit, "heal": _heal, "logs": _logs, "schema": _schema, "profile": _profile, "pull": _pull,
-            "list": _list}
+            "list": _list, "serve": _serve}
 
 
 if __name__ == "__main__":  # (python -m tinygpt.launch.commands.cli: as launch.py, e.g. in the report step of a chain)

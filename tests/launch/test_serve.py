@@ -1,0 +1,125 @@
+"""`launch.py serve` without a cluster or a browser (tests/cluster/test_serve.py has both): who it answers, what
+it answers with, and what it reads again. Requests go to the server's loopback port, as a browser's would."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support.processes import launch, wait_until
+from tinygpt.launch.serve import server as server_mod
+from tinygpt.launch.serve.reading import Reader
+
+
+@pytest.fixture
+def served(tmp_path):
+    """A dry-run sweep of two runs (one with three metrics lines) under a server in this process."""
+    spec = tmp_path / "demo.yaml"
+    spec.write_text(yaml.safe_dump({"name": "demo", "command": {"argv": ["prog", "{x}"], "project": str(tmp_path)},
+                                    "grid": {"x": [1, 2]}, "resources": {"time": "00:05:00"}}))
+    assert launch(str(spec), "--dry-run", "--workdir", str(tmp_path / "w")).returncode == 0
+    run_dir = tmp_path / "w" / "runs" / "demo" / "x-1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1 / s}) + "\n" for s in (1, 2, 3)))
+    server = server_mod.Server(Reader(tmp_path / "w"), idle_s=600)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def ask(server, path: str, method: str = "GET", headers: dict | None = None, body: str | None = None):
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        conn.request(method, path, body=body, headers={"Host": f"127.0.0.1:{server.port}", **(headers or {})})
+        answer = conn.getresponse()
+        return answer.status, dict(answer.getheaders()), answer.read().decode()
+    finally:
+        conn.close()
+
+
+def signed_in(server) -> dict:
+    return {"Cookie": f"{server.cookie}={server.token}"}
+
+
+def test_only_the_holder_of_the_token_on_the_loopback_is_answered(served):
+    status, headers, _ = ask(served, f"/sweep/demo?token={served.token}")
+    cookie = headers["Set-Cookie"]
+    assert status == 303 and headers["Location"] == "/sweep/demo"  # (the token leaves the address bar)
+    assert cookie.startswith(f"{served.cookie}={served.token};") and "HttpOnly" in cookie
+    assert "SameSite=Strict" in cookie
+    assert not ask(served, f"//elsewhere.example/?token={served.token}")[1]["Location"].startswith("//")
+    assert ask(served, "/api/sweeps")[0] == 403  # no cookie
+    assert ask(served, "/?token=wrong")[0] == 403
+    assert ask(served, "/api/sweeps", headers={"Cookie": f"{served.cookie}=wrong"})[0] == 403
+    rebound = ask(served, "/api/sweeps", headers={**signed_in(served), "Host": f"attacker.example:{served.port}"})
+    assert rebound[0] == 421 and "not 'attacker.example" in rebound[2]
+    status, headers, _ = ask(served, "/sweep/demo", headers=signed_in(served))
+    assert status == 200 and "script-src 'self'" in headers["Content-Security-Policy"]
+    assert headers["X-Content-Type-Options"] == "nosniff"
+
+
+def test_an_action_must_come_from_the_servers_own_page(served):
+    cancel = "/api/sweeps/demo/cancel"
+    json_body = {"Content-Type": "application/json"}
+    assert ask(served, cancel, "POST", {**signed_in(served), **json_body}, "{}")[0] == 403  # no Origin
+    elsewhere = {**signed_in(served), **json_body, "Origin": "http://attacker.example"}
+    assert ask(served, cancel, "POST", elsewhere, "{}")[0] == 403
+    form = {**signed_in(served), "Origin": f"http://127.0.0.1:{served.port}",
+            "Content-Type": "application/x-www-form-urlencoded"}  # (what a cross-site form can send)
+    assert ask(served, cancel, "POST", form, "a=1")[0] == 403
+    own = {**signed_in(served), **json_body, "Origin": f"http://127.0.0.1:{served.port}"}
+    status, _, body = ask(served, cancel, "POST", own, "{}")
+    assert (status, json.loads(body)) == (200, {"cancelled": []})  # (a dry run: nothing was live)
+
+
+def test_the_questions_are_answered_through_the_library_and_nothing_else_is_served(served):
+    me = signed_in(served)
+    sweeps = json.loads(ask(served, "/api/sweeps", headers=me)[2])
+    assert [(e["sweep"], e["runs"]) for e in sweeps["sweeps"]] == [("demo", 2)]
+    status = json.loads(ask(served, "/api/sweeps/demo", headers=me)[2])
+    assert [r["name"] for r in status["runs"]] == ["x-1", "x-2"] and status["program"] == "command"
+    last = json.loads(ask(served, "/api/sweeps/demo/metrics", headers=me)[2])
+    assert last == {"x-1": {"loss": [3, 1 / 3]}, "x-2": {}}  # (each run's last point: a sweep may have thousands)
+    series = json.loads(ask(served, "/api/sweeps/demo/metrics?run=x-1", headers=me)[2])
+    assert series == {"x-1": {"loss": [[1, 1.0], [2, 0.5], [3, 1 / 3]]}}  # (the curves drawn, whole)
+    assert json.loads(ask(served, "/api/sweeps/demo/runs/x-2/log", headers=me)[2]) == {"run": "x-2", "logs": []}
+    for path in ("/api/sweeps/nope", "/api/sweeps/demo/metrics?run=nope", "/api/sweeps/..%2F..%2Fetc", "/api/sweeps/demo/runs/nope/log", "/sweep/nope",
+                 "/assets/..%2Fserver.py", "/assets/README.md", "/etc/passwd"):
+        assert ask(served, path, headers=me)[0] == 404, path
+    assert ask(served, "/assets/uPlot.iife.min.js", headers=me)[1]["Content-Type"].startswith("text/javascript")
+
+
+def test_a_refresh_reads_a_metrics_file_again_only_when_it_changed(served, monkeypatch):
+    """The status (its steps and losses) and the curves, asked again and again: each file read once per change."""
+    from tinygpt.training import metrics
+
+    reads = []
+    real = metrics.read
+    monkeypatch.setattr(metrics, "read", lambda path: reads.append(path) or real(path))
+    reader = served.reader
+    refresh = lambda: ({**reader.status("demo"), "time": 0}, reader.metrics("demo"))  # noqa: E731
+    first = refresh()
+    assert refresh() == first
+    assert len(reads) <= 2 and set(reads) == {reads[0]}  # (x-1's file, by status and by the curves; x-2 has none)
+    before = len(reads)
+    with Path(reads[0]).open("a") as f:
+        f.write(json.dumps({"step": 4, "loss": float("nan")}) + "\n")
+    status, last = refresh()
+    assert last["x-1"]["loss"] == [4, None] and status["runs"][0]["step"] == 4  # (NaN: a gap, as JSON has none)
+    assert len(reads) - before <= 2 and refresh() and len(reads) - before <= 2
+
+
+def test_a_server_no_page_asks_stops_by_itself(tmp_path):
+    server = server_mod.Server(Reader(tmp_path), idle_s=0.5)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    thread.start()
+    threading.Thread(target=server.stop_when_idle, daemon=True).start()
+    wait_until(lambda: not thread.is_alive(), timeout=30, what="the idle server stopped")
+    server.server_close()

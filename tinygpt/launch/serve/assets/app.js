@@ -1,0 +1,182 @@
+// The pages of `launch.py serve`, built from the server's JSON. Every text goes in with textContent: what a program
+// wrote (a log line, a run's name) is shown as text, never read as HTML.
+"use strict";
+
+const REFRESH_MS = 3000; // how often an open page asks again
+const PLOTTED = 8; // on a large sweep the curves drawn: the best runs by their last value, with the failed and chosen
+const PAGE = 100; // runs a page of the table shows
+
+const $ = (id) => document.getElementById(id);
+
+function el(tag, text, className) {
+  const node = document.createElement(tag);
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  if (className) node.className = className;
+  return node;
+}
+
+async function ask(path, options = {}) {
+  const answer = await fetch(path, { credentials: "same-origin", ...options });
+  const json = (answer.headers.get("Content-Type") || "").startsWith("application/json");
+  const body = json ? await answer.json() : { error: await answer.text() };
+  if (!answer.ok) throw new Error(body.error || answer.statusText);
+  return body;
+}
+
+function fixed(value, digits) {
+  return value === null || value === undefined ? "" : Number(value).toFixed(digits);
+}
+
+function duration(seconds) {
+  if (seconds === null || seconds === undefined) return "";
+  const s = Math.round(seconds);
+  return s >= 3600 ? `${Math.floor(s / 3600)}h${String(Math.floor((s % 3600) / 60)).padStart(2, "0")}m`
+    : s >= 60 ? `${Math.floor(s / 60)}m${String(s % 60).padStart(2, "0")}s` : `${s}s`;
+}
+
+function every(tick) {
+  // tick() now and every REFRESH_MS; the function that asks again at once (after a click)
+  const run = async () => {
+    try {
+      await tick();
+      $("problem").textContent = "";
+    } catch (err) {
+      $("problem").textContent = err.message;
+    }
+  };
+  run();
+  setInterval(run, REFRESH_MS);
+  return run;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// the sweeps of the work directory
+
+function sweepsPage() {
+  every(async () => {
+    const doc = await ask("/api/sweeps");
+    $("where").textContent = doc.workdir;
+    $("sweeps").tBodies[0].replaceChildren(...doc.sweeps.map((e) => {
+      const link = el("a", e.sweep);
+      link.href = `/sweep/${encodeURIComponent(e.sweep)}`;
+      const first = el("td");
+      first.append(link);
+      const states = e.problem ? `cannot be read: ${e.problem}`
+        : Object.entries(e.states || {}).map(([state, n]) => `${n} ${state}`).join(", ");
+      const row = el("tr");
+      row.append(first, el("td", e.cluster), el("td", e.runs, "num"), el("td", states),
+        el("td", e.changed ? new Date(e.changed * 1000).toLocaleString() : ""));
+      return row;
+    }));
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// one sweep: its runs, their curves, a run's log
+
+const view = { name: decodeURIComponent(location.pathname.split("/")[2] || ""), run: null, metric: null,
+  plot: null, plotted: "", status: null, page: 0, again: null };
+
+function sweepPage() {
+  $("name").textContent = view.name;
+  document.title = `sweep ${view.name}`;
+  $("cancel").addEventListener("click", cancel);
+  $("previous").addEventListener("click", () => turn(-1));
+  $("next").addEventListener("click", () => turn(1));
+  view.again = every(refresh);
+  $("metric").addEventListener("change", () => { view.metric = $("metric").value; view.again(); });
+}
+
+async function refresh() {
+  const base = `/api/sweeps/${encodeURIComponent(view.name)}`;
+  const [status, last] = await Promise.all([ask(base), ask(`${base}/metrics`)]);
+  view.status = status;
+  showStatus(status);
+  const runs = chooseCurves(status, last);
+  const query = runs.map((r) => `run=${encodeURIComponent(r)}`).join("&");
+  showCurves(runs, runs.length ? await ask(`${base}/metrics?${query}`) : {});
+  if (view.run !== null) await showRun(base);
+}
+
+function turn(by) {
+  const pages = Math.max(1, Math.ceil(view.status.runs.length / PAGE));
+  view.page = Math.min(pages - 1, Math.max(0, view.page + by));
+  showStatus(view.status);
+}
+
+function showStatus(status) {
+  $("counts").textContent = `${status.runs.length} run(s): ` + Object.entries(status.counts)
+    .map(([state, n]) => `${n} ${state}`).join(", ") + (status.unheard.length ? ` (not heard: ${status.unheard.join("; ")})` : "");
+  $("notes").replaceChildren(...[...status.retry, ...status.queue].map((line) => el("li", line)));
+  const pages = Math.max(1, Math.ceil(status.runs.length / PAGE));
+  view.page = Math.min(view.page, pages - 1);
+  $("pages").textContent = `runs ${view.page * PAGE + 1}-${Math.min(status.runs.length, (view.page + 1) * PAGE)} of ${status.runs.length}`;
+  $("runs").tBodies[0].replaceChildren(...status.runs.slice(view.page * PAGE, (view.page + 1) * PAGE).map((r) => {
+    const row = el("tr");
+    row.dataset.run = r.name;
+    row.append(el("td", r.name), el("td", r.state, `state-${r.state_name}`), el("td", r.round, "num"),
+      el("td", r.restarts, "num"), el("td", r.max_steps ? `${r.step ?? 0}/${r.max_steps}` : r.step, "num"),
+      el("td", fixed(r.train_loss, 4), "num"), el("td", fixed(r.val_loss, 4), "num"), el("td", duration(r.eta_s)),
+      el("td", r.nodes));
+    row.addEventListener("click", () => { view.run = r.name; $("run").hidden = false; view.again(); });
+    return row;
+  }));
+}
+
+function chooseCurves(status, last) {
+  const names = [...new Set(Object.values(last).flatMap((found) => Object.keys(found)))].sort();
+  if (!names.includes(view.metric)) view.metric = names.includes("train_loss") ? "train_loss" : names[0] || null;
+  $("metric").replaceChildren(...names.map((n) => { const o = el("option", n); o.value = n; return o; }));
+  $("metric").value = view.metric || "";
+  const has = (r) => last[r] && last[r][view.metric];
+  const value = (r) => last[r][view.metric][1] ?? Infinity;
+  const best = status.runs.map((r) => r.name).filter(has).sort((a, b) => value(a) - value(b)).slice(0, PLOTTED);
+  const failed = status.runs.filter((r) => r.failed).map((r) => r.name);
+  return [...new Set([...best, ...failed, ...(view.run ? [view.run] : [])])].filter(has);
+}
+
+function showCurves(runs, series) {
+  const points = (r) => (series[r] && series[r][view.metric]) || [];
+  const steps = [...new Set(runs.flatMap((r) => points(r).map((p) => p[0])))].sort((a, b) => a - b);
+  const data = [steps, ...runs.map((r) => {
+    const at = new Map(points(r));
+    return steps.map((s) => (at.has(s) ? at.get(s) : null));
+  })];
+  const chart = $("chart");
+  chart.dataset.points = String(runs.reduce((n, r) => n + points(r).length, 0));
+  chart.dataset.runs = runs.join("\n");
+  const key = `${view.metric}|${runs.join("\n")}`;
+  if (view.plot && view.plotted === key) {
+    view.plot.setData(data);
+    return;
+  }
+  if (view.plot) view.plot.destroy();
+  view.plotted = key;
+  view.plot = new uPlot({ width: Math.min(900, window.innerWidth - 60), height: 320, spanGaps: true,
+    scales: { x: { time: false } }, axes: [{ label: "step" }, { label: view.metric || "" }],
+    series: [{ label: "step" }, ...runs.map((r, i) => ({ label: r, stroke: `hsl(${(i * 137) % 360} 65% 45%)` }))],
+  }, data, chart);
+}
+
+async function showRun(base) {
+  const run = view.status.runs.find((r) => r.name === view.run);
+  $("run-name").textContent = `run ${view.run}: ${run ? run.state : ""}`;
+  $("run-error").textContent = run && run.error ? run.error : "";
+  const log = await ask(`${base}/runs/${encodeURIComponent(view.run)}/log`);
+  $("run-log").textContent = log.logs.length ? log.logs.map((l) => `==> job ${l.job}: ${l.path} <==\n${l.text}`).join("\n")
+    : "(never submitted to Slurm)";
+}
+
+async function cancel() {
+  if (!window.confirm(`Cancel every run of sweep ${view.name}? Slurm stops them now; resubmit sends them again.`)) return;
+  try {
+    const done = await ask(`/api/sweeps/${encodeURIComponent(view.name)}/cancel`,
+      { method: "POST", headers: { "Content-Type": "application/json" }, body: "{}" });
+    $("done").textContent = `cancelled: ${done.cancelled.join(", ") || "nothing was live"}`;
+  } catch (err) {
+    $("problem").textContent = err.message;
+  }
+}
+
+if (document.body.dataset.page === "sweeps") sweepsPage();
+else sweepPage();

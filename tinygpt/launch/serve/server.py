@@ -1,0 +1,182 @@
+"""`launch.py serve`: the sweeps of a work directory as live pages in a browser, served on this machine's loopback
+to whoever holds the token it prints.
+
+Who may read or act: the printed URL carries a random token; opening it trades the token for a cookie (HttpOnly,
+SameSite=Strict) and every other request must bring that cookie, so another user of the login node who finds
+the port reads nothing. The Host header must name the loopback (a site that points a name of its own at
+127.0.0.1, DNS rebinding, is refused), an action (POST) must come from the served origin with a JSON body, and
+the pages are static: their script builds them from JSON with textContent, so what a program wrote (logs, run
+names) is shown as text and never read as HTML. From a laptop it is reached through an SSH forward. With no
+request for `idle_s` seconds (no page open: an open page asks every few seconds) it stops by itself.
+"""
+
+from __future__ import annotations
+
+import hmac
+import http.server
+import json
+import secrets
+import threading
+import time
+from http import HTTPStatus
+from http.cookies import SimpleCookie
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from tinygpt.launch.errors import LaunchError, SlurmAway, SweepBusy
+from tinygpt.launch.serve.reading import NotFound, Reader
+
+ASSETS = Path(__file__).with_name("assets")
+LOOPBACK = {"127.0.0.1", "localhost", "[::1]"}
+TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+         ".css": "text/css; charset=utf-8"}
+HEADERS = {  # on every answer: nothing but this origin's own files, never framed, never cached
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                               "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"}
+ERRORS = ((NotFound, HTTPStatus.NOT_FOUND), (SweepBusy, HTTPStatus.CONFLICT),  # (the first kind that fits)
+          (SlurmAway, HTTPStatus.SERVICE_UNAVAILABLE), (LaunchError, HTTPStatus.BAD_REQUEST))
+
+
+class Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, reader: Reader, port: int = 0, idle_s: float = 3600.0) -> None:
+        super().__init__(("127.0.0.1", port), Handler)
+        self.reader, self.idle_s = reader, idle_s
+        self.token = secrets.token_urlsafe(32)
+        self.cookie = f"tinygpt_{self.port}"  # (cookies are kept by host, not port: one name per server)
+        self.last = time.monotonic()
+
+    @property
+    def port(self) -> int:
+        return self.server_address[1]
+
+    def url(self, path: str = "/") -> str:
+        return f"http://127.0.0.1:{self.port}{path}?token={self.token}"
+
+    def stop_when_idle(self) -> None:
+        """Shut the server down once no request came for idle_s seconds (run in a thread of its own)."""
+        while time.monotonic() - self.last < self.idle_s:
+            time.sleep(min(5.0, self.idle_s))
+        print(f"serve: no request for {self.idle_s / 60:g} min; stopped", flush=True)
+        self.shutdown()
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    server: Server
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's names)
+        self._answer("GET")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._answer("POST")
+
+    def log_message(self, format: str, *args: Any) -> None:  # (quiet: a page asks every few seconds)
+        pass
+
+    def _answer(self, method: str) -> None:
+        self.server.last = time.monotonic()
+        url = urlsplit(self.path)
+        host = self.headers.get("Host", "")
+        if host.rpartition(":")[0] not in LOOPBACK:
+            return self._text(HTTPStatus.MISDIRECTED_REQUEST, f"this server answers only to 127.0.0.1 or localhost, "
+                                                              f"not {host!r}")
+        if method == "GET" and "token" in parse_qs(url.query):
+            return self._sign_in(url.path, parse_qs(url.query)["token"][0])
+        if not self._signed_in():
+            return self._text(HTTPStatus.FORBIDDEN, "not signed in: open the link that `launch.py serve` printed")
+        if method == "POST" and not self._same_origin(host):
+            return self._text(HTTPStatus.FORBIDDEN, "an action must come from this server's own page")
+        try:
+            parts = [unquote(p) for p in url.path.strip("/").split("/")] if url.path != "/" else []
+            self._route(method, parts, parse_qs(url.query))
+        except tuple(kind for kind, _ in ERRORS) as err:
+            status = next(code for kind, code in ERRORS if isinstance(err, kind))
+            self._json({"error": str(err)}, status)
+
+    def _sign_in(self, path: str, token: str) -> None:
+        if not hmac.compare_digest(token.encode(), self.server.token.encode()):
+            return self._text(HTTPStatus.FORBIDDEN, "wrong token: open the link that `launch.py serve` printed")
+        self.send_response(HTTPStatus.SEE_OTHER)
+        self.send_header("Set-Cookie", f"{self.server.cookie}={self.server.token}; HttpOnly; SameSite=Strict; Path=/")
+        # (the token leaves the address bar and the history; a path of this server only, never `//elsewhere`)
+        self.send_header("Location", path if path.startswith("/") and not path.startswith("//") else "/")
+        self._end(b"", "text/plain")
+
+    def _signed_in(self) -> bool:
+        cookie = SimpleCookie(self.headers.get("Cookie", "")).get(self.server.cookie)
+        return cookie is not None and hmac.compare_digest(cookie.value.encode(), self.server.token.encode())
+
+    def _same_origin(self, host: str) -> bool:
+        return (self.headers.get("Origin") == f"http://{host}"
+                and self.headers.get("Content-Type", "").startswith("application/json"))
+
+    def _route(self, method: str, parts: list[str], query: dict[str, list[str]]) -> None:
+        reader = self.server.reader
+        if method == "POST":
+            if len(parts) == 4 and parts[:2] == ["api", "sweeps"] and parts[3] == "cancel":
+                return self._json({"cancelled": reader.sweep(parts[2]).cancel()})
+            return self._text(HTTPStatus.NOT_FOUND, "no such action")
+        if not parts:
+            return self._file("index.html")
+        if parts[0] == "sweep" and len(parts) == 2:
+            reader.sweep(parts[1])  # (404 for a sweep there is not)
+            return self._file("sweep.html")
+        if parts[0] == "assets" and len(parts) == 2:
+            return self._file(parts[1])
+        if parts[:2] == ["api", "sweeps"]:
+            return self._json(self._asked(parts[2:], query))
+        return self._text(HTTPStatus.NOT_FOUND, "no such page")
+
+    def _asked(self, parts: list[str], query: dict[str, list[str]]) -> Any:
+        reader = self.server.reader
+        if not parts:
+            return reader.sweeps()
+        if len(parts) == 1:
+            return reader.status(parts[0])
+        if parts[1:] == ["metrics"]:  # (?run=A&run=B: those runs' whole series)
+            return reader.metrics(parts[0], query.get("run"))
+        if len(parts) == 4 and parts[1] == "runs" and parts[3] == "log":
+            return reader.log(parts[0], parts[2])
+        raise NotFound("no such question")
+
+    def _file(self, name: str) -> None:
+        files = {p.name: p for p in ASSETS.iterdir()}  # (only the package's own files: no path reaches past them)
+        if name not in files or files[name].suffix not in TYPES:
+            return self._text(HTTPStatus.NOT_FOUND, "no such file")
+        self.send_response(HTTPStatus.OK)
+        self._end(files[name].read_bytes(), TYPES[files[name].suffix])
+
+    def _json(self, value: Any, status: HTTPStatus = HTTPStatus.OK) -> None:
+        self.send_response(status)
+        self._end(json.dumps(value, allow_nan=False).encode(), "application/json")
+
+    def _text(self, status: HTTPStatus, text: str) -> None:
+        self.send_response(status)
+        self._end(text.encode() + b"\n", "text/plain; charset=utf-8")
+
+    def _end(self, body: bytes, content_type: str) -> None:
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in HEADERS.items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def serve(workdir: Path, port: int = 0, idle_s: float = 3600.0, sweep: str | None = None) -> int:
+    """Serve `workdir`'s sweeps until idle for idle_s seconds or Ctrl-C; print the URL to open first."""
+    server = Server(Reader(workdir), port, idle_s)
+    page = f"/sweep/{sweep}" if sweep else "/"
+    print(f"serving the sweeps of {server.reader.workdir} at {server.url(page)}\n"
+          f"  from a laptop: ssh -N -L {server.port}:127.0.0.1:{server.port} LOGIN_NODE, then open the same link; "
+          f"stops after {idle_s / 60:g} min with no page open (Ctrl-C: now)", flush=True)
+    threading.Thread(target=server.stop_when_idle, daemon=True).start()
+    try:
+        server.serve_forever(poll_interval=0.5)
+    finally:
+        server.server_close()
+    return 0
