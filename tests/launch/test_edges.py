@@ -26,6 +26,7 @@ from tests.support.tiny import TINY_TEXT, tiny_train
 from tinygpt.base import config
 from tinygpt.launch.commands import cli
 from tinygpt.launch.errors import LaunchError
+from tinygpt.launch.serve import server as server_mod
 from tinygpt.launch.spec import profiles
 from tinygpt.launch.spec import sweep as spec_mod
 from tinygpt.launch.spec.resources import parse_time_min, size_mb
@@ -115,7 +116,7 @@ def launched(tmp_path_factory):
     valid = {"launch": [str(spec), "--dry-run", "--no-snapshot"], "check": [str(spec)], "status": [str(spec)],
              "cancel": [str(spec)], "resubmit": [str(spec), "--dry-run"], "heal": [str(spec)], "report": [str(spec)],
              "logs": [str(spec), "base"], "sync": [str(spec), "--dry-run"], "schema": ["spec"],
-             "profile": ["new", "--dir", str(work / "p")], "pull": [str(spec)], "list": []}
+             "profile": ["new", "--dir", str(work / "p")], "pull": [str(spec)], "list": [], "serve": [str(spec)]}
     return work, spec, valid
 
 
@@ -128,6 +129,8 @@ def option_cases() -> list[tuple[str, str, str]]:
 def test_every_option_of_every_command_at_its_edges(launched, tmp_path, monkeypatch, command):
     work, spec, valid = launched
     monkeypatch.chdir(tmp_path)  # (a relative path given lands here)
+    if command == "serve":  # (its options, not its loop: given valid ones it would serve until idle)
+        monkeypatch.setattr(server_mod.Server, "serve_forever", lambda self, poll_interval=0.5: None)
     failures = []
     baseline = call([command, *_with(command, valid[command], options_of(command)[0], None, work)])
     for action in options_of(command):

@@ -90,8 +90,9 @@ def test_the_questions_are_answered_through_the_library_and_nothing_else_is_serv
     series = json.loads(ask(served, "/api/sweeps/demo/metrics?run=x-1", headers=me)[2])
     assert series == {"x-1": {"loss": [[1, 1.0], [2, 0.5], [3, 1 / 3]]}}  # (the curves drawn, whole)
     assert json.loads(ask(served, "/api/sweeps/demo/runs/x-2/log", headers=me)[2]) == {"run": "x-2", "logs": []}
-    for path in ("/api/sweeps/nope", "/api/sweeps/demo/metrics?run=nope", "/api/sweeps/..%2F..%2Fetc", "/api/sweeps/demo/runs/nope/log", "/sweep/nope",
-                 "/assets/..%2Fserver.py", "/assets/README.md", "/etc/passwd"):
+    for path in ("/api/sweeps/nope", "/api/sweeps/demo/metrics?run=nope", "/api/sweeps/..%2F..%2Fetc",
+                 "/api/sweeps/demo/runs/nope/log", "/sweep/nope", "/assets/..%2Fserver.py", "/assets/README.md",
+                 "/etc/passwd"):
         assert ask(served, path, headers=me)[0] == 404, path
     assert ask(served, "/assets/uPlot.iife.min.js", headers=me)[1]["Content-Type"].startswith("text/javascript")
 

@@ -384,10 +384,15 @@ def _cancel(args) -> int:
 # Each command's handler: hand the parsed arguments to the module that does it, print.
 # (`check` is the launch command as a dry run that is checked: its defaults say so, in _launch_options)
 def _serve(args) -> int:
+    import math
+
     from tinygpt.launch.serve import server
 
-    if not 0 <= args.port <= 65535 or not args.idle_minutes > 0:
-        raise LaunchError("--port: 0 (a free one) to 65535, and --idle-minutes: more than 0")
+    if not 0 <= args.port <= 65535:
+        raise LaunchError(f"--port {args.port}: give a port from 1 to 65535, or 0 for a free one")
+    if not (math.isfinite(args.idle_minutes) and 0 < args.idle_minutes <= server.IDLE_MAX_MIN):
+        raise LaunchError(f"--idle-minutes {args.idle_minutes}: give minutes above 0 and at most "
+                          f"{server.IDLE_MAX_MIN} (a week)")
     sweep = None
     if args.spec:
         from tinygpt.launch.spec.sweep import manifest_path

@@ -28,6 +28,7 @@ from tinygpt.launch.errors import LaunchError, SlurmAway, SweepBusy
 from tinygpt.launch.serve.reading import NotFound, Reader
 
 ASSETS = Path(__file__).with_name("assets")
+IDLE_MAX_MIN = 7 * 24 * 60  # the longest a server waits for a page: a week
 LOOPBACK = {"127.0.0.1", "localhost", "[::1]"}
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
          ".css": "text/css; charset=utf-8"}
@@ -169,7 +170,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
 def serve(workdir: Path, port: int = 0, idle_s: float = 3600.0, sweep: str | None = None) -> int:
     """Serve `workdir`'s sweeps until idle for idle_s seconds or Ctrl-C; print the URL to open first."""
-    server = Server(Reader(workdir), port, idle_s)
+    try:
+        server = Server(Reader(workdir), port, idle_s)
+    except OSError as err:
+        raise LaunchError(f"--port {port}: cannot listen on 127.0.0.1:{port} ({err.strerror}); give another port, "
+                          f"or 0 for a free one") from None
     page = f"/sweep/{sweep}" if sweep else "/"
     print(f"serving the sweeps of {server.reader.workdir} at {server.url(page)}\n"
           f"  from a laptop: ssh -N -L {server.port}:127.0.0.1:{server.port} LOGIN_NODE, then open the same link; "
