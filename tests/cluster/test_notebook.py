@@ -51,6 +51,7 @@ def test_the_notebook_launches_waits_and_plots_a_sweep_through_the_library(tmp_p
     assert [e.model_dump(exclude_none=True) for e in api.list_sweeps(workdir)] == json.loads(listed.stdout)["sweeps"]
     logs = sweep.logs("lr-0.003")
     shown = launch("logs", str(workdir / "notebook-lr.yaml"), "lr-0.003", "--workdir", str(workdir)).stdout
-    assert len(logs) == 1 and logs[0].text.startswith("tinygpt: run 1 (lr-0.003)") and logs[0].text in shown
+    assert len(logs) == 1 and logs[0].text.startswith("tinygpt: run 1 (") and logs[0].text in shown
+    assert "runs/notebook-lr/lr-0.003" in logs[0].text
     report = sweep.report()
     assert report == workdir / "runs" / "notebook-lr" / "report.md" and "lr-0.003" in report.read_text()

@@ -44,6 +44,11 @@ def test_every_file_of_the_package_that_is_not_python_is_installed_with_it():
                              check=True).stdout.split()
     others = [Path(f) for f in tracked if not f.endswith(".py")]
     assert others, "no file of the package is other than Python: this test holds nothing"
-    missing = [str(f) for f in others
-               if not any(fnmatch.fnmatch(f.name, pattern) for pattern in declared.get(".".join(f.parent.parts), []))]
+
+    def installed(f: Path) -> bool:  # (a pattern is relative to its package: `assets/*` of tinygpt.launch.serve)
+        return any(fnmatch.fnmatch(f.relative_to(package).as_posix(), pattern)
+                   for package in f.parents if package.parts
+                   for pattern in declared.get(".".join(package.parts), []))
+
+    missing = [str(f) for f in others if not installed(f)]
     assert missing == []
