@@ -1,10 +1,13 @@
-"""`launch.py serve` in a real headless browser over a sweep on the local cluster: the page follows the runs as they
+"""`launch.py serve` in a real headless browser over sweeps on the local cluster: the page follows the runs as they
 step (no reload), shows a run that failed with its error line, shows a log line holding `<script>` as text, and
-cancels the sweep after the user confirms. With TINYGPT_SCREENSHOTS=DIR the browser's screenshots go there."""
+cancels the sweep after the user confirms; and a login node's page reached from the laptop through the node's
+sshd, which another user of the node is refused. With TINYGPT_SCREENSHOTS=DIR the browser's screenshots go there."""
 
 from __future__ import annotations
 
 import os
+import re
+import socket
 import subprocess
 import threading
 from pathlib import Path
@@ -14,12 +17,16 @@ import yaml
 from selenium.webdriver.common.by import By
 
 from tests.support.browser import browser  # noqa: F401 (a fixture)
+from tests.support.cluster_gate import LOCAL_CLUSTER_HOME
+from tests.support.laptop import KEYS, jobs_named, laptop_for, on_laptop, on_login, write_spec
+from tests.support.paths import ROOT
 from tests.support.processes import launch, wait_until
 from tests.support.slurm import cancel, manifest_of, unique_name
 from tinygpt.launch.serve import server as server_mod
 from tinygpt.launch.serve.reading import Reader
+from tinygpt.launch.submit import snapshot
 
-pytestmark = [pytest.mark.slurm, pytest.mark.shares_cluster]
+pytestmark = [pytest.mark.slurm, pytest.mark.shares_cluster]  # (its jobs wait for CPUs like any other's)
 
 PROGRAM = """\
 import json, os, sys, time
@@ -107,3 +114,49 @@ def test_a_running_sweep_seen_live_in_a_browser_its_failure_said_as_text_and_can
 def _queued(job_id: str) -> bool:
     out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%i"], capture_output=True, text=True, timeout=30)
     return bool(out.stdout.strip())
+
+
+@pytest.mark.slurm(needs=["login"])
+def test_the_page_of_a_login_nodes_sweep_reached_from_the_laptop_through_its_sshd_and_refused_to_another_user(
+        tmp_path, browser):  # noqa: F811
+    """As the README says: serve runs on the login node (there over SSH, as the laptop's launcher was sent), the
+    laptop forwards a port of its own to it through the login node's sshd and opens the link; tgpeer, another
+    user of the node, reaches the port and is refused (no token: 403)."""
+    laptop = laptop_for("tgstudent", tmp_path, remote_dir="tinygpt-hpc-serve")
+    name = unique_name("seen")
+    spec = write_spec(tmp_path, name, grid=[0.001])
+    out = on_laptop(laptop, str(spec), "--cluster", str(laptop["profile"]), "--workdir", str(tmp_path), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    there = laptop["there"]
+    root = "/" + str(there.relative_to(LOCAL_CLUSTER_HOME))  # (the same folder, as the login node names it)
+    python = "/" + str(next(there.glob("venvs/wheels-*/bin/python")).relative_to(LOCAL_CLUSTER_HOME))
+    ssh = ["ssh", "-i", str(KEYS / "id_ed25519"), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+           "-o", f"UserKnownHostsFile={KEYS / 'known_hosts'}", "-o", "ConnectTimeout=10", "-S", str(tmp_path / "ctl")]
+    serving = subprocess.Popen(
+        [*ssh, "-M", "tgstudent@login", f"cd {root} && PYTHONPATH={root}/trees/{snapshot.read(ROOT).digest} "
+                                        f"{python} -m tinygpt.launch serve jobs/{name}/manifest.json --idle-minutes 5"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        said = serving.stdout.readline()  # (the link, printed at once; or why it could not serve, then the end)
+        link = re.search(r"http://127\.0\.0\.1:(\d+)(/sweep/\S+)\?token=(\S+)", said)
+        assert link, said + serving.stdout.read()
+        port, page, token = link.groups()
+        with socket.socket() as s:  # a free port of the laptop's for the forward
+            s.bind(("127.0.0.1", 0))
+            here = s.getsockname()[1]
+        subprocess.run([*ssh, "-O", "forward", "-L", f"{here}:127.0.0.1:{port}", "tgstudent@login"], check=True,
+                       capture_output=True, timeout=30)
+        browser.get(f"http://127.0.0.1:{here}{page}?token={token}")
+        wait_until(lambda: "lr-0.001" in text(browser, "#runs tbody"), timeout=60, poll=0.5,
+                   what=lambda: f"the login node's sweep on the laptop's page: {text(browser, 'body')}")
+        assert text(browser, "#name") == name
+
+        peer = on_login("tgpeer", f"python3 -c 'import urllib.request as r, urllib.error as e\ntry: "
+                                  f"r.urlopen(\"http://127.0.0.1:{port}/api/sweeps\")\nexcept e.HTTPError as x: "
+                                  f"print(x.code)'")
+        assert peer.stdout.strip() == "403", peer.stdout + peer.stderr
+    finally:
+        on_login("tgstudent", f"pkill -f 'tinygpt.launch serve jobs/{name}/'")
+        subprocess.run([*ssh, "-O", "exit", "tgstudent@login"], capture_output=True, timeout=30)
+        serving.kill()
+        cancel(*jobs_named(name))
