@@ -75,8 +75,15 @@ def test_an_action_must_come_from_the_servers_own_page(served):
             "Content-Type": "application/x-www-form-urlencoded"}  # (what a cross-site form can send)
     assert ask(served, cancel, "POST", form, "a=1")[0] == 403
     own = {**signed_in(served), **json_body, "Origin": f"http://127.0.0.1:{served.port}"}
-    status, _, body = ask(served, cancel, "POST", own, "{}")
-    assert (status, json.loads(body)) == (200, {"cancelled": []})  # (a dry run: nothing was live)
+    assert ask(served, cancel, "POST", own, "x" * (server_mod.BODY_MAX + 1))[0] == 413
+    conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=30)  # (two on one connection: the body read)
+    try:
+        for _ in range(2):
+            conn.request("POST", cancel, body="{}", headers={"Host": f"127.0.0.1:{served.port}", **own})
+            answer = conn.getresponse()
+            assert (answer.status, json.loads(answer.read())) == (200, {"cancelled": []})  # (a dry run: none live)
+    finally:
+        conn.close()
 
 
 def test_the_questions_are_answered_through_the_library_and_nothing_else_is_served(served):
@@ -95,6 +102,15 @@ def test_the_questions_are_answered_through_the_library_and_nothing_else_is_serv
                  "/etc/passwd"):
         assert ask(served, path, headers=me)[0] == 404, path
     assert ask(served, "/assets/uPlot.iife.min.js", headers=me)[1]["Content-Type"].startswith("text/javascript")
+
+
+def test_a_bug_of_the_servers_is_said_to_the_page_and_the_server_goes_on(served, monkeypatch, capsys):
+    me = signed_in(served)
+    monkeypatch.setattr(served.reader, "sweeps", lambda: 1 / 0)
+    status, _, body = ask(served, "/api/sweeps", headers=me)
+    assert (status, json.loads(body)) == (500, {"error": "the server failed: ZeroDivisionError: division by zero"})
+    assert "ZeroDivisionError" in capsys.readouterr().err  # (its traceback, for whoever runs the server)
+    assert ask(served, "/api/sweeps/demo", headers=me)[0] == 200
 
 
 def test_a_refresh_reads_a_metrics_file_again_only_when_it_changed(served, monkeypatch):

@@ -18,6 +18,7 @@ import json
 import secrets
 import threading
 import time
+import traceback
 from http import HTTPStatus
 from http.cookies import SimpleCookie
 from pathlib import Path
@@ -29,6 +30,7 @@ from tinygpt.launch.serve.reading import NotFound, Reader
 
 ASSETS = Path(__file__).with_name("assets")
 IDLE_MAX_MIN = 7 * 24 * 60  # the longest a server waits for a page: a week
+BODY_MAX = 65536  # an action's JSON body; more is refused unread
 LOOPBACK = {"127.0.0.1", "localhost", "[::1]"}
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
          ".css": "text/css; charset=utf-8"}
@@ -91,12 +93,29 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return self._text(HTTPStatus.FORBIDDEN, "not signed in: open the link that `launch.py serve` printed")
         if method == "POST" and not self._same_origin(host):
             return self._text(HTTPStatus.FORBIDDEN, "an action must come from this server's own page")
+        if method == "POST" and not self._body_read():
+            return self._text(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"an action's body is at most {BODY_MAX} bytes")
         try:
             parts = [unquote(p) for p in url.path.strip("/").split("/")] if url.path != "/" else []
             self._route(method, parts, parse_qs(url.query))
         except tuple(kind for kind, _ in ERRORS) as err:
             status = next(code for kind, code in ERRORS if isinstance(err, kind))
             self._json({"error": str(err)}, status)
+        except Exception as err:  # noqa: BLE001 (a bug of ours: said to the page, its traceback here; serving goes on)
+            traceback.print_exc()
+            self._json({"error": f"the server failed: {type(err).__name__}: {err}"}, HTTPStatus.INTERNAL_SERVER_ERROR)
+
+    def _body_read(self) -> bool:
+        """The request's body read (left unread, it would be taken for the next request on this connection)."""
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            return False
+        if not 0 <= length <= BODY_MAX:
+            self.close_connection = True
+            return False
+        self.rfile.read(length)
+        return True
 
     def _sign_in(self, path: str, token: str) -> None:
         if not hmac.compare_digest(token.encode(), self.server.token.encode()):
