@@ -2,9 +2,9 @@
 
     python bench/serve.py [--runs 10000] [--lines 20]
 
-Prints one JSON object, each figure beside its target (issue 79): `first_load` (the sweep page, its status, every
-run's last point, the series of the curves drawn: the wall time and this process's CPU seconds, target 2 s) and
-`refresh` (the same questions once ten runs have stepped: target 0.5 s of CPU), the best and median of 3 tries,
+Prints one JSON object, each figure beside its target (issue 79): `first_load` (the sweep page and its view: a page
+of the status, the curves drawn; the wall time and this process's CPU seconds, target 2 s) and `refresh` (the view
+asked again once ten runs have stepped: target 0.5 s of CPU), the best and median of 3 tries,
 and the bytes each answer sends. The client is this process too, so its CPU figures hold the client's JSON parsing
 as well: an upper bound on the server's. The machine's CPU is named.
 """
@@ -26,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tinygpt.launch.read import run_states  # noqa: E402
 from tinygpt.launch.serve import server as server_mod  # noqa: E402
 from tinygpt.launch.serve.reading import Reader  # noqa: E402
 
@@ -44,21 +45,19 @@ def sweep(work: Path, runs: int, lines: int) -> None:
                                                    for s in range(1, lines + 1)))
 
 
-def questions(port: int, cookie: str) -> tuple[float, float, dict[str, int]]:
-    """The page's questions on one refresh: wall seconds, CPU seconds, bytes of each answer."""
+def questions(port: int, cookie: str, first: bool) -> tuple[float, float, dict[str, int]]:
+    """What the page asks on its first load (its HTML, then its view) or on a refresh (its view): wall seconds, CPU
+    seconds, bytes of each answer."""
     sizes = {}
     t0, c0 = time.perf_counter(), time.process_time()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     headers = {"Host": f"127.0.0.1:{port}", "Cookie": cookie}
-    last = None
-    for name, path in (("page", "/sweep/big"), ("status", "/api/sweeps/big"), ("last", "/api/sweeps/big/metrics")):
+    for name, path in (("page", "/sweep/big"), ("view", "/api/sweeps/big/view?page=0"))[0 if first else 1:]:
         conn.request("GET", path, headers=headers)
         body = conn.getresponse().read()
         sizes[name] = len(body)
-        last = json.loads(body) if name == "last" else last
-    best = sorted(last, key=lambda r: last[r]["loss"][1])[:8]
-    conn.request("GET", "/api/sweeps/big/metrics?" + "&".join(f"run={r}" for r in best), headers=headers)
-    sizes["curves"] = len(conn.getresponse().read())
+        if name == "view":
+            json.loads(body)  # (the page parses it: counted too)
     conn.close()
     return time.perf_counter() - t0, time.process_time() - c0, sizes
 
@@ -80,14 +79,15 @@ def main() -> None:
         sweep(work, args.runs, args.lines)
         first, refresh = [], []
         for _ in range(3):
-            server = server_mod.Server(Reader(work), idle_s=600)  # (a new server: nothing read yet)
+            run_states._READ.clear()  # (as a new server process: nothing read yet)
+            server = server_mod.Server(Reader(work), idle_s=600)
             threading.Thread(target=server.serve_forever, daemon=True).start()
             cookie = f"{server.cookie}={server.token}"
-            first.append(questions(server.port, cookie))
+            first.append(questions(server.port, cookie, True))
             for i in range(10):  # ten runs step
                 with (work / "runs" / "big" / f"i-{i}" / "metrics.jsonl").open("a") as f:
                     f.write(json.dumps({"step": 10_000 + len(first), "loss": 1.0}) + "\n")
-            refresh.append(questions(server.port, cookie))
+            refresh.append(questions(server.port, cookie, False))
             server.shutdown()
             server.server_close()
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()

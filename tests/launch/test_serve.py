@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from tests.support.processes import launch, wait_until
+from tinygpt.launch.serve import reading
 from tinygpt.launch.serve import server as server_mod
 from tinygpt.launch.serve.reading import Reader
 
@@ -102,6 +103,27 @@ def test_the_questions_are_answered_through_the_library_and_nothing_else_is_serv
                  "/etc/passwd"):
         assert ask(served, path, headers=me)[0] == 404, path
     assert ask(served, "/assets/uPlot.iife.min.js", headers=me)[1]["Content-Type"].startswith("text/javascript")
+
+
+def test_the_page_asks_one_question_answered_in_the_size_of_a_page_not_of_the_sweep(served, monkeypatch):
+    """A table page of the runs (the counts of all), `run`'s row, the named values and the curves drawn: the
+    best runs by the metric shown and the one chosen, whichever page it is on."""
+    monkeypatch.setattr(reading, "PAGE", 1)
+    monkeypatch.setattr(reading, "PLOTTED", 1)
+    (served.reader.workdir / "runs" / "demo" / "x-2").mkdir()
+    (served.reader.workdir / "runs" / "demo" / "x-2" / "metrics.jsonl").write_text(
+        json.dumps({"step": 1, "loss": 0.1, "acc": 0.5}) + "\n")
+    me = signed_in(served)
+    view = json.loads(ask(served, "/api/sweeps/demo/view?page=1&metric=loss&run=x-1", headers=me)[2])
+    assert [r["name"] for r in view["status"]["runs"]] == ["x-2"] and view["status"]["counts"] == {"STARTED": 2}
+    assert (view["total"], view["page"], view["pages"], view["per_page"]) == (2, 1, 2, 1)
+    assert view["run"]["name"] == "x-1" and (view["metrics"], view["metric"]) == (["acc", "loss"], "loss")
+    assert view["curves"] == {"x-2": [[1, 0.1]], "x-1": [[1, 1.0], [2, 0.5], [3, 1 / 3]]}
+    view = json.loads(ask(served, "/api/sweeps/demo/view?page=9&metric=nope", headers=me)[2])
+    assert (view["page"], view["metric"], view["run"], view["curves"]) == (1, "acc", None, {"x-2": [[1, 0.5]]})
+    for query in ("page=-1", "page=one", "run=nope"):
+        status, _, body = ask(served, f"/api/sweeps/demo/view?{query}", headers=me)
+        assert status in (400, 404) and json.loads(body)["error"], query
 
 
 def test_a_bug_of_the_servers_is_said_to_the_page_and_the_server_goes_on(served, monkeypatch, capsys):

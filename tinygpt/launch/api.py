@@ -49,7 +49,8 @@ class Sweep:
         from tinygpt.launch import manifest
 
         self.path = Path(manifest_path)
-        self.manifest: Manifest = manifest.load(self.path)  # (as it was read; `status()` asks anew)
+        self.manifest: Manifest = manifest.load(self.path)  # (as it was read; `status()` reads it again if changed)
+        self._stamp = _stamp(self.path)
 
     @property
     def name(self) -> str:
@@ -67,7 +68,7 @@ class Sweep:
         """Every run's state, progress and losses now (asks Slurm): the document of `launch.py status --json`."""
         from tinygpt.launch.status import document
 
-        return document.document(self._reloaded())
+        return document.document(self.reload())
 
     def wait(self, timeout: float, poll: float = 5.0) -> SweepStatus:
         """Block until every run has ended (and a retry policy has written its summary, or the sweep was
@@ -111,7 +112,7 @@ class Sweep:
         attention maps, efficiency); its report.md."""
         from tinygpt.launch.read import sweep_report
 
-        if sweep_report.make(self._reloaded(), prompt) != 0:
+        if sweep_report.make(self.reload(), prompt) != 0:
             raise LaunchError(f"sweep `{self.name}`: no report was written (see above)")
         return self.manifest.dirs.runs / "report.md"
 
@@ -131,10 +132,14 @@ class Sweep:
         chosen = parse_states(",".join(RESUBMIT_DEFAULT if states is None else states))
         return resubmit(self.path, chosen, time, mem, exclude, exclude_failed_nodes, dry_run)
 
-    def _reloaded(self) -> Manifest:
+    def reload(self) -> Manifest:
+        """The manifest as the file has it now (a relaunch or a resubmission may have changed it): read again only
+        when the file changed, as a page asks every few seconds and a 10,000-run manifest takes 0.1 s to read."""
         from tinygpt.launch import manifest
 
-        self.manifest = manifest.load(self.path)  # (a relaunch or a resubmission may have changed it)
+        stamp = _stamp(self.path)
+        if stamp is None or stamp != self._stamp:
+            self.manifest, self._stamp = manifest.load(self.path), stamp
         return self.manifest
 
     def _ended(self, now: SweepStatus) -> bool:
@@ -142,6 +147,15 @@ class Sweep:
             return False
         dirs = self.manifest.dirs
         return not self.manifest.retry or dirs.summary.exists() or dirs.cancelled.exists()
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """A file's inode, size and time, to tell that it changed (the manifest is replaced whole: a new inode)."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 def launch(spec: Spec, workdir: str | os.PathLike[str] = ".", *, cluster: str | None = None,

@@ -58,7 +58,10 @@ def read(path: str | Path) -> list[dict]:
     except OSError:
         return []
     records = []
-    lines = data.split(b"\n")
+    try:  # (a str is parsed faster than bytes, which json must first decode line by line)
+        lines: list[str] | list[bytes] = data.decode().split("\n")
+    except UnicodeDecodeError:  # (a damaged line: each decoded alone, and one that is not UTF-8 is no record)
+        lines = data.split(b"\n")
     for number, line in enumerate(lines, start=1):
         record = parse(line)
         if record is not None:

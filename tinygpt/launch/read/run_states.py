@@ -81,23 +81,25 @@ class Row:
 _READ: dict[str, tuple[tuple[int, int, int], dict]] = {}
 
 
-def read_progress(run_dir: Path) -> dict:
-    """What metrics.jsonl says: last step, losses, speed, whether the run finished or was paused."""
-    path = metrics.of_run(run_dir)
+def read_progress(run_dir: str | Path) -> dict:
+    """What metrics.jsonl says: last step, losses, speed, whether the run finished or was paused, and `last`, the
+    last point of each named value ({name: (step, value)}, as `metrics.series` names them)."""
+    path = os.path.join(run_dir, metrics.FILE_NAME)  # (a str, not a Path: 10,000 of them every refresh)
     try:
         stat = os.stat(path)
     except OSError:
         return {}
     seen = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-    kept = _READ.get(str(path))
+    kept = _READ.get(path)
     if kept is None or kept[0] != seen:
-        kept = _READ[str(path)] = (seen, _progress(path))
+        kept = _READ[path] = (seen, _progress(path))
     return dict(kept[1])
 
 
-def _progress(path: Path) -> dict:
-    info: dict = {}
-    for rec in metrics.read(path):
+def _progress(path: str) -> dict:
+    records = metrics.read(path)
+    info: dict = {"last": {name: points[-1] for name, points in metrics.series(records).items()}}
+    for rec in records:
         event = rec.get("event")
         if event == "start":
             info["started"] = True
@@ -149,7 +151,7 @@ def collect(manifest: Manifest) -> Rows:
     rows = Rows()
     rows.unheard = unheard
     for run in manifest.runs:
-        run_dir = Path(run.out_dir)
+        run_dir = run.out_dir
         progress = read_progress(run_dir)
         job_id = ids.get(run.index, "")
         js = slurm_states.get(job_id)
@@ -176,7 +178,7 @@ def collect(manifest: Manifest) -> Rows:
             eta = progress["elapsed_s"] / step * (max_steps - step)
         rows.append(Row(run.index, run.name, job_id or "-", state, source, restart_count, step, max_steps,
                         progress.get("train_loss"), progress.get("val_loss"), progress.get("tokens_per_s"), eta,
-                        str(run_dir), nodes, history.get(run.index, ()), js.starts if js else "",
+                        str(Path(run_dir)), nodes, history.get(run.index, ()), js.starts if js else "",
                         rounds.get(run.index), js.reason if js and js.reason != "None" else ""))
     return rows
 

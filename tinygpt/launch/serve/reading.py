@@ -1,9 +1,11 @@
 """What the page asks of a work directory, answered through the library (api.py) as JSON-ready values: the sweeps,
-a sweep's status (the document of `status --json`, one source), its runs' metrics as series and a run's log.
+a sweep's status (the document of `status --json`, one source), the page's view of it, its runs' metrics as series
+and a run's log.
 
-A refresh costs what `status` costs (Slurm asked for the whole sweep at once) plus the metrics files
-that changed since the last refresh: each run's series is kept with the size and time of the file it was read
-from, and read again only when they change.
+A refresh costs what `status` costs (Slurm asked for the whole sweep at once; a metrics file read only when it
+changed, a manifest only when it changed) and answers in the size of one page, not of the sweep: PAGE runs of the
+table, and the few curves drawn (the best runs by the metric shown, the failed ones, the one chosen), each run's
+series kept with the file's size and time and read again only when they change.
 """
 
 from __future__ import annotations
@@ -17,9 +19,12 @@ from typing import Any
 
 from tinygpt.launch import api
 from tinygpt.launch.errors import LaunchError
+from tinygpt.launch.read.run_states import read_progress
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=-]*")  # a sweep's name as a URL gives it (its folder under jobs/)
 LOG_LINES = 400  # the end of a run's log that its view shows
+PAGE = 100  # runs a page of the table shows
+PLOTTED = 8  # the curves drawn of a large sweep: the best runs by their last value, and as many failed ones
 
 
 class NotFound(LaunchError):
@@ -31,6 +36,7 @@ class Reader:
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir.resolve()
+        self._sweeps: dict[str, api.Sweep] = {}  # (each keeps its manifest until the file changes)
         self._series: dict[str, tuple[tuple[int, int], dict[str, list[list[float | None]]]]] = {}  # by metrics file
         self._lock = threading.Lock()
 
@@ -41,22 +47,50 @@ class Reader:
         manifest = self.workdir / "jobs" / name / "manifest.json"
         if not NAME.fullmatch(name) or not manifest.is_file():
             raise NotFound(f"no sweep `{name}` under {self.workdir}")
-        return api.Sweep(manifest)
+        with self._lock:
+            kept = self._sweeps.get(name)
+        if kept is None:
+            kept = api.Sweep(manifest)
+            with self._lock:
+                self._sweeps[name] = kept
+        kept.reload()  # (a relaunch may have added runs)
+        return kept
 
     def status(self, name: str) -> dict[str, Any]:
         return self.sweep(name).status().model_dump()
 
+    def view(self, name: str, page: int = 0, metric: str | None = None, run: str | None = None) -> dict[str, Any]:
+        """What the sweep's page shows now, in one answer the size of a page: the status document with the runs
+        of page `page` only (the counts and notes are the whole sweep's), `run`'s row, the named values its
+        runs record, the one drawn (`metric`, else train_loss, else the first) and the curves drawn."""
+        sweep = self.sweep(name)
+        if run is not None and run not in sweep.runs:
+            raise NotFound(f"no run `{run}` in sweep `{name}`")
+        status = sweep.status()
+        last = self._last_points(sweep)  # (read by the status just now: no file read twice)
+        names = sorted({key for points in last.values() for key in points})
+        if metric not in names:
+            metric = "train_loss" if "train_loss" in names else names[0] if names else None
+        pages = max(1, math.ceil(len(status.runs) / PAGE))
+        page = min(max(page, 0), pages - 1)
+        shown = status.model_copy(update={"runs": status.runs[page * PAGE:(page + 1) * PAGE]})
+        drawn = self._drawn(status, last, metric, run)
+        out_dir = {r.name: r.out_dir for r in sweep.manifest.runs}
+        return {"status": shown.model_dump(), "total": len(status.runs), "page": page, "pages": pages, "per_page": PAGE,
+                "run": next((r.model_dump() for r in status.runs if r.name == run), None),
+                "metrics": names, "metric": metric,
+                "curves": {r: self._run_series(out_dir[r]).get(metric, []) for r in drawn}}
+
     def metrics(self, name: str, runs: list[str] | None = None) -> dict[str, dict[str, Any]]:
         """Each run's last point of every numeric value its metrics.jsonl records ({run: {metric: [step, value]}});
-        with `runs`, those runs' whole series instead ({run: {metric: [[step, value], ...]}}): what the page
-        draws, a few curves of a sweep that may have thousands of runs."""
+        with `runs`, those runs' whole series instead ({run: {metric: [[step, value], ...]}})."""
         sweep = self.sweep(name)
         if runs is None:
-            return {r.name: {k: points[-1] for k, points in self._run_series(Path(r.out_dir)).items()}
-                    for r in sweep.manifest.runs}
+            return {run: {k: [s, _finite(v)] for k, (s, v) in points.items()}
+                    for run, points in self._last_points(sweep).items()}
         if unknown := sorted(set(runs) - set(sweep.runs)):
             raise NotFound(f"no run {', '.join(map(repr, unknown))} in sweep `{name}`")
-        return {r.name: self._run_series(Path(r.out_dir)) for r in sweep.manifest.runs if r.name in runs}
+        return {r.name: self._run_series(r.out_dir) for r in sweep.manifest.runs if r.name in runs}
 
     def log(self, name: str, run: str) -> dict[str, Any]:
         sweep = self.sweep(name)
@@ -66,21 +100,39 @@ class Reader:
         return {"run": run, "logs": [{"job": log.job, "path": str(log.path),
                                       "text": "\n".join(log.text.splitlines()[-LOG_LINES:])} for log in logs]}
 
-    def _run_series(self, run_dir: Path) -> dict[str, list[list[float | None]]]:
+    @staticmethod
+    def _last_points(sweep: api.Sweep) -> dict[str, dict[str, tuple[int, float]]]:
+        return {r.name: read_progress(r.out_dir).get("last", {}) for r in sweep.manifest.runs}
+
+    @staticmethod
+    def _drawn(status: Any, last: dict[str, dict[str, tuple[int, float]]], metric: str | None,
+               run: str | None) -> list[str]:
+        """The runs whose curves are drawn: the PLOTTED best by their last value of `metric` (a NaN last), the
+        first PLOTTED that failed, and `run`; those that record `metric`."""
+        has = [r for r, points in last.items() if metric in points]
+        value = lambda r: _finite(last[r][metric][1])  # noqa: E731
+        best = sorted(has, key=lambda r: (value(r) is None, value(r) or 0.0))[:PLOTTED]
+        failed = [r.name for r in status.runs if r.failed and metric in last[r.name]][:PLOTTED]
+        return list(dict.fromkeys([*best, *failed, *([run] if run and metric in last[run] else [])]))
+
+    def _run_series(self, run_dir: str) -> dict[str, list[list[float | None]]]:
         from tinygpt.training import metrics
 
-        path = metrics.of_run(run_dir)
+        path = os.path.join(run_dir, metrics.FILE_NAME)
         try:
             stat = os.stat(path)
         except OSError:
             return {}
         seen = (stat.st_size, stat.st_mtime_ns)
         with self._lock:
-            kept = self._series.get(str(path))
+            kept = self._series.get(path)
         if kept is not None and kept[0] == seen:
             return kept[1]
-        series = {k: [[s, v if math.isfinite(v) else None] for s, v in points]  # (JSON has no NaN: a gap)
-                  for k, points in metrics.series(metrics.read(path)).items()}
+        series = {k: [[s, _finite(v)] for s, v in points] for k, points in metrics.series(metrics.read(path)).items()}
         with self._lock:
-            self._series[str(path)] = (seen, series)
+            self._series[path] = (seen, series)
         return series
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None  # (JSON has no NaN: a gap)

@@ -157,6 +157,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return reader.sweeps()
         if len(parts) == 1:
             return reader.status(parts[0])
+        if parts[1:] == ["view"]:  # (?page=K&metric=M&run=R: what the sweep's page shows)
+            return reader.view(parts[0], _number(query, "page"), _one(query, "metric"), _one(query, "run"))
         if parts[1:] == ["metrics"]:  # (?run=A&run=B: those runs' whole series)
             return reader.metrics(parts[0], query.get("run"))
         if len(parts) == 4 and parts[1] == "runs" and parts[3] == "log":
@@ -185,6 +187,17 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_header(key, value)
         self.end_headers()
         self.wfile.write(body)
+
+
+def _one(query: dict[str, list[str]], key: str) -> str | None:
+    return query[key][-1] if query.get(key) else None
+
+
+def _number(query: dict[str, list[str]], key: str) -> int:
+    text = _one(query, key) or "0"
+    if not (text.isascii() and text.isdigit()):
+        raise LaunchError(f"{key}: a page's number (0, 1, ...), not {text!r}")
+    return int(text)
 
 
 def serve(workdir: Path, port: int = 0, idle_s: float = 3600.0, sweep: str | None = None) -> int:

@@ -3,8 +3,6 @@
 "use strict";
 
 const REFRESH_MS = 3000; // how often an open page asks again
-const PLOTTED = 8; // on a large sweep the curves drawn: the best runs by their last value, with the failed and chosen
-const PAGE = 100; // runs a page of the table shows
 
 const $ = (id) => document.getElementById(id);
 
@@ -75,7 +73,7 @@ function sweepsPage() {
 // one sweep: its runs, their curves, a run's log
 
 const view = { name: decodeURIComponent(location.pathname.split("/")[2] || ""), run: null, metric: null,
-  plot: null, plotted: "", status: null, page: 0, again: null };
+  plot: null, plotted: "", shown: null, page: 0, again: null };
 
 function sweepPage() {
   $("name").textContent = view.name;
@@ -88,30 +86,33 @@ function sweepPage() {
 }
 
 async function refresh() {
+  // one question a refresh, answered in the size of a page: the page's runs, the counts, the curves drawn
   const base = `/api/sweeps/${encodeURIComponent(view.name)}`;
-  const [status, last] = await Promise.all([ask(base), ask(`${base}/metrics`)]);
-  view.status = status;
-  showStatus(status);
-  const runs = chooseCurves(status, last);
-  const query = runs.map((r) => `run=${encodeURIComponent(r)}`).join("&");
-  showCurves(runs, runs.length ? await ask(`${base}/metrics?${query}`) : {});
-  if (view.run !== null) await showRun(base);
+  const query = new URLSearchParams({ page: view.page });
+  if (view.metric) query.set("metric", view.metric);
+  if (view.run !== null) query.set("run", view.run);
+  const shown = await ask(`${base}/view?${query}`);
+  view.shown = shown;
+  view.page = shown.page;
+  showStatus(shown);
+  showMetrics(shown);
+  showCurves(Object.keys(shown.curves), shown.curves);
+  if (view.run !== null) await showRun(base, shown.run);
 }
 
 function turn(by) {
-  const pages = Math.max(1, Math.ceil(view.status.runs.length / PAGE));
-  view.page = Math.min(pages - 1, Math.max(0, view.page + by));
-  showStatus(view.status);
+  view.page = Math.min(view.shown.pages - 1, Math.max(0, view.page + by));
+  view.again();
 }
 
-function showStatus(status) {
-  $("counts").textContent = `${status.runs.length} run(s): ` + Object.entries(status.counts)
+function showStatus(shown) {
+  const status = shown.status;
+  $("counts").textContent = `${shown.total} run(s): ` + Object.entries(status.counts)
     .map(([state, n]) => `${n} ${state}`).join(", ") + (status.unheard.length ? ` (not heard: ${status.unheard.join("; ")})` : "");
   $("notes").replaceChildren(...[...status.retry, ...status.queue].map((line) => el("li", line)));
-  const pages = Math.max(1, Math.ceil(status.runs.length / PAGE));
-  view.page = Math.min(view.page, pages - 1);
-  $("pages").textContent = `runs ${view.page * PAGE + 1}-${Math.min(status.runs.length, (view.page + 1) * PAGE)} of ${status.runs.length}`;
-  $("runs").tBodies[0].replaceChildren(...status.runs.slice(view.page * PAGE, (view.page + 1) * PAGE).map((r) => {
+  const first = shown.page * shown.per_page;
+  $("pages").textContent = `runs ${Math.min(first + 1, shown.total)}-${first + status.runs.length} of ${shown.total}`;
+  $("runs").tBodies[0].replaceChildren(...status.runs.map((r) => {
     const row = el("tr");
     row.dataset.run = r.name;
     row.append(el("td", r.name), el("td", r.state, `state-${r.state_name}`), el("td", r.round, "num"),
@@ -123,20 +124,14 @@ function showStatus(status) {
   }));
 }
 
-function chooseCurves(status, last) {
-  const names = [...new Set(Object.values(last).flatMap((found) => Object.keys(found)))].sort();
-  if (!names.includes(view.metric)) view.metric = names.includes("train_loss") ? "train_loss" : names[0] || null;
-  $("metric").replaceChildren(...names.map((n) => { const o = el("option", n); o.value = n; return o; }));
+function showMetrics(shown) {
+  view.metric = shown.metric;
+  $("metric").replaceChildren(...shown.metrics.map((n) => { const o = el("option", n); o.value = n; return o; }));
   $("metric").value = view.metric || "";
-  const has = (r) => last[r] && last[r][view.metric];
-  const value = (r) => last[r][view.metric][1] ?? Infinity;
-  const best = status.runs.map((r) => r.name).filter(has).sort((a, b) => value(a) - value(b)).slice(0, PLOTTED);
-  const failed = status.runs.filter((r) => r.failed).map((r) => r.name);
-  return [...new Set([...best, ...failed, ...(view.run ? [view.run] : [])])].filter(has);
 }
 
-function showCurves(runs, series) {
-  const points = (r) => (series[r] && series[r][view.metric]) || [];
+function showCurves(runs, curves) {
+  const points = (r) => curves[r] || [];
   const steps = [...new Set(runs.flatMap((r) => points(r).map((p) => p[0])))].sort((a, b) => a - b);
   const data = [steps, ...runs.map((r) => {
     const at = new Map(points(r));
@@ -158,8 +153,7 @@ function showCurves(runs, series) {
   }, data, chart);
 }
 
-async function showRun(base) {
-  const run = view.status.runs.find((r) => r.name === view.run);
+async function showRun(base, run) {
   $("run-name").textContent = `run ${view.run}: ${run ? run.state : ""}`;
   $("run-error").textContent = run && run.error ? run.error : "";
   const log = await ask(`${base}/runs/${encodeURIComponent(view.run)}/log`);
