@@ -20,7 +20,7 @@
 # `normal`, `capped` (a job of at most 10 minutes, refused at submission above it) and `waves` (no limit until a
 # test sets one on it: the queue limits' tests), account `waves` (the user's too, for the tests of association
 # limits), and account `elsewhere`, which the user is not in; AccountingStorageEnforce=associations,limits,qos). Always there besides `debug`:
-# `short`, the same nodes with a time limit of 30 minutes. --login (with --nodes 2 or more): a login node, the
+# `short`, the same nodes with a time limit of 30 minutes, and `last`, the last node alone. --login (with --nodes 2 or more): a login node, the
 # host `login` that the user tgstudent reaches over SSH with a key made here, and the cluster's file system
 # /cluster, there and on the compute nodes and not on this machine itself (login.sh says how).
 #
@@ -304,11 +304,16 @@ fi
 # `short`: the same nodes with a time limit, as clusters have (`launch.py check` refuses a job over it); never
 # preempted.
 short="PartitionName=short Nodes=ALL MaxTime=00:30:00 State=UP"
+# `last`: the last node alone, which one job can fill while the other partitions still have room (the choice of
+# `placement: soonest` is tested on it).
+last="PartitionName=last Nodes=$(node_names | tail -n 1) MaxTime=INFINITE State=UP"
 if [ "$PREEMPTION" = 1 ]; then
   short="$short PriorityTier=1 PreemptMode=OFF"
+  last="$last PriorityTier=1 PreemptMode=OFF"
 fi
 partition_lines="$partition_lines
-$short"
+$short
+$last"
 
 # Slurm's mail program: records what slurmctld gives it (its words, the job's variables) in a file of its own.
 mkdir -p "$HOME_DIR/mail"

@@ -186,7 +186,7 @@ def test_a_profile_written_from_the_laptop_reaches_the_login_node_it_asked(lapto
     assert out.returncode == 0, out.stderr
     profile = profiles.from_file(tmp_path / "fromlaptop.yaml")
     assert (profile.cluster_name, profile.login.host, profile.login.user) == ("local", "login", "tgstudent")
-    assert sorted(profile.partitions) == ["debug", "high", "low", "low-cancel", "short"]
+    assert sorted(profile.partitions) == ["debug", "high", "last", "low", "low-cancel", "short"]
     again = on_laptop(laptop, "profile", "new", "--login", "tgstudent@login", *keys, "--dir", str(tmp_path),
                       "--name", "fromlaptop", cwd=tmp_path)
     assert again.returncode == 1 and "exists; nothing was written" in again.stderr

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -14,10 +16,11 @@ import yaml
 from tests.support.gpu_cluster import GPU_CLUSTER
 from tests.support.paths import ROOT
 from tests.support.processes import launch
-from tests.support.slurm import manifest_of, queued, sbatch, slurm_release, wait_until
+from tests.support.slurm import manifest_of, queued, sbatch, scontrol_state, slurm_release, wait_until
 from tests.support.tiny import tiny_yaml
+from tinygpt.launch.slurm import slurm_cli
 from tinygpt.launch.spec import sweep as spec_mod
-from tinygpt.launch.submit import preflight
+from tinygpt.launch.submit import placement, preflight
 
 LOCAL = yaml.safe_load((ROOT / "hpc_lab" / "clusters" / "local.yaml").read_text())
 
@@ -50,7 +53,7 @@ def test_check_of_a_good_spec_gives_slurms_estimate_and_submits_nothing(tmp_path
 REFUSED = [
     ("stale", {"partitions": {**LOCAL["partitions"], "gpu": {"max_time": "INFINITE"}}}, {"partition": "gpu"}, "",
      "resources.partition (or the profile's default_partition): `gpu` is not a partition of cluster local (it has "
-     "debug, low, low-cancel, high, short); name one of those"),
+     "debug, low, low-cancel, high, short, last); name one of those"),
     ("limit", {"partitions": {**LOCAL["partitions"], "short": {"max_time": "INFINITE"}}},
      {"partition": "short", "time": "01:00:00"}, "",
      "resources.time: 01:00:00 is over partition short's MaxTime 00:30:00; ask for at most 00:30:00 (a run stopped "
@@ -146,12 +149,27 @@ def test_a_submission_fails_closed_when_slurm_cannot_answer_and_no_check_says_it
 
 @pytest.mark.slurm_release
 @pytest.mark.slurm
-def test_status_shows_when_slurm_expects_a_pending_run_to_start(tmp_path, tiny_corpus):
-    spec, work = spec_with(tmp_path, tiny_corpus, "later"), tmp_path / "w"
-    # Every node taken, for ten minutes at most: the sweep's job waits, and Slurm can say until when
-    jobs = [sbatch("--nodes=2", "--exclusive", "--time=00:10:00", "--output=/dev/null",
+def test_placement_takes_the_way_slurm_starts_first_and_status_shows_when_a_pending_run_starts(tmp_path,
+                                                                                               tiny_corpus):
+    # Partition `last` (node2 alone) taken for ten minutes at most: a job there waits, and Slurm can say until when
+    jobs = [sbatch("--partition=last", "--exclusive", "--time=00:10:00", "--output=/dev/null",
                    script="#!/bin/bash\nsleep 600\n")]
     try:
+        wait_until(lambda: scontrol_state(jobs[0]) == "RUNNING", timeout=60, what="the job filling partition last")
+        stale = {"partitions": {**LOCAL["partitions"], "gpu": {"max_time": "INFINITE"}}}  # (not this cluster's)
+        ways = "placement: {soonest: [{partition: last}, {partition: gpu}, {partition: debug}]}\n"
+        placed = launch("check", str(spec_with(tmp_path, tiny_corpus, "placed", stale, grid=ways)), "--json",
+                        "--workdir", str(tmp_path / "w"))
+        said = json.loads(placed.stdout)["said"]
+        estimates = {line.split(": ")[2]: line for line in said if line.startswith("placement: partition: ")}
+        assert "would start at " in estimates["last"] and "in partition last" in estimates["last"], said
+        assert estimates["gpu"].startswith("placement: partition: gpu: not on this cluster: resources.partition")
+        assert "would start at " in estimates["debug"] and "in partition debug" in estimates["debug"], said
+        assert _start(estimates["debug"]) < _start(estimates["last"])  # (node1 is free now)
+        assert "placement: chose partition: debug, as it would start first" in said, said
+        assert any("slurm: placed.sbatch: would start at " in line and "in partition debug" in line for line in said)
+
+        spec, work = spec_with(tmp_path, tiny_corpus, "later", resources={"partition": "last"}), tmp_path / "w"
         assert launch(str(spec), "--workdir", str(work)).returncode == 0
         jobs.append(manifest_of(work, "later").task_job_ids()[0])
 
@@ -163,3 +181,40 @@ def test_status_shows_when_slurm_expects_a_pending_run_to_start(tmp_path, tiny_c
         assert jobs[1] in row
     finally:
         subprocess.run(["scancel", *jobs], timeout=30)
+
+
+def _start(estimate: str) -> datetime:
+    return datetime.fromisoformat(estimate.split("would start at ")[1].split()[0])
+
+
+def test_placement_keeps_the_specs_first_way_on_a_tie_or_where_slurm_gives_no_time(tmp_path, monkeypatch, capsys):
+    """What Slurm says of each way stubbed: a cluster gives no time on demand (a held or dependent job gets none)."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: s\nresources: {time: '00:20:00'}\nplacement: {soonest: [{partition: short}, "
+                    "{partition: debug, time: '00:15:00'}, {partition: high}]}\n")
+    sweep = spec_mod.load(spec, tmp_path)
+    assert [way.said for way in sweep.placement] == ["partition: short", "time: 00:15:00, partition: debug",
+                                                     "partition: high"]
+    assert sweep.resources == sweep.placement[0].resources  # (the spec's choice until a live check takes one)
+
+    def answers(words: dict[str, str]) -> None:
+        def test_only(path: str, extra=None) -> tuple[bool, str]:
+            partition = re.search(r"--partition=(\S+)", Path(path).read_text())[1]
+            return not words[partition].startswith("error"), words[partition]
+        monkeypatch.setattr(slurm_cli, "sbatch_test_only", test_only)
+
+    at = "Job 7 to start at {} using 1 processors on nodes node1 in partition {}"
+    answers({"short": "error: Batch job submission failed: Invalid qos specification",
+             "debug": at.format("2026-12-06T10:00:00", "debug"), "high": at.format("2026-12-06T10:00:00", "high")})
+    assert placement.soonest(sweep, {}) == sweep.placement[1].resources  # (the tie: the spec's order)
+    said = capsys.readouterr().out
+    assert "placement: partition: short: Slurm would not take it: error: Batch job" in said
+    assert "placement: chose time: 00:15:00, partition: debug, as the spec lists it first of those that would " \
+           "start first" in said
+    answers({"short": "Job 7 to start at Unknown", "debug": at.format("2026-12-06T09:00:00", "debug"),
+             "high": at.format("2026-12-06T10:00:00", "high")})
+    assert placement.soonest(sweep, {2: "why not"}) == sweep.placement[0].resources
+    said = capsys.readouterr().out
+    assert "placement: partition: high: not on this cluster: why not" in said
+    assert ("placement: chose partition: short, as the first of the spec's ways that Slurm would take (it gave no "
+            "start time for partition: short, so the ways cannot be compared)") in said

@@ -15,6 +15,8 @@
     resources: {nodes: 1, gpus_per_node: 0, cpus_per_task: 1, mem: 2G, time: "00:30:00"}
                                   # also partition, qos, ... (resources.NAMED_OPTIONS), and
                                   # sbatch_options / srun_args passed through (see passthrough.py)
+    placement: {soonest: [{partition: a100}, {partition: h100}]}
+                                  # ways over `resources`: the one Slurm would start first (submit/placement.py)
     array_parallelism: 4          # at most this many array tasks at once
     pack: 2                       # two runs at once in each array task: they share its CPUs, split its GPUs
     snapshot_max_file_mb: 10      # the code snapshot refuses a tracked file larger than this
@@ -32,7 +34,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from pydantic import Field, create_model, field_validator
 
@@ -90,6 +92,16 @@ ResourcesRequest = create_model(
         [], description="extra srun options, e.g. [--cpu-bind=cores]")))
 
 
+class Placement(schema.Schema):
+    """A spec's `placement`: the ways its jobs could run, of which a launch checked against the live cluster takes
+    the one Slurm says would start first (submit/placement.py)."""
+
+    soonest: list[ResourcesRequest] = Field(min_length=2, description=(
+        "two or more ways to run the jobs, each a `resources` of its keys over the spec's own (e.g. "
+        "[{partition: a100}, {partition: h100, gpus_per_node: 4}]); the first is the spec's choice, kept on a tie "
+        "and where Slurm gives no estimate"))
+
+
 class SpecFile(schema.Schema):
     """A job or sweep spec as its file says it; `train`, `grid` and `runs` hold trainer keys, checked per run
     by the trainer's schema."""
@@ -109,6 +121,8 @@ class SpecFile(schema.Schema):
     search: Search | None = Field(None, description="instead of a grid: random or Optuna search")
     runs: list[dict[str, Any]] | None = Field(None, description="explicit runs: trainer keys and an optional name")
     resources: ResourcesRequest = Field(default_factory=ResourcesRequest, description="what each job asks for")
+    placement: Placement | None = Field(None, description=(
+        "ways to run the jobs (other partitions, GPU types, sizes); the launch takes the one that starts first"))
     array_parallelism: OptInt = Field(None, ge=1, description="at most this many array tasks at once")
     queue_margin: int = Field(0, ge=0, description=(
         "places of your queue limit left to your other jobs when the sweep is larger than the limit lets out at "
@@ -133,6 +147,13 @@ class SpecFile(schema.Schema):
         return name
 
 
+class Way(NamedTuple):
+    """One of `placement.soonest`: its keys as the spec gives them (`partition: a100`), and the resources."""
+
+    said: str
+    resources: Resources
+
+
 @dataclass
 class Sweep:
     name: str
@@ -153,6 +174,7 @@ class Sweep:
     retry: RetryPolicy | None = None  # how its heal job sends again the runs that ended badly
     queue_margin: int = 0  # places of the user's queue limit left to their other jobs (heal/waves.py)
     naming: int = NAMING  # how its runs are named (layout.NAMING): a sweep launched before keeps its own
+    placement: list[Way] = field(default_factory=list)  # `placement: soonest`: `resources` is the first until chosen
 
     @property
     def dirs(self) -> SweepDirs:
@@ -221,6 +243,29 @@ def _resources(asked: Any, profile: Profile, problems: list[str], ours: bool = T
                           {**profile.sbatch_options, **asked.sbatch_options}, profile.srun_args + asked.srun_args)
     _check_limits(resources, profile, problems)
     return resources
+
+
+def _placed(spec: SpecFile, profile: Profile | None, problems: list[str],
+            ours: bool) -> tuple[Resources | None, list[Way]]:
+    """The jobs' resources and, with `placement`, each of its ways (each over `resources`, checked against the
+    profile as `resources` is); the resources are then the first way's, the spec's choice until one is taken."""
+    if profile is None:
+        return None, []
+    if spec.placement is None:
+        return _resources(spec.resources, profile, problems, ours), []
+    ways = []
+    for i, way in enumerate(spec.placement.soonest):
+        given = way.model_dump(exclude_unset=True)
+        own: list[str] = []
+        resources = _resources(spec.resources.model_copy(update=given), profile, own, ours)
+        problems.extend(p.replace("resources.", f"placement.soonest[{i}].", 1) for p in own)
+        ways.append(Way(", ".join(f"{key}: {_shown(key, value)}" for key, value in given.items()), resources))
+    return ways[0].resources, ways
+
+
+def _shown(key: str, value: Any) -> str:
+    """A way's value as the spec wrote it, near enough (a time and a memory were read as minutes and MB)."""
+    return format_time(value) if key == "time" else f"{value}M" if key == "mem" else str(value)
 
 
 def _check_limits(r: Resources, profile: Profile, problems: list[str]) -> None:
@@ -301,14 +346,14 @@ def load(path: str | Path, workdir: str | Path = ".", cluster: str | None = None
     varying = sweep_runs.name_keys(points, base)
     runs = sweep_runs.make(points, grid_size, varying, inputs, launcher, str(SweepDirs(workdir, name).runs),
                            problems, naming)
-    resources = _resources(spec.resources, profile, problems) if profile is not None else None
+    resources, ways = _placed(spec, profile, problems, ours=True)
     pack = _pack(spec.pack or 1, backend, optuna, resources, problems)
     policy = _retry(spec, profile, resources, backend, problems)
     if unique := list(dict.fromkeys(problems)):
         raise LaunchError(unique, str(path))
     return Sweep(name, path, profile, backend, resources, spec.array_parallelism, workdir, runs, varying, optuna, pack,
                  spec.snapshot_max_file_mb, code_counts=spec.code_counts, retry=policy, naming=naming,
-                 queue_margin=spec.queue_margin)
+                 queue_margin=spec.queue_margin, placement=ways)
 
 
 def _workers(optuna: dict[str, Any], naming: int) -> tuple[list[tuple[str | None, dict[str, Any]]], int]:
@@ -340,14 +385,14 @@ def _command_sweep(spec: SpecFile, path: Path, name: str, profile: Profile | Non
             problems.extend(command_mod.check_run(command, {**run.shared, **run.own}, f"run {run.name}"))
     if profile is not None and command is not None and command.signal is not None:  # (its jobs' --signal too)
         profile = profile.model_copy(update={"signal": command.signal})
-    resources = _resources(spec.resources, profile, problems, ours=False) if profile is not None else None
+    resources, ways = _placed(spec, profile, problems, ours=False)
     pack = _pack(spec.pack or 1, backend, optuna, resources, problems)
     policy = _retry(spec, profile, resources, backend, problems)
     if unique := list(dict.fromkeys(problems)):
         raise LaunchError(unique, str(path))
     return Sweep(name, path, profile, backend, resources, spec.array_parallelism, workdir, runs, varying, optuna,
                  pack, spec.snapshot_max_file_mb, command, project, code_counts=spec.code_counts, retry=policy,
-                 naming=naming, queue_margin=spec.queue_margin)
+                 naming=naming, queue_margin=spec.queue_margin, placement=ways)
 
 
 def _retry(spec: SpecFile, profile: Profile | None, resources: Resources | None, backend: str,

@@ -119,17 +119,23 @@ def _write_scripts(sweep: Sweep, code: Path, indices: list[int], runs: int, laun
         array = ranges(sorted({(i - chunk[0]) // pack for i in chunk}))
         if sweep.array_parallelism:
             array += f"%{sweep.array_parallelism}"
-        params = ScriptParams(
-            job_name=sweep.name, array=array, offset=chunk[0], manifest=str(sweep.dirs.manifest),
-            script_path=str(path), log_dir=str(sweep.dirs.logs), workdir=str(sweep.workdir),
-            python=sweep.profile.interpreter, pythonpath=str(code), resources=sweep.resources,
-            profile=sweep.profile, worker=sweep.search is not None, pack=pack, runs=min(runs, chunk[-1] + 1),
-            command=sweep.command is not None,
-            torchrun=sweep.command is not None and sweep.command.start == "torchrun",
-        )
-        durable.write(path, render(params), executable=True)
+        durable.write(path, script_text(sweep, code, path, array, chunk[0], min(runs, chunk[-1] + 1)),
+                      executable=True)
         scripts.append(Script(path, array, chunk[0], chunk))
     return scripts
+
+
+def script_text(sweep: Sweep, code: Path, path: Path, array: str, offset: int, runs: int) -> str:
+    """The batch script at `path` of the array tasks `array`, its task t running run `offset + t * pack` of a
+    manifest of `runs`."""
+    return render(ScriptParams(
+        job_name=sweep.name, array=array, offset=offset, manifest=str(sweep.dirs.manifest),
+        script_path=str(path), log_dir=str(sweep.dirs.logs), workdir=str(sweep.workdir),
+        python=sweep.profile.interpreter, pythonpath=str(code), resources=sweep.resources,
+        profile=sweep.profile, worker=sweep.search is not None, pack=sweep.pack, runs=runs,
+        command=sweep.command is not None,
+        torchrun=sweep.command is not None and sweep.command.start == "torchrun",
+    ))
 
 
 def ranges(tasks: list[int]) -> str:

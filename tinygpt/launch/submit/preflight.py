@@ -6,11 +6,14 @@ fits its MaxTime and the nodes its size; the GPUs asked for are on its nodes, of
 account and QOS are the user's, and the time fits the QOS's MaxWall (where accounting answers); each job
 array's task ids stay below MaxArraySize. Then `sbatch --test-only` of each batch script: Slurm's own
 verdict, and its estimate of when the job would start. When Slurm does not answer, nothing is submitted
-(the check fails closed); a controller that does not answer is said at once (errors.SlurmAway).
+(the check fails closed); a controller that does not answer is said at once (errors.SlurmAway). With
+`placement: soonest`, each of the spec's ways is checked so, and the one Slurm would start first taken
+(placement.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import TYPE_CHECKING
 
@@ -19,6 +22,7 @@ from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.slurm import limits, slurm_cli
 from tinygpt.launch.slurm.live_cluster import LiveCluster
 from tinygpt.launch.spec.resources import SOURCE, format_time, time_limit_min
+from tinygpt.launch.submit import placement
 
 if TYPE_CHECKING:
     from tinygpt.launch.spec.sweep import Sweep
@@ -33,6 +37,10 @@ def before_writing(sweep: Sweep) -> LiveCluster:
     cluster = LiveCluster.ask()
     if cluster is None:
         raise LaunchError(f"check: {slurm_cli.no_answer()}, {NOT_CHECKED}")
+    if sweep.placement:  # (`placement: soonest`: each way checked as the spec is, then Slurm's estimates)
+        refused = {i: "; ".join(why) for i, way in enumerate(sweep.placement)
+                   if (why := spec_problems(dataclasses.replace(sweep, resources=way.resources), cluster))}
+        sweep.resources = placement.soonest(sweep, refused)
     if problems := spec_problems(sweep, cluster):
         raise LaunchError(problems, f"{sweep.spec_path} against cluster {cluster.name}")
     if sweep.retry is not None:  # (the caps the profile did not know, as this cluster says them)
