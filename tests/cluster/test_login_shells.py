@@ -71,13 +71,17 @@ def test_a_round_trip_under_every_login_shell(shell):
     name, laptop = shell
     raw = on_login(USERS[name], "true")  # (without the launcher: the banner is there to be dropped)
     assert raw.returncode == 0 and (name not in STARTUP or BANNER in raw.stdout), raw
-    stream = subprocess.Popen([sys.executable, "-c", STREAM, str(laptop["profile"]), ECHO_AND_WAIT, *WORDS],
+    stream = subprocess.Popen([sys.executable, "-X", "faulthandler", "-c", STREAM, str(laptop["profile"]),
+                               ECHO_AND_WAIT, *WORDS],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=python_env(**laptop["env"]))
     try:
         first = stream.stdout.readline()
         assert json.loads(first) == WORDS, (name, first, stream.stderr.read() if not first else "")
         stream.send_signal(signal.SIGINT)
-        assert stream.wait(timeout=60) == 130
+        try:
+            assert stream.wait(timeout=60) == 130
+        except subprocess.TimeoutExpired:
+            pytest.fail(_why_it_goes_on(stream, laptop))
     finally:
         stream.kill()
     said = stream.stderr.read().decode()
@@ -85,6 +89,18 @@ def test_a_round_trip_under_every_login_shell(shell):
     ended = [c / "status" for c in (laptop["there"] / "commands").iterdir() if (c / "status").exists()]
     assert any(s.read_text() == "130" for s in ended)
     assert not list(home_there(USERS[name]).rglob("pwned"))
+
+
+def _why_it_goes_on(stream: subprocess.Popen, laptop: dict) -> str:
+    """What a laptop that did not end 60 s after its Ctrl-C was doing (-X faulthandler: its threads' stacks on
+    SIGABRT), the SSH clients and login node processes of the user, and each of its commands' files there."""
+    seen = subprocess.run(["ps", "-eo", "pid,pgid,etime,user,args"], capture_output=True, text=True).stdout
+    mine = [line[:240] for line in seen.splitlines() if laptop["user"] in line]
+    stream.send_signal(signal.SIGABRT)
+    _, stack = stream.communicate(timeout=30)
+    commands = {c.name: sorted(f.name for f in c.iterdir()) for c in (laptop["there"] / "commands").iterdir()}
+    return (f"the laptop went on 60 s after its Ctrl-C; its stderr and stacks:\n{stack.decode()[-6000:]}\n"
+            f"processes of {laptop['user']}:\n" + "\n".join(mine) + f"\ncommands there: {commands}")
 
 
 @pytest.mark.parametrize("shell", ["tcsh", "fish"], indirect=True)

@@ -192,6 +192,8 @@ def test_a_distributed_rank_skips_python_finalisation_at_exit(monkeypatch, world
     monkeypatch.setattr(train_mod.os, "_exit", leave("os._exit"))
     monkeypatch.setattr(train_mod.sys, "exit", leave("sys.exit"))
     monkeypatch.setattr(train_mod.atexit, "_run_exitfuncs", lambda: calls.append(("exit hooks", None)))
+    # (its signals are the process's: ignored in this one, every process the worker started later would ignore them)
+    monkeypatch.setattr(train_mod.preemption, "ignore_from_now_on", lambda: None)
     with pytest.raises(SystemExit):
         train_mod.exit_process(75)
     assert [how for how, _ in calls] == leaves_by and calls[-1][1] == 75
