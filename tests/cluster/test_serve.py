@@ -1,7 +1,8 @@
 """`launch.py serve` in a real headless browser over sweeps on the local cluster: the page follows the runs as they
-step (no reload), shows a run that failed with its error line, shows a log line holding `<script>` as text, and
-cancels the sweep after the user confirms; and a login node's page reached from the laptop through the node's
-sshd, which another user of the node is refused. With TINYGPT_SCREENSHOTS=DIR the browser's screenshots go there."""
+step (no reload), shows a run that failed with its error line, shows a log line holding `<script>` as text,
+resubmits the failed run and cancels the sweep after the user confirms each; and a login node's page reached from
+the laptop through the node's sshd, which another user of the node is refused. With TINYGPT_SCREENSHOTS=DIR the
+browser's screenshots go there."""
 
 from __future__ import annotations
 
@@ -57,8 +58,8 @@ def shot(driver, name: str) -> None:
         driver.save_screenshot(str(Path(folder) / name))
 
 
-def test_a_running_sweep_seen_live_in_a_browser_its_failure_said_as_text_and_cancelled_from_the_page(tmp_path,
-                                                                                                     browser):  # noqa: F811
+def test_a_running_sweep_seen_live_in_a_browser_its_failure_said_resubmitted_and_the_sweep_cancelled_from_the_page(
+        tmp_path, browser):  # noqa: F811
     name = unique_name("serve")
     (tmp_path / "project").mkdir()
     (tmp_path / "project" / "prog.py").write_text(PROGRAM)
@@ -96,6 +97,15 @@ def test_a_running_sweep_seen_live_in_a_browser_its_failure_said_as_text_and_can
         assert browser.find_elements(By.CSS_SELECTOR, "#run-log script") == [] and browser.title != "pwned"
         shot(browser, "serve-run.png")
 
+        browser.find_element(By.ID, "resubmit").click()  # (broken, which failed; steady runs on untouched)
+        browser.switch_to.alert.accept()
+        wait_until(lambda: text(browser, "#done").startswith("resubmitted: "), timeout=60, poll=0.5,
+                   what=lambda: f"the page's resubmission: {text(browser, 'body')}")
+        again = manifest_of(work, name).task_job_ids()
+        assert text(browser, "#done") == f"resubmitted: {again[1].split('_')[0]}"  # (the new array job's id)
+        assert again[1] != manifest.task_job_ids()[1]
+        assert again[0] == manifest.task_job_ids()[0]
+
         browser.find_element(By.ID, "cancel").click()
         alert = browser.switch_to.alert
         assert name in alert.text
@@ -108,7 +118,7 @@ def test_a_running_sweep_seen_live_in_a_browser_its_failure_said_as_text_and_can
     finally:
         server.shutdown()
         server.server_close()
-        cancel(*manifest.task_job_ids().values())
+        cancel(*manifest.task_job_ids().values(), *manifest_of(work, name).task_job_ids().values())
 
 
 def _queued(job_id: str) -> bool:

@@ -79,6 +79,7 @@ function sweepPage() {
   $("name").textContent = view.name;
   document.title = `sweep ${view.name}`;
   $("cancel").addEventListener("click", cancel);
+  $("resubmit").addEventListener("click", resubmit);
   $("previous").addEventListener("click", () => turn(-1));
   $("next").addEventListener("click", () => turn(1));
   view.again = every(refresh);
@@ -163,12 +164,26 @@ async function showRun(base, run) {
 
 async function cancel() {
   if (!window.confirm(`Cancel every run of sweep ${view.name}? Slurm stops them now; resubmit sends them again.`)) return;
+  const done = await act("cancel");
+  if (done) $("done").textContent = `cancelled: ${done.cancelled.join(", ") || "nothing was live"}`;
+}
+
+async function resubmit() {
+  if (!window.confirm(`Send again the runs of sweep ${view.name} that failed, timed out, lost their node, ran out of `
+    + "memory, hung or were preempted? Each resumes from its newest checkpoint.")) return;
+  const done = await act("resubmit");
+  if (done) $("done").textContent = `resubmitted: ${done.resubmitted.join(", ") || "no run had ended so"}`;
+  view.again();
+}
+
+async function act(action) {
+  // an action is a POST of JSON from this page (the server refuses any other origin), after the user confirmed it
   try {
-    const done = await ask(`/api/sweeps/${encodeURIComponent(view.name)}/cancel`,
+    return await ask(`/api/sweeps/${encodeURIComponent(view.name)}/${action}`,
       { method: "POST", headers: { "Content-Type": "application/json" }, body: "{}" });
-    $("done").textContent = `cancelled: ${done.cancelled.join(", ") || "nothing was live"}`;
   } catch (err) {
     $("problem").textContent = err.message;
+    return null;
   }
 }
 
