@@ -4,17 +4,22 @@ import json
 import logging
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 import yaml
+from selenium.webdriver.common.by import By
 
+from tests.support.browser import browser  # noqa: F401 (a fixture)
 from tests.support.paths import ROOT
-from tests.support.processes import launch, python_env
+from tests.support.processes import launch, python_env, wait_until
 from tests.support.slurm import manifest_of, run_to_completion, signal_when_training
 from tests.support.sweeps import sweep_dirs
 from tests.support.tiny import TINY_FLAGS, read_metrics, tiny_train
 from tinygpt.base import config
+from tinygpt.launch.serve import server as server_mod
+from tinygpt.launch.serve.reading import Reader
 from tinygpt.training import trainer
 
 TRAIN = {k: v for k, v in tiny_train(eval_interval=5, min_lr=1.0e-6, log_interval=5, ckpt_interval=5).items()
@@ -70,7 +75,8 @@ def test_bad_optuna_sections_and_resources_are_named(tmp_path, tiny_corpus):
     assert out.returncode == 1 and "an Optuna worker trains one trial at a time in one process" in out.stderr
 
 
-def test_workers_share_one_study_locally_and_the_report_ranks_the_trials(tmp_path, tiny_corpus):
+def test_workers_share_one_study_locally_and_the_report_ranks_the_trials_as_the_page_does(tmp_path, tiny_corpus,
+                                                                                          browser):  # noqa: F811
     work = tmp_path / "w"
     spec = optuna_spec(tmp_path, tiny_corpus, "local-search", 6, 2, 30)
     out = launch(str(spec), "--local", "--workdir", str(work), timeout=600)
@@ -85,6 +91,20 @@ def test_workers_share_one_study_locally_and_the_report_ranks_the_trials(tmp_pat
     report = (work / "runs" / "local-search" / "report.md").read_text()
     assert "## Search (Optuna)" in report and "| 1 | " in report
     assert (work / "runs" / "local-search" / "search.png").is_file()
+
+    trials = json.loads(launch("status", str(spec), "--workdir", str(work), "--json").stdout)["trials"]
+    assert sorted(t["trial"] for t in trials) == list(range(6)) and {t["worker"] for t in trials} == {0, 1}
+    best = min((t for t in trials if t["state"] == "COMPLETE"), key=lambda t: t["value"])
+    server = server_mod.Server(Reader(work), idle_s=600)  # (the sweep's page lists them, the best first)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+    try:
+        browser.get(server.url("/sweep/local-search"))
+        rows = lambda: [r.text for r in browser.find_elements(By.CSS_SELECTOR, "#trials tbody tr")]  # noqa: E731
+        wait_until(lambda: len(rows()) == 6, timeout=60, poll=0.2, what=lambda: f"the page's trials: {rows()}")
+        assert rows()[0].startswith(f"{best['trial']} COMPLETE {best['value']:.4f}"), rows()
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_a_search_with_a_target_scores_the_seconds_to_it_and_stops_each_trial_there(tmp_path, tiny_corpus):

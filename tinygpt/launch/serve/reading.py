@@ -61,8 +61,9 @@ class Reader:
 
     def view(self, name: str, page: int = 0, metric: str | None = None, run: str | None = None) -> dict[str, Any]:
         """What the sweep's page shows now, in one answer the size of a page: the status document with the runs
-        of page `page` only (the counts and notes are the whole sweep's), `run`'s row, the named values its
-        runs record, the one drawn (`metric`, else train_loss, else the first) and the curves drawn."""
+        of page `page` only (the counts and notes are the whole sweep's) and an Optuna search's PAGE best trials
+        (`trials`: how many it has), `run`'s row, the named values its runs record, the one drawn (`metric`, else
+        train_loss, else the first) and the curves drawn."""
         sweep = self.sweep(name)
         if run is not None and run not in sweep.runs:
             raise NotFound(f"no run `{run}` in sweep `{name}`")
@@ -73,10 +74,13 @@ class Reader:
             metric = "train_loss" if "train_loss" in names else names[0] if names else None
         pages = max(1, math.ceil(len(status.runs) / PAGE))
         page = min(max(page, 0), pages - 1)
-        shown = status.model_copy(update={"runs": status.runs[page * PAGE:(page + 1) * PAGE]})
+        trials = None if status.trials is None else sorted(  # (the best first: a search minimises its value)
+            status.trials, key=lambda t: (t.value is None or math.isnan(t.value), t.value or 0.0))[:PAGE]
+        shown = status.model_copy(update={"runs": status.runs[page * PAGE:(page + 1) * PAGE], "trials": trials})
         drawn = self._drawn(status, last, metric, run)
         out_dir = {r.name: r.out_dir for r in sweep.manifest.runs}
         return {"status": shown.model_dump(), "total": len(status.runs), "page": page, "pages": pages, "per_page": PAGE,
+                "trials": None if status.trials is None else len(status.trials),
                 "run": next((r.model_dump() for r in status.runs if r.name == run), None),
                 "metrics": names, "metric": metric,
                 "curves": {r: self._run_series(out_dir[r]).get(metric, []) for r in drawn}}

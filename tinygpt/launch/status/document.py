@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -51,6 +51,22 @@ class RunStatus(BaseModel):
                                                 "(what `status` prints under its table); null otherwise")
 
 
+class TrialStatus(BaseModel):
+    """One trial of an Optuna search, as `status` lists it under its workers."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    trial: int = Field(description="its number in the study")
+    state: str = Field(description="Optuna's word: RUNNING, COMPLETE, PRUNED, FAIL, WAITING")
+    value: float | None = Field(description="its objective (the validation loss, or seconds to the target)")
+    pruned_at: int | None = Field(description="the step at which the pruner stopped it")
+    last_value: float | None = Field(description="the last value it reported")
+    worker: int | None = Field(description="the worker that trained it")
+    params: dict[str, Any] = Field(description="the values tried")
+    run_dir: str | None = Field(description="its run directory")
+    tokens_to_target: int | None = Field(description="with a target: the tokens trained when it got there")
+
+
 class SweepStatus(BaseModel):
     """The document `status --json` prints."""
 
@@ -72,6 +88,7 @@ class SweepStatus(BaseModel):
                                          "than the queue limits), the heal job that sends them and when the last "
                                          "should go out; runs Slurm keeps pending for a limit (empty: nothing)")
     runs: list[RunStatus]
+    trials: list[TrialStatus] | None = Field(None, description="an Optuna search's trials (null: not a search)")
 
 
 def document(manifest: Manifest) -> SweepStatus:
@@ -88,4 +105,13 @@ def document(manifest: Manifest) -> SweepStatus:
                        backend=manifest.backend, program="command" if manifest.command else "trainer",
                        time=time.time(), unheard=list(rows.unheard),
                        counts=dict(Counter(r.state_name for r in runs)), retry=decide.status_lines(manifest, rows),
-                       queue=waves.status_lines(manifest, rows), runs=runs)
+                       queue=waves.status_lines(manifest, rows), runs=runs, trials=_trials(manifest))
+
+
+def _trials(manifest: Manifest) -> list[TrialStatus] | None:
+    if not manifest.search:
+        return None
+    from tinygpt.launch.read import study
+
+    return [TrialStatus(**{key.replace(" ", "_"): value for key, value in row.items()})
+            for row in study.trials(manifest)]

@@ -96,6 +96,7 @@ async function refresh() {
   view.shown = shown;
   view.page = shown.page;
   showStatus(shown);
+  showTrials(shown);
   showMetrics(shown);
   showCurves(Object.keys(shown.curves), shown.curves);
   if (view.run !== null) await showRun(base, shown.run);
@@ -121,6 +122,21 @@ function showStatus(shown) {
       el("td", fixed(r.train_loss, 4), "num"), el("td", fixed(r.val_loss, 4), "num"), el("td", duration(r.eta_s)),
       el("td", r.nodes));
     row.addEventListener("click", () => { view.run = r.name; $("run").hidden = false; view.again(); });
+    return row;
+  }));
+}
+
+function showTrials(shown) {
+  // an Optuna search's trials, the best first (the answer holds a page of them)
+  const trials = shown.status.trials;
+  $("trials").hidden = trials === null;
+  if (trials === null) return;
+  $("trials-title").textContent = `trials: the best ${trials.length} of ${shown.trials}`;
+  $("trials").querySelector("tbody").replaceChildren(...trials.map((t) => {
+    const row = el("tr");
+    row.append(el("td", t.trial, "num"), el("td", t.state), el("td", fixed(t.value, 4), "num"),
+      el("td", t.pruned_at, "num"), el("td", t.worker, "num"),
+      el("td", Object.entries(t.params).map(([k, v]) => `${k}=${v}`).join(", ")));
     return row;
   }));
 }
