@@ -36,18 +36,6 @@ def spec_with(tmp_path: Path, corpus: Path, name: str, profile: dict | None = No
     return spec
 
 
-@pytest.mark.slurm_release
-@pytest.mark.slurm
-@pytest.mark.shares_cluster
-def test_check_of_a_good_spec_gives_slurms_estimate_and_submits_nothing(tmp_path, tiny_corpus):
-    out = launch("check", str(spec_with(tmp_path, tiny_corpus, "good")), "--workdir", str(tmp_path / "w"))
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "slurm: good.sbatch: would start at " in out.stdout and "in partition debug" in out.stdout
-    release = slurm_release()  # (of the commands on PATH, which are the controller's release here)
-    assert f"check: the spec fits cluster local (Slurm {release}); nothing submitted" in out.stdout, out.stdout
-    assert queued("good") == []
-
-
 # What the live cluster refuses, and the message that says so: (name, the profile's changes over local.yaml, the
 # spec's resources, its grid, the message)
 REFUSED = [
@@ -87,7 +75,9 @@ REFUSED = [
 def test_a_spec_the_live_cluster_would_refuse_is_named_and_nothing_is_submitted(tmp_path, tiny_corpus, name,
                                                                                  profile, resources, grid, message):
     spec = spec_with(tmp_path, tiny_corpus, name, profile, resources, grid)
-    for command in (["check", str(spec)], [str(spec)]):  # `check`, and a plain submission: the same verdict
+    # `check`, and a plain submission: the same verdict (a launch asked once of each stage: the spec against the
+    # cluster before anything is written, and the written scripts' arrays)
+    for command in (["check", str(spec)], *([[str(spec)]] if name in ("limit", "array") else [])):
         out = launch(*command, "--workdir", str(tmp_path / "w"))
         assert out.returncode == 1 and message in out.stderr, out.stdout + out.stderr
         assert "Traceback" not in out.stderr
@@ -168,6 +158,9 @@ def test_placement_takes_the_way_slurm_starts_first_and_status_shows_when_a_pend
         assert _start(estimates["debug"]) < _start(estimates["last"])  # (node1 is free now)
         assert "placement: chose partition: debug, as it would start first" in said, said
         assert any("slurm: placed.sbatch: would start at " in line and "in partition debug" in line for line in said)
+        release = slurm_release()  # (of the commands on PATH, which are the controller's release here)
+        assert said[-1] == f"check: the spec fits cluster local (Slurm {release}); nothing submitted", said
+        assert queued("placed") == []
 
         spec, work = spec_with(tmp_path, tiny_corpus, "later", resources={"partition": "last"}), tmp_path / "w"
         assert launch(str(spec), "--workdir", str(work)).returncode == 0
