@@ -39,7 +39,10 @@ WORDS = ["$(touch pwned)", "`touch pwned`", "; touch pwned", "'", '"', "!!", "a\
          "x" * 2000]
 ECHO_AND_WAIT = ("import json, signal, sys, time; signal.signal(signal.SIGINT, lambda *_: sys.exit(130)); "
                  "print(json.dumps(sys.argv[1:]), flush=True); time.sleep(600)")
-STREAM = """import sys
+# (Ctrl-C handled as the command line does it: a suite started in the background by a non-interactive shell, as CI
+# may be, passes SIGINT on ignored, and Python keeps an ignored SIGINT ignored)
+STREAM = """import signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from tinygpt.launch.remote import laptop
 from tinygpt.launch.spec import profiles
 conn, _ = laptop.connect(profiles.from_file(sys.argv[1]).login)

@@ -174,14 +174,9 @@ class Connection:
     def where(self) -> str:
         return f"{self.login.user + '@' if self.login.user else ''}{self.login.host}"
 
-    def argv(self, shared: bool = True) -> list[str]:
-        """ssh's command: the login shell there runs `PYTHON -` (the profile allows no other characters in it);
-        not `shared`: over a connection of its own (ssh takes an option's first value: the shared one's are left
-        out)."""
-        options = self.options if shared else ["-o", "ControlPath=none", *[
-            word for pair in zip(self.options[::2], self.options[1::2])
-            if not (pair[0] == "-o" and pair[1].startswith("Control")) for word in pair]]
-        return ["ssh", *options, "--", self.login.host, f"{self.login.python} -"]
+    def argv(self) -> list[str]:
+        """ssh's command: the login shell there runs `PYTHON -` (the profile allows no other characters in it)."""
+        return ["ssh", *self.options, "--", self.login.host, f"{self.login.python} -"]
 
     def close(self) -> None:
         """End the shared connection, if one is open (the next command opens and checks a new one)."""
@@ -192,12 +187,11 @@ class Connection:
         marker = f"tinygpt-login-side-{secrets.token_hex(8)}"
         return request(command, self.root, args, stdin, self.login.trust_group, marker), marker.encode()
 
-    def call(self, command: str, *args: str, stdin: bytes = b"", shared: bool = True) -> bytes:
-        """login_side's COMMAND's output; a LaunchError that says what went wrong, and how to fix it, if it failed.
-        Not `shared`: over a connection of its own."""
+    def call(self, command: str, *args: str, stdin: bytes = b"") -> bytes:
+        """login_side's COMMAND's output; a LaunchError that says what went wrong, and how to fix it, if it failed."""
         program, marker = self.request(command, *args, stdin=stdin)
         try:
-            done = subprocess.run(self.argv(shared), input=program, capture_output=True, timeout=CALL_TIMEOUT_S)
+            done = subprocess.run(self.argv(), input=program, capture_output=True, timeout=CALL_TIMEOUT_S)
         except FileNotFoundError:
             raise LaunchError("cluster: working from a laptop needs OpenSSH's client (`ssh`), which is not "
                               "installed here; install it (Debian/Ubuntu: openssh-client)") from None
@@ -286,7 +280,7 @@ class Connection:
                     if started:
                         ident = line.decode(errors="replace").strip()
                         if interrupted:
-                            self.call("signal", ident, shared=False)
+                            self.call("signal", ident)
                     started = started or line == marker + b"\n"
                     continue
                 chunk = proc.stdout.read1(65536)
@@ -299,8 +293,8 @@ class Connection:
                     proc.kill()
                     break
                 interrupted = True
-                if ident:  # (over a connection of its own: a Ctrl-C gets through whatever the shared one is doing)
-                    self.call("signal", ident, shared=False)
+                if ident:
+                    self.call("signal", ident)
         status = proc.wait()
         errors.join(timeout=CONNECT_TIMEOUT_S)
         if ident is None and not errors.started:  # (login_side never ran; when it did, it said why itself)
