@@ -67,8 +67,8 @@ def test_profile_new_writes_what_slurm_says_and_sweeps_run_with_it_unchanged(tmp
                         f"\nresources: {resources}\n")
         submitted = launch(str(spec), "--cluster", str(path), "--workdir", str(work))
         assert submitted.returncode == 0 and "cluster local" in submitted.stdout, submitted.stdout + submitted.stderr
-        manifest = manifest_of(work, name)
-        assert wait(manifest.task_job_ids()[0]) == "COMPLETED"
+    for name in ("cpu", "gpu"):  # (both submitted first: they train side by side)
+        assert wait(manifest_of(work, name).task_job_ids()[0]) == "COMPLETED", name
     assert "#SBATCH --gres=gpu:a100:1" in sweep_dirs(work, "gpu").script().read_text()
 
 
