@@ -196,7 +196,7 @@ def test_placement_keeps_the_specs_first_way_on_a_tie_or_where_slurm_gives_no_ti
             return not words[partition].startswith("error"), words[partition]
         monkeypatch.setattr(slurm_cli, "sbatch_test_only", test_only)
 
-    at = "Job 7 to start at {} using 1 processors on nodes node1 in partition {}"
+    at = "would start at {} using 1 processors on nodes node1 in partition {}"  # (as sbatch_test_only words it)
     answers({"short": "error: Batch job submission failed: Invalid qos specification",
              "debug": at.format("2026-12-06T10:00:00", "debug"), "high": at.format("2026-12-06T10:00:00", "high")})
     assert placement.soonest(sweep, {}) == sweep.placement[1].resources  # (the tie: the spec's order)
@@ -204,7 +204,7 @@ def test_placement_keeps_the_specs_first_way_on_a_tie_or_where_slurm_gives_no_ti
     assert "placement: partition: short: Slurm would not take it: error: Batch job" in said
     assert "placement: chose time: 00:15:00, partition: debug, as the spec lists it first of those that would " \
            "start first" in said
-    answers({"short": "Job 7 to start at Unknown", "debug": at.format("2026-12-06T09:00:00", "debug"),
+    answers({"short": "would start at Unknown", "debug": at.format("2026-12-06T09:00:00", "debug"),
              "high": at.format("2026-12-06T10:00:00", "high")})
     assert placement.soonest(sweep, {2: "why not"}) == sweep.placement[0].resources
     said = capsys.readouterr().out

@@ -74,8 +74,8 @@ class Reader:
             metric = "train_loss" if "train_loss" in names else names[0] if names else None
         pages = max(1, math.ceil(len(status.runs) / PAGE))
         page = min(max(page, 0), pages - 1)
-        trials = None if status.trials is None else sorted(  # (the best first: a search minimises its value)
-            status.trials, key=lambda t: (t.value is None or math.isnan(t.value), t.value or 0.0))[:PAGE]
+        trials = None if status.trials is None else sorted(  # (a search minimises its value)
+            status.trials, key=lambda t: _best_first(t.value))[:PAGE]
         shown = status.model_copy(update={"runs": status.runs[page * PAGE:(page + 1) * PAGE], "trials": trials})
         drawn = self._drawn(status, last, metric, run)
         out_dir = {r.name: r.out_dir for r in sweep.manifest.runs}
@@ -114,8 +114,7 @@ class Reader:
         """The runs whose curves are drawn: the PLOTTED best by their last value of `metric` (a NaN last), the
         first PLOTTED that failed, and `run`; those that record `metric`."""
         has = [r for r, points in last.items() if metric in points]
-        value = lambda r: _finite(last[r][metric][1])  # noqa: E731
-        best = sorted(has, key=lambda r: (value(r) is None, value(r) or 0.0))[:PLOTTED]
+        best = sorted(has, key=lambda r: _best_first(last[r][metric][1]))[:PLOTTED]
         failed = [r.name for r in status.runs if r.failed and metric in last[r.name]][:PLOTTED]
         return list(dict.fromkeys([*best, *failed, *([run] if run and metric in last[run] else [])]))
 
@@ -140,3 +139,9 @@ class Reader:
 
 def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None  # (JSON has no NaN: a gap)
+
+
+def _best_first(value: float | None) -> tuple[bool, float]:
+    """A sort key: the least value first, a missing or not finite one last."""
+    finite = None if value is None else _finite(value)
+    return finite is None, finite or 0.0

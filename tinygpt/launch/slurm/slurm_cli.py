@@ -82,13 +82,14 @@ def sbatch(script_path: str, extra: list[str] | None = None) -> str:
 
 
 def sbatch_test_only(script_path: str, extra: list[str] | None = None) -> tuple[bool, str]:
-    """`sbatch --test-only`: whether Slurm would take the script, and its words (when the job would start, on
-    which nodes; or why not). Nothing is submitted."""
+    """`sbatch --test-only`: whether Slurm would take the script, and its words (`would start at T using ... on
+    nodes ... in partition P`; or why not). Nothing is submitted: the job id Slurm names is no job's, and is left
+    out."""
     out = _run(["sbatch", "--test-only", *(extra or []), script_path], timeout=30)
     if out is None:
         return False, "sbatch is not on PATH or did not answer"
     said = " ".join((out.stderr + out.stdout).split()).replace("sbatch: ", "")
-    return out.returncode == 0, said
+    return out.returncode == 0, re.sub(r"^Job [0-9]+ to start", "would start", said)
 
 
 def scancel(job_ids: list[str], signal: str | None = None) -> tuple[bool, str]:

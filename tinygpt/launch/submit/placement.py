@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from tinygpt.launch.spec.resources import Resources
     from tinygpt.launch.spec.sweep import Sweep
 
-START = re.compile(r"^Job [0-9]+ to start at ([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2})")
+START = re.compile(r"^would start at ([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2})")
 
 
 def soonest(sweep: Sweep, refused: dict[int, str]) -> Resources:
@@ -61,5 +61,4 @@ def _estimate(sweep: Sweep, path: Path) -> tuple[bool, datetime | None, str]:
     if not ok:
         return False, None, f"Slurm would not take it: {said}"
     found = START.match(said)
-    return True, datetime.fromisoformat(found[1]) if found else None, re.sub(r"^Job [0-9]+ to start", "would start",
-                                                                             said)
+    return True, datetime.fromisoformat(found[1]) if found else None, said

@@ -14,7 +14,6 @@ verdict, and its estimate of when the job would start. When Slurm does not answe
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import TYPE_CHECKING
 
 from tinygpt.launch.console import next_command
@@ -58,7 +57,7 @@ def before_submitting(plan: Plan, cluster: LiveCluster, in_waves: bool = False) 
         # (a script's first run is its task 0: plan.py starts each part's tasks at its first run)
         ok, said = slurm_cli.sbatch_test_only(str(path), ["--array=0"] if in_waves else [])
         if ok:
-            estimates.append(f"{path.name}: {re.sub(r'^Job [0-9]+ to start', 'would start', said)}")
+            estimates.append(f"{path.name}: {said}")
         elif in_waves and limits.over_a_submit_limit(said):  # (the queue is full now: its runs wait for a wave)
             estimates.append(f"{path.name}: no estimate, as the queue is at its limit now: {said}")
         else:
