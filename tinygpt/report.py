@@ -22,6 +22,7 @@ import numpy as np
 from tinygpt import mask_exercise
 from tinygpt.base import durable
 from tinygpt.training import metrics
+from tinygpt.training.attention import prompt_of
 
 
 @dataclass
@@ -139,11 +140,7 @@ def attention_figure(run: RunSummary, path: Path, prompt: str | None = None, lay
 
     model, step = load_model(run)
     prepared = prepared_data(run)
-    length = min(model.cfg.block_size, 24)
-    if prompt is None:
-        val = prepared.tokens("val")
-        prompt = prepared.decode(val[:length])
-    prompt = "".join(ch for ch in prompt if ch in set(prepared.vocab))[:model.cfg.block_size]
+    prompt = prompt_of(prepared, model.cfg.block_size, prompt)
     if not prompt:
         raise ReportError("the prompt has no character of the run's vocabulary")
     maps = model.attention_maps(torch.tensor(prepared.encode(prompt)), layer=layer).numpy()

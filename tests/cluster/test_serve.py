@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -19,13 +21,12 @@ from selenium.webdriver.common.by import By
 
 from tests.support.browser import browser  # noqa: F401 (a fixture)
 from tests.support.cluster_gate import LOCAL_CLUSTER_HOME
-from tests.support.laptop import KEYS, jobs_named, laptop_for, on_laptop, on_login, write_spec
+from tests.support.laptop import jobs_named, laptop_for, on_laptop, on_login, write_spec
 from tests.support.paths import ROOT
-from tests.support.processes import launch, wait_until
+from tests.support.processes import launch, python_env, wait_until
 from tests.support.slurm import cancel, manifest_of, unique_name
 from tinygpt.launch.serve import server as server_mod
 from tinygpt.launch.serve.reading import Reader
-from tinygpt.launch.submit import snapshot
 
 pytestmark = [pytest.mark.slurm, pytest.mark.shares_cluster]  # (its jobs wait for CPUs like any other's)
 
@@ -95,6 +96,8 @@ def test_a_running_sweep_seen_live_in_a_browser_its_failure_said_resubmitted_and
         assert text(browser, "#run-error") == "error: the data ran out at step 3"
         assert "<script>document.title = 'pwned'</script>" in text(browser, "#run-log")  # (as text, not run)
         assert browser.find_elements(By.CSS_SELECTOR, "#run-log script") == [] and browser.title != "pwned"
+        wait_until(lambda: "CPU eff" in text(browser, "#run-efficiency"), timeout=60, poll=0.5,
+                   what=lambda: f"broken's use of its allocation: {text(browser, '#run')}")  # (sacct, this run's job)
         shot(browser, "serve-run.png")
 
         browser.find_element(By.ID, "resubmit").click()  # (broken, which failed; steady runs on untouched)
@@ -127,46 +130,60 @@ def _queued(job_id: str) -> bool:
 
 
 @pytest.mark.slurm(needs=["login"])
-def test_the_page_of_a_login_nodes_sweep_reached_from_the_laptop_through_its_sshd_and_refused_to_another_user(
+def test_the_page_of_a_login_nodes_sweep_on_the_laptop_through_the_forward_serve_opens_refused_to_another_user(
         tmp_path, browser):  # noqa: F811
-    """As the README says: serve runs on the login node (there over SSH, as the laptop's launcher was sent), the
-    laptop forwards a port of its own to it through the login node's sshd and opens the link; tgpeer, another
-    user of the node, reaches the port and is refused (no token: 403)."""
+    """As the README says: the laptop's `serve SPEC` of a sweep it launched on a login node runs the server there
+    and forwards a port of the laptop's to it over the profile's SSH connection; the link it prints opens the
+    sweep's page here. tgpeer, another user of the login node, reaches the server's port there and is refused (no
+    token: 403). Ctrl-C on the laptop stops the server there and closes the forward."""
     laptop = laptop_for("tgstudent", tmp_path, remote_dir="tinygpt-hpc-serve")
     name = unique_name("seen")
     spec = write_spec(tmp_path, name, grid=[0.001])
     out = on_laptop(laptop, str(spec), "--cluster", str(laptop["profile"]), "--workdir", str(tmp_path), cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    there = laptop["there"]
-    root = "/" + str(there.relative_to(LOCAL_CLUSTER_HOME))  # (the same folder, as the login node names it)
-    python = "/" + str(next(there.glob("venvs/wheels-*/bin/python")).relative_to(LOCAL_CLUSTER_HOME))
-    ssh = ["ssh", "-i", str(KEYS / "id_ed25519"), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-           "-o", f"UserKnownHostsFile={KEYS / 'known_hosts'}", "-o", "ConnectTimeout=10", "-S", str(tmp_path / "ctl")]
-    serving = subprocess.Popen(
-        [*ssh, "-M", "tgstudent@login", f"cd {root} && PYTHONPATH={root}/trees/{snapshot.read(ROOT).digest} "
-                                        f"{python} -m tinygpt.launch serve jobs/{name}/manifest.json --idle-minutes 5"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    said = tmp_path / "serve.out"
+    with said.open("w") as output:
+        serving = subprocess.Popen([sys.executable, str(ROOT / "launch.py"), "serve", str(spec), "--workdir",
+                                    str(tmp_path), "--idle-minutes", "5"], stdout=output, stderr=subprocess.STDOUT,
+                                   cwd=tmp_path, env=python_env(**laptop["env"]))
     try:
-        said = serving.stdout.readline()  # (the link, printed at once; or why it could not serve, then the end)
-        link = re.search(r"http://127\.0\.0\.1:(\d+)(/sweep/\S+)\?token=(\S+)", said)
-        assert link, said + serving.stdout.read()
-        port, page, token = link.groups()
-        with socket.socket() as s:  # a free port of the laptop's for the forward
-            s.bind(("127.0.0.1", 0))
-            here = s.getsockname()[1]
-        subprocess.run([*ssh, "-O", "forward", "-L", f"{here}:127.0.0.1:{port}", "tgstudent@login"], check=True,
-                       capture_output=True, timeout=30)
-        browser.get(f"http://127.0.0.1:{here}{page}?token={token}")
-        wait_until(lambda: "lr-0.001" in text(browser, "#runs tbody"), timeout=60, poll=0.5,
-                   what=lambda: f"the login node's sweep on the laptop's page: {text(browser, 'body')}")
+        link = wait_until(lambda: re.search(r"(http://127\.0\.0\.1:\d+/sweep/\S+)\n.* to port (\d+) of",
+                                            said.read_text()), timeout=120, poll=0.2, proc=serving,
+                          what=lambda: f"the laptop's link: {said.read_text()}")
+        browser.get(link[1])
+        wait_until(lambda: re.match(r"lr-0\.001 (COMPLETED|FINISHED)", text(browser, "#runs tbody")),
+                   timeout=120, poll=0.5,
+                   what=lambda: f"the login node's sweep trained, on the laptop's page: {text(browser, 'body')}")
         assert text(browser, "#name") == name
+        browser.execute_script("document.querySelector(\"#runs tr[data-run='lr-0.001']\").click()")
+        heads = lambda: len(browser.find_elements(By.CSS_SELECTOR, "#run-attention canvas"))  # noqa: E731
+        wait_until(lambda: heads() == 2 and text(browser, "#run-samples"), timeout=60, poll=0.5,  # (n_head 2)
+                   what=lambda: f"our trainer's attention maps and samples on its run's page: {text(browser, '#run')}")
+        assert text(browser, "#run-attention-title").startswith("attention of layer 0 at step 12")
+        browser.execute_script("document.getElementById('run-samples-part').scrollIntoView()")
+        shot(browser, "serve-run-trainer.png")
 
         peer = on_login("tgpeer", f"python3 -c 'import urllib.request as r, urllib.error as e\ntry: "
-                                  f"r.urlopen(\"http://127.0.0.1:{port}/api/sweeps\")\nexcept e.HTTPError as x: "
+                                  f"r.urlopen(\"http://127.0.0.1:{link[2]}/api/sweeps\")\nexcept e.HTTPError as x: "
                                   f"print(x.code)'")
         assert peer.stdout.strip() == "403", peer.stdout + peer.stderr
+
+        serving.send_signal(signal.SIGINT)
+        assert serving.wait(timeout=60) == 130, said.read_text()
+        assert "stops after 5 min" in said.read_text()  # (the server's words relayed; its hint to forward by hand, no)
+        assert "from a laptop:" not in said.read_text()
+        serves = f"pgrep -f 'tinygpt[.]launch serve {there_root(laptop)}/jobs/{name}/'"  # ([.]: not pgrep's own shell)
+        wait_until(lambda: on_login("tgstudent", serves).returncode == 1, timeout=60, poll=0.5,
+                   what="the server on the login node stopped")
+        here = int(re.search(r"127\.0\.0\.1:(\d+)", link[1])[1])
+        with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", here), timeout=10):
+            pass  # (the forward closed with the command)
     finally:
-        on_login("tgstudent", f"pkill -f 'tinygpt.launch serve jobs/{name}/'")
-        subprocess.run([*ssh, "-O", "exit", "tgstudent@login"], capture_output=True, timeout=30)
         serving.kill()
+        on_login("tgstudent", f"pkill -f 'tinygpt[.]launch serve {there_root(laptop)}/'")
         cancel(*jobs_named(name))
+
+
+def there_root(laptop: dict) -> str:
+    """The laptop's remote_dir as the login node names it."""
+    return "/" + str(laptop["there"].relative_to(LOCAL_CLUSTER_HOME))

@@ -97,10 +97,11 @@ def test_the_questions_are_answered_through_the_library_and_nothing_else_is_serv
     assert last == {"x-1": {"loss": [3, 1 / 3]}, "x-2": {}}  # (each run's last point: a sweep may have thousands)
     series = json.loads(ask(served, "/api/sweeps/demo/metrics?run=x-1", headers=me)[2])
     assert series == {"x-1": {"loss": [[1, 1.0], [2, 0.5], [3, 1 / 3]]}}  # (the curves drawn, whole)
-    assert json.loads(ask(served, "/api/sweeps/demo/runs/x-2/log", headers=me)[2]) == {"run": "x-2", "logs": []}
+    assert json.loads(ask(served, "/api/sweeps/demo/runs/x-2", headers=me)[2]) == {
+        "run": "x-2", "logs": [], "samples": None, "attention": None, "efficiency": None, "problems": []}
     for path in ("/api/sweeps/nope", "/api/sweeps/demo/metrics?run=nope", "/api/sweeps/..%2F..%2Fetc",
-                 "/api/sweeps/demo/runs/nope/log", "/sweep/nope", "/assets/..%2Fserver.py", "/assets/README.md",
-                 "/etc/passwd"):
+                 "/api/sweeps/demo/runs/nope", "/api/sweeps/demo/runs/x-1/log", "/sweep/nope", "/assets/..%2Fserver.py",
+                 "/assets/README.md", "/etc/passwd"):
         assert ask(served, path, headers=me)[0] == 404, path
     assert ask(served, "/assets/uPlot.iife.min.js", headers=me)[1]["Content-Type"].startswith("text/javascript")
 
@@ -124,6 +125,36 @@ def test_the_page_asks_one_question_answered_in_the_size_of_a_page_not_of_the_sw
     for query in ("page=-1", "page=one", "run=nope"):
         status, _, body = ask(served, f"/api/sweeps/demo/view?{query}", headers=me)
         assert status in (400, 404) and json.loads(body)["error"], query
+
+
+def test_a_runs_page_has_its_samples_and_attention_maps_and_a_damaged_file_is_said_not_drawn(served):
+    """What our trainer writes as it ends (attention.json: training/attention.py's own file, from a real model),
+    read without torch; a file that is not that shape is named on the page, never a failed answer."""
+    import torch
+
+    from tinygpt.base.config import ModelConfig
+    from tinygpt.data import prepare_from_config
+    from tinygpt.model import GPT
+    from tinygpt.training import attention
+
+    run_dir = served.reader.workdir / "runs" / "demo" / "x-1"
+    prepared = prepare_from_config("pydoc", None, str(served.reader.workdir / "data"))
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(block_size=16, n_layer=2, n_head=2, n_embd=16), prepared.vocab_size)
+    attention.write(model, prepared, run_dir, step=7)
+    (run_dir / "samples.txt").write_text("<b>To be</b>\n")
+    me = signed_in(served)
+    run = json.loads(ask(served, "/api/sweeps/demo/runs/x-1", headers=me)[2])
+    maps = run["attention"]
+    assert (maps["step"], len(maps["prompt"]), len(maps["layers"]), len(maps["layers"][0])) == (7, 16, 2, 2)
+    assert all(abs(sum(row) - 1) < 0.01 for row in maps["layers"][1][0])  # (a query's weights: a distribution)
+    assert all(w == 0 for q, row in enumerate(maps["layers"][0][1]) for w in row[q + 1:])  # (causal: no future)
+    assert (run["samples"], run["problems"]) == ("<b>To be</b>\n", [])
+    for damaged in ('{"step": 1, "prompt": ["a", "b"], "layers": [[[[1.0]]]]}', "{not json", ""):
+        (run_dir / attention.FILE_NAME).write_text(damaged)
+        run = json.loads(ask(served, "/api/sweeps/demo/runs/x-1", headers=me)[2])
+        assert run["attention"] is None and run["samples"] == "<b>To be</b>\n"
+        assert run["problems"][0].startswith(f"{run_dir / attention.FILE_NAME}: damaged, not drawn ("), run
 
 
 def test_a_bug_of_the_servers_is_said_to_the_page_and_the_server_goes_on(served, monkeypatch, capsys):

@@ -93,10 +93,7 @@ class Sweep:
         steps, evaluations and events, or a program's own and its printed progress)."""
         from tinygpt.training import metrics
 
-        wanted = None if runs is None else set(runs)
-        if wanted is not None and (unknown := sorted(wanted - set(self.runs))):
-            raise LaunchError(f"runs: {', '.join(unknown)} not in sweep `{self.name}`; its runs: "
-                              f"{', '.join(self.runs[:20])}{' ...' if len(self.runs) > 20 else ''}")
+        wanted = None if runs is None else self._known(runs)
         return {r.name: list(metrics.read(metrics.of_run(r.out_dir))) for r in self.manifest.runs
                 if wanted is None or r.name in wanted}
 
@@ -106,6 +103,14 @@ class Sweep:
         from tinygpt.launch.read.log_files import find_run, run_logs
 
         return run_logs(self.manifest, find_run(self.manifest, run)[0].index, every_life)
+
+    def efficiency(self, runs: Iterable[str] | None = None) -> list[dict[str, str]]:
+        """How each run's latest job used its allocation (`launch.py status --efficiency`, one sacct call): a row of
+        text by column (run, job, state, elapsed, CPUs, CPU eff, mem peak / asked, ...) for each run that went to
+        Slurm, or for those of `runs`. SlurmAway when accounting does not answer."""
+        from tinygpt.launch.read.efficiency import table_rows
+
+        return table_rows(self.reload(), None if runs is None else self._known(runs))
 
     def report(self, prompt: str | None = None) -> Path:
         """`launch.py report`: the sweep's report written (loss curves, final losses, samples from `prompt`,
@@ -141,6 +146,14 @@ class Sweep:
         if stamp is None or stamp != self._stamp:
             self.manifest, self._stamp = manifest.load(self.path), stamp
         return self.manifest
+
+    def _known(self, runs: Iterable[str]) -> set[str]:
+        """`runs` as a set, or a LaunchError naming those the sweep lacks."""
+        wanted = set(runs)
+        if unknown := sorted(wanted - set(self.runs)):
+            raise LaunchError(f"runs: {', '.join(unknown)} not in sweep `{self.name}`; its runs: "
+                              f"{', '.join(self.runs[:20])}{' ...' if len(self.runs) > 20 else ''}")
+        return wanted
 
     def _ended(self, now: SweepStatus) -> bool:
         if not all(r.ended for r in now.runs):

@@ -23,12 +23,12 @@ from tinygpt.base import durable
 from tinygpt.base.config import TrainConfig
 from tinygpt.data import Batches, prepare_from_config
 from tinygpt.model import GPT
+from tinygpt.training import attention, tracking, train_state
 from tinygpt.training import checkpoint as ckpt
 from tinygpt.training import distributed as dist_mod
 from tinygpt.training import preemption as preempt_mod
 from tinygpt.training import progress as progress_mod
 from tinygpt.training import run_setup as setup
-from tinygpt.training import tracking, train_state
 from tinygpt.training.metrics import of_run
 from tinygpt.training.narration import Reporter
 from tinygpt.training.optimizers import OptimizerMismatch, muon_shapes
@@ -319,6 +319,7 @@ class Trainer:
                 durable.write(self.out_dir / "samples.txt", sample + "\n")
                 self.watchdog.beat(self.state.step)  # (a long sample is progress too)
                 self.report.sample(sample)
+            attention.write(self.model, self.prepared, self.out_dir, self.state.step)
             newest = ckpt.list_checkpoints(self.out_dir)
             self.report.finished(self.state.step, self.state.best_val_loss, self.state.elapsed_s(), digests,
                                  peak_memory_mb(self.device), newest[-1] if newest else None, sample is not None)

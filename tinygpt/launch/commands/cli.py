@@ -96,6 +96,9 @@ def _other_commands(commands) -> None:
     p.add_argument("spec", nargs="?", help="a sweep's spec (or manifest.json): the link printed opens its page")
     p.add_argument("--workdir", default=".", help="where jobs/, logs/ and runs/ are (default: here)")
     p.add_argument("--port", type=int, default=0, help="the loopback port (default: a free one)")
+    p.add_argument("--cluster", help="from a laptop: serve on this profile's login node and forward a port of this "
+                                     "machine to it over SSH (a sweep launched from here with --cluster goes there "
+                                     "by itself)")
     p.add_argument("--idle-minutes", type=float, default=60.0, help="stop after this long with no page open "
                                                                     "(default: 60)")
     p = commands.add_parser("profile", help="a cluster profile written from what the reachable Slurm says",
@@ -175,7 +178,8 @@ def _resubmit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="say what would be resubmitted, submit nothing")
 
 
-FORWARDED = ("launch", "check", "status", "cancel", "resubmit", "report", "logs", "sync", "pull")  # (remote/laptop.py)
+# (remote/laptop.py)
+FORWARDED = ("launch", "check", "status", "cancel", "resubmit", "report", "logs", "sync", "pull")
 WATCH_S = (1.0, 3600.0)  # status --watch's interval: no faster than a second (a shared controller), at most an hour
 
 
@@ -384,15 +388,12 @@ def _cancel(args) -> int:
 # Each command's handler: hand the parsed arguments to the module that does it, print.
 # (`check` is the launch command as a dry run that is checked: its defaults say so, in _launch_options)
 def _serve(args) -> int:
-    import math
+    from tinygpt.launch.remote import laptop
+    from tinygpt.launch.serve import page_forward, server
 
-    from tinygpt.launch.serve import server
-
-    if not 0 <= args.port <= 65535:
-        raise LaunchError(f"--port {args.port}: give a port from 1 to 65535, or 0 for a free one")
-    if not (math.isfinite(args.idle_minutes) and 0 < args.idle_minutes <= server.IDLE_MAX_MIN):
-        raise LaunchError(f"--idle-minutes {args.idle_minutes}: give minutes above 0 and at most "
-                          f"{server.IDLE_MAX_MIN} (a week)")
+    server.check_options(args.port, args.idle_minutes)
+    if (there := laptop.target(args)) is not None:  # (a login node's sweeps, seen from here through a forward)
+        return page_forward.serve(there, args)
     sweep = None
     if args.spec:
         from tinygpt.launch.spec.sweep import manifest_path

@@ -153,20 +153,22 @@ def summary(manifest: Manifest, decisions: list[Decision]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def status_lines(manifest: Manifest, rows: list[Row]) -> list[str]:
+def status_lines(manifest: Manifest, rows: list[Row]) -> tuple[list[str], dict[int, str]]:
     """What `status` says of the retry policy above its table: the round, the heal job, what the policy
-    does next (or the summary's headline once it is written)."""
+    does next (or the summary's headline once it is written); and that next step by run index, for the runs it
+    sends again or gives up."""
     policy = RetryPolicy.of(manifest.retry)
     if policy is None:
-        return []
+        return [], {}
     summary_file = manifest.dirs.summary
     if summary_file.exists():
         first = summary_file.read_text(errors="replace").partition("\n")[0].lstrip("# ")
-        return [f"retry: done: {first} ({summary_file})"]
+        return [f"retry: done: {first} ({summary_file})"], {}
     job = next(reversed(heal_jobs(manifest)), None)
     state = job_state(job) if job else "none submitted"
     decisions = decide(manifest, rows, {}, policy)
     now = max((d.round for d in decisions), default=1)
     lines = [f"retry: round {now} of at most {1 + policy.rounds}; heal job {job or '-'} {state}"
              + ("; cancelled: nothing more is sent" if manifest.dirs.cancelled.exists() else "")]
-    return lines + [f"  {d.said()}" for d in decisions if d.action in (SEND, GIVE_UP)]
+    said = {d.row.index: d.said() for d in decisions if d.action in (SEND, GIVE_UP)}
+    return lines + [f"  {line}" for line in said.values()], said

@@ -19,6 +19,8 @@ from tinygpt.launch.spec.resources import duration_s, size_mb, tres
 from tinygpt.launch.spec.retry import RetryPolicy
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
+
     from tinygpt.launch.manifest import Manifest, RunRecord
 
 IDLE_BELOW = 0.5  # a job using less than this share of its allocation is flagged
@@ -107,18 +109,20 @@ def parse(text: str) -> dict[str, Usage]:
     return usage
 
 
-def of_sweep(manifest: Manifest) -> list[tuple[RunRecord, str, Usage | None]] | None:
-    """(run, its latest job id, that job's usage) for every run that went to Slurm, from one sacct call over
-    the sweep's job ids; None when accounting does not answer."""
-    subs = manifest.slurm_submissions()
-    if not subs:
+def of_sweep(manifest: Manifest,
+             runs: Collection[str] | None = None) -> list[tuple[RunRecord, str, Usage | None]] | None:
+    """(run, its latest job id, that job's usage) for every run that went to Slurm (or those of `runs`), from one
+    sacct call over the sweep's job ids (those runs' jobs); None when accounting does not answer."""
+    ids = manifest.task_job_ids()
+    chosen = [run for run in manifest.runs if run.index in ids and (runs is None or run.name in runs)]
+    if not chosen:
         return []
-    text = slurm_cli.sacct_fields(sorted({s.job_id for s in subs}), FIELDS, manifest.first_submitted())
+    asked = sorted({s.job_id for s in manifest.slurm_submissions()}) if runs is None else [ids[r.index] for r in chosen]
+    text = slurm_cli.sacct_fields(asked, FIELDS, manifest.first_submitted())
     if text is None:
         return None
     usage = parse(text)
-    ids = manifest.task_job_ids()
-    return [(run, ids[run.index], usage.get(ids[run.index])) for run in manifest.runs if run.index in ids]
+    return [(run, ids[run.index], usage.get(ids[run.index])) for run in chosen]
 
 
 def _percent(x: float | None) -> str:
@@ -147,8 +151,9 @@ COLUMNS = ("run", "job", "state", "elapsed", "CPUs", "CPU eff", "mem peak / aske
 NEXT_MEM = "retry asks"  # a right-sizing retry policy's next request: peak x retry.mem_from_peak
 
 
-def table_rows(manifest: Manifest) -> list[dict[str, str]]:
-    found = of_sweep(manifest)
+def table_rows(manifest: Manifest, runs: Collection[str] | None = None) -> list[dict[str, str]]:
+    """`status --efficiency`'s rows (of `runs` only, when named): each run's latest job, as text by column."""
+    found = of_sweep(manifest, runs)
     if found is None:
         from tinygpt.launch.errors import LaunchError, SlurmAway
 

@@ -34,6 +34,7 @@ import sys
 import tarfile
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -91,7 +92,13 @@ def target(args: argparse.Namespace) -> Target | None:
         if profile is None or profile.login is None or _is_here(profile.login.host):
             return None
         return Target(profile, _record_path(args), None)
-    if Path(args.spec).name == "manifest.json":
+    if args.command == "serve" and args.cluster:  # (the login node's sweeps, whatever was launched from here)
+        profile = profiles.load(args.cluster)
+        if profile.login is None:
+            raise LaunchError(f"--cluster {args.cluster}: its profile has no login: section, so there is no login "
+                              f"node to serve from; run serve on the cluster itself, or leave --cluster out")
+        return None if _is_here(profile.login.host) else Target(profile, Path(args.workdir), None)
+    if args.spec is None or Path(args.spec).name == "manifest.json":
         return None
     path = SweepDirs(Path(args.workdir).resolve(), sweep.load_name(args.spec))
     if path.manifest.is_file() or not (path.jobs / RECORD).is_file():
@@ -257,9 +264,10 @@ class Connection:
             f"shell that runs commands (any of sh, bash, zsh, fish, tcsh, csh), or check that `ssh {self.where} "
             f"{python} -V` works by hand")
 
-    def stream(self, command: str, *args: str) -> int:
-        """login_side's COMMAND (`run`) apart from this connection, its output shown as it comes; Ctrl-C here
-        interrupts it there. Returns its exit status."""
+    def stream(self, command: str, *args: str, shown: Callable[[bytes], bytes] | None = None) -> int:
+        """login_side's COMMAND (`run`) apart from this connection, its output shown as it comes (with `shown`: a
+        line at a time, as `shown` rewrites it); Ctrl-C here interrupts it there, and so does a LaunchError that
+        `shown` raises, raised once it ended. Returns its exit status."""
         program, marker = self.request(command, *args)
         proc = subprocess.Popen(self.argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=True)
@@ -270,7 +278,24 @@ class Connection:
             proc.stdin.close()
         except BrokenPipeError:
             pass  # (ssh ended at once: its status and words say why, below)
-        started, ident, interrupted = False, None, False
+        ident, interrupted, refused = self._follow(proc, marker, shown)
+        status = proc.wait()
+        errors.join(timeout=CONNECT_TIMEOUT_S)
+        if ident is None and not errors.started:  # (login_side never ran; when it did, it said why itself)
+            raise self.failure(status, errors.held, marker)
+        if refused is not None:
+            raise refused
+        if status == 255:
+            command = f" (its output: {self.root}/commands/{ident})" if ident else ""
+            raise SshRefused(f"cluster: the connection to {self.login.host} was lost; what it was doing goes on "
+                              f"there{command}, and `launch.py status` tells how the sweep stands")
+        return 130 if interrupted and status == 0 else status
+
+    def _follow(self, proc: subprocess.Popen, marker: bytes,
+                shown: Callable[[bytes], bytes] | None) -> tuple[str | None, bool, LaunchError | None]:
+        """The command's output shown until it ends there: its id there (None: it never started), whether it was
+        interrupted, and what `shown` refused."""
+        started, ident, interrupted, refused = False, None, False, None
         while True:
             try:
                 if ident is None:  # (the marker line, then the command's id there)
@@ -283,11 +308,14 @@ class Connection:
                             self.call("signal", ident)
                     started = started or line == marker + b"\n"
                     continue
-                chunk = proc.stdout.read1(65536)
+                chunk = proc.stdout.readline() if shown else proc.stdout.read1(65536)
                 if not chunk:
                     break
-                sys.stdout.buffer.write(chunk)
+                sys.stdout.buffer.write(shown(chunk) if shown and not refused else chunk)
                 sys.stdout.buffer.flush()
+            except LaunchError as err:  # (`shown` refused what it read: the command there is stopped, as by Ctrl-C)
+                refused, interrupted = err, True
+                self.call("signal", ident)
             except KeyboardInterrupt:
                 if interrupted:  # (a second Ctrl-C: stop waiting for it to end there)
                     proc.kill()
@@ -295,15 +323,7 @@ class Connection:
                 interrupted = True
                 if ident:
                     self.call("signal", ident)
-        status = proc.wait()
-        errors.join(timeout=CONNECT_TIMEOUT_S)
-        if ident is None and not errors.started:  # (login_side never ran; when it did, it said why itself)
-            raise self.failure(status, errors.held, marker)
-        if status == 255:
-            command = f" (its output: {self.root}/commands/{ident})" if ident else ""
-            raise SshRefused(f"cluster: the connection to {self.login.host} was lost; what it was doing goes on "
-                              f"there{command}, and `launch.py status` tells how the sweep stands")
-        return 130 if interrupted and status == 0 else status
+        return ident, interrupted, refused
 
 
 def _last_line(said: str, otherwise: str) -> str:

@@ -17,14 +17,19 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
 from tinygpt.launch import api
 from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.read.run_states import read_progress
+from tinygpt.training.attention import FILE_NAME as ATTENTION
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=-]*")  # a sweep's name as a URL gives it (its folder under jobs/)
 LOG_LINES = 400  # the end of a run's log that its view shows
 PAGE = 100  # runs a page of the table shows
 PLOTTED = 8  # the curves drawn of a large sweep: the best runs by their last value, and as many failed ones
+FILE_END = 20_000  # the end of a run's samples.txt that its view shows, in bytes
+ATTENTION_MAX = 4_000_000  # a run's attention.json larger than this is not ours (damaged): not read
 
 
 class NotFound(LaunchError):
@@ -96,13 +101,25 @@ class Reader:
             raise NotFound(f"no run {', '.join(map(repr, unknown))} in sweep `{name}`")
         return {r.name: self._run_series(r.out_dir) for r in sweep.manifest.runs if r.name in runs}
 
-    def log(self, name: str, run: str) -> dict[str, Any]:
+    def run(self, name: str, run: str) -> dict[str, Any]:
+        """A run's page beside its row: the end of its latest logs, its samples and attention maps (what our
+        trainer writes as it ends) and how its latest job used its allocation (sacct, for this run alone)."""
         sweep = self.sweep(name)
         if run not in sweep.runs:
             raise NotFound(f"no run `{run}` in sweep `{name}`")
-        logs = sweep.logs(run)
-        return {"run": run, "logs": [{"job": log.job, "path": str(log.path),
-                                      "text": "\n".join(log.text.splitlines()[-LOG_LINES:])} for log in logs]}
+        record = next(r for r in sweep.manifest.runs if r.name == run)
+        logs = [{"job": log.job, "path": str(log.path), "text": "\n".join(log.text.splitlines()[-LOG_LINES:])}
+                for log in sweep.logs(run)]
+        samples, samples_problem = _file_end(Path(record.out_dir) / "samples.txt")
+        attention, attention_problem = _attention(Path(record.out_dir) / ATTENTION)
+        efficiency, efficiency_problem = None, None
+        if logs:  # (a run that went to Slurm)
+            try:
+                efficiency = next(iter(sweep.efficiency([run])), None)
+            except LaunchError as err:
+                efficiency_problem = str(err)
+        return {"run": run, "logs": logs, "samples": samples, "attention": attention, "efficiency": efficiency,
+                "problems": [p for p in (samples_problem, attention_problem, efficiency_problem) if p]}
 
     @staticmethod
     def _last_points(sweep: api.Sweep) -> dict[str, dict[str, tuple[int, float]]]:
@@ -135,6 +152,49 @@ class Reader:
         with self._lock:
             self._series[path] = (seen, series)
         return series
+
+
+def _file_end(path: Path) -> tuple[str | None, str | None]:
+    """The end of a text file a run wrote (FILE_END bytes at most), or None; what went wrong reading it."""
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - FILE_END))
+            return f.read().decode(errors="replace"), None
+    except FileNotFoundError:
+        return None, None
+    except OSError as err:
+        return None, f"{path}: cannot be read ({err.strerror})"
+
+
+class Attention(BaseModel):
+    """attention.json as a run writes it (training/attention.py): a head's map is a square over the prompt."""
+
+    model_config = ConfigDict(strict=True, allow_inf_nan=False)  # (JSON has no NaN: a diverged run is not drawn)
+
+    step: int
+    prompt: list[str]
+    layers: list[list[list[list[float]]]]
+
+    @model_validator(mode="after")
+    def _square(self) -> Attention:
+        n = len(self.prompt)
+        if any(len(head) != n or any(len(row) != n for row in head) for layer in self.layers for head in layer):
+            raise ValueError(f"a head's map is not {n} x {n}, the prompt's length")
+        return self
+
+
+def _attention(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """The run's attention.json as the page draws it, or None; why a file there is not drawn (damaged)."""
+    try:
+        if path.stat().st_size > ATTENTION_MAX:
+            return None, f"{path}: larger than a run writes ({ATTENTION_MAX} bytes); not drawn"
+        return Attention.model_validate_json(path.read_bytes()).model_dump(), None
+    except FileNotFoundError:
+        return None, None
+    except OSError as err:
+        return None, f"{path}: cannot be read ({err.strerror})"
+    except ValidationError as err:
+        return None, f"{path}: damaged, not drawn ({err.errors()[0]['msg']})"
 
 
 def _finite(value: float) -> float | None:

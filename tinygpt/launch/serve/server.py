@@ -15,6 +15,8 @@ from __future__ import annotations
 import hmac
 import http.server
 import json
+import math
+import re
 import secrets
 import threading
 import time
@@ -32,6 +34,8 @@ ASSETS = Path(__file__).with_name("assets")
 IDLE_MAX_MIN = 7 * 24 * 60  # the longest a server waits for a page: a week
 BODY_MAX = 65536  # an action's JSON body; more is refused unread
 LOOPBACK = {"127.0.0.1", "localhost", "[::1]"}
+URL = re.compile(r"http://127\.0\.0\.1:(\d+)(/\S*)")  # the link `serve` prints first: its port, then the page
+FROM_A_LAPTOP = "  from a laptop:"  # the printed hint that a laptop's own `serve --cluster` leaves out
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
          ".css": "text/css; charset=utf-8"}
 HEADERS = {  # on every answer: nothing but this origin's own files, never framed, never cached
@@ -163,8 +167,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return reader.view(parts[0], _number(query, "page"), _one(query, "metric"), _one(query, "run"))
         if parts[1:] == ["metrics"]:  # (?run=A&run=B: those runs' whole series)
             return reader.metrics(parts[0], query.get("run"))
-        if len(parts) == 4 and parts[1] == "runs" and parts[3] == "log":
-            return reader.log(parts[0], parts[2])
+        if len(parts) == 3 and parts[1] == "runs":
+            return reader.run(parts[0], parts[2])
         raise NotFound("no such question")
 
     def _file(self, name: str) -> None:
@@ -202,6 +206,14 @@ def _number(query: dict[str, list[str]], key: str) -> int:
     return int(text)
 
 
+def check_options(port: int, idle_minutes: float) -> None:
+    """`--port` and `--idle-minutes` as given, or a LaunchError that names the fix."""
+    if not 0 <= port <= 65535:
+        raise LaunchError(f"--port {port}: give a port from 1 to 65535, or 0 for a free one")
+    if not (math.isfinite(idle_minutes) and 0 < idle_minutes <= IDLE_MAX_MIN):
+        raise LaunchError(f"--idle-minutes {idle_minutes}: give minutes above 0 and at most {IDLE_MAX_MIN} (a week)")
+
+
 def serve(workdir: Path, port: int = 0, idle_s: float = 3600.0, sweep: str | None = None) -> int:
     """Serve `workdir`'s sweeps until idle for idle_s seconds or Ctrl-C; print the URL to open first."""
     try:
@@ -211,8 +223,9 @@ def serve(workdir: Path, port: int = 0, idle_s: float = 3600.0, sweep: str | Non
                           f"or 0 for a free one") from None
     page = f"/sweep/{sweep}" if sweep else "/"
     print(f"serving the sweeps of {server.reader.workdir} at {server.url(page)}\n"
-          f"  from a laptop: ssh -N -L {server.port}:127.0.0.1:{server.port} LOGIN_NODE, then open the same link; "
-          f"stops after {idle_s / 60:g} min with no page open (Ctrl-C: now)", flush=True)
+          f"  stops after {idle_s / 60:g} min with no page open (Ctrl-C: now)\n"
+          f"{FROM_A_LAPTOP} `launch.py serve --cluster NAME` there forwards a port itself; or by hand: "
+          f"ssh -N -L {server.port}:127.0.0.1:{server.port} LOGIN_NODE, then open the same link", flush=True)
     threading.Thread(target=server.stop_when_idle, daemon=True).start()
     try:
         server.serve_forever(poll_interval=0.5)

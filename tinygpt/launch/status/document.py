@@ -49,6 +49,8 @@ class RunStatus(BaseModel):
     round: int | None = Field(description="under a retry policy, the round of its newest job (the launch is 1)")
     error: str | None = Field(None, description="for a run that failed, the line of its latest life that says why "
                                                 "(what `status` prints under its table); null otherwise")
+    retry: str | None = Field(None, description="under a retry policy, what it does next with the run: send it again "
+                                                "(with what) or give it up (and why), as `status` says; null otherwise")
 
 
 class TrialStatus(BaseModel):
@@ -94,17 +96,19 @@ class SweepStatus(BaseModel):
 def document(manifest: Manifest) -> SweepStatus:
     """The sweep's status now (asks Slurm, as `status` does)."""
     rows = collect(manifest)
+    retry, retry_of = decide.status_lines(manifest, rows)
     runs = [RunStatus(index=r.index, name=r.name, job=None if r.job_id == "-" else r.job_id, state=str(r.state),
                       state_name=r.state.name, ended=r.state.ended, failed=r.state.failed, source=r.source,
                       restarts=r.restarts, step=r.step, max_steps=r.max_steps, train_loss=r.train_loss,
                       val_loss=r.val_loss, tokens_per_s=r.tokens_per_s, eta_s=r.eta_s, run_dir=r.run_dir,
                       nodes=r.nodes, history=list(r.history), starts=r.starts or None, round=r.round,
-                      error=log_files.last_error(manifest, r.index) if r.state.failed else None)
+                      error=log_files.last_error(manifest, r.index) if r.state.failed else None,
+                      retry=retry_of.get(r.index))
             for r in rows]
     return SweepStatus(format=FORMAT, sweep=manifest.name, manifest=str(manifest.path), cluster=manifest.cluster,
                        backend=manifest.backend, program="command" if manifest.command else "trainer",
                        time=time.time(), unheard=list(rows.unheard),
-                       counts=dict(Counter(r.state_name for r in runs)), retry=decide.status_lines(manifest, rows),
+                       counts=dict(Counter(r.state_name for r in runs)), retry=retry,
                        queue=waves.status_lines(manifest, rows), runs=runs, trials=_trials(manifest))
 
 

@@ -157,7 +157,7 @@ def show(manifest: Manifest, watch: bool = False, interval: float = 5.0, console
     from tinygpt.launch.read.run_states import chain_steps
 
     chain = chain_steps(manifest)
-    for line in [chain] * bool(chain) + decide.status_lines(manifest, rows) + waves.status_lines(manifest, rows):
+    for line in [chain] * bool(chain) + decide.status_lines(manifest, rows)[0] + waves.status_lines(manifest, rows):
         console.print(line, soft_wrap=True, markup=False)
     if not watch:
         console.print(view(rows, title, console.width, every_row))

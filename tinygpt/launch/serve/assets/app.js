@@ -73,7 +73,7 @@ function sweepsPage() {
 // one sweep: its runs, their curves, a run's log
 
 const view = { name: decodeURIComponent(location.pathname.split("/")[2] || ""), run: null, metric: null,
-  plot: null, plotted: "", shown: null, page: 0, again: null };
+  plot: null, plotted: "", shown: null, page: 0, again: null, attention: "" };
 
 function sweepPage() {
   $("name").textContent = view.name;
@@ -170,12 +170,73 @@ function showCurves(runs, curves) {
   }, data, chart);
 }
 
-async function showRun(base, run) {
-  $("run-name").textContent = `run ${view.run}: ${run ? run.state : ""}`;
-  $("run-error").textContent = run && run.error ? run.error : "";
-  const log = await ask(`${base}/runs/${encodeURIComponent(view.run)}/log`);
-  $("run-log").textContent = log.logs.length ? log.logs.map((l) => `==> job ${l.job}: ${l.path} <==\n${l.text}`).join("\n")
+async function showRun(base, row) {
+  // the run's row (from the view), then what its page adds: logs, samples, attention maps, its use of Slurm's
+  $("run-name").textContent = `run ${view.run}: ${row ? row.state : ""}`;
+  $("run-error").textContent = row && row.error ? row.error : "";
+  $("run-retry").textContent = row && row.retry ? `retry: ${row.retry}` : "";
+  const run = await ask(`${base}/runs/${encodeURIComponent(view.run)}`);
+  $("run-log").textContent = run.logs.length ? run.logs.map((l) => `==> job ${l.job}: ${l.path} <==\n${l.text}`).join("\n")
     : "(never submitted to Slurm)";
+  showEfficiency(run.efficiency);
+  $("run-samples-part").hidden = run.samples === null;
+  $("run-samples").textContent = run.samples || "";
+  showAttention(run.attention);
+  $("run-problems").textContent = run.problems.join("\n");
+}
+
+function showEfficiency(row) {
+  // how its latest job used its allocation: `status --efficiency`'s row, its columns as headers
+  const table = $("run-efficiency");
+  table.hidden = !row;
+  if (!row) return;
+  const head = el("tr");
+  const cells = el("tr");
+  for (const [column, value] of Object.entries(row)) {
+    head.append(el("th", column));
+    cells.append(el("td", value));
+  }
+  table.replaceChildren(head, cells);
+}
+
+function showAttention(maps) {
+  // drawn again only when they change (a run writes them as it ends): one square a head, the prompt along both sides
+  $("run-attention-part").hidden = !maps;
+  const key = maps ? `${view.run}|${maps.step}` : "";
+  if (!maps || view.attention === key) return;
+  view.attention = key;
+  const select = $("run-layer");
+  select.replaceChildren(...maps.layers.map((_, i) => { const o = el("option", i); o.value = String(i); return o; }));
+  select.onchange = () => drawHeads(maps, Number(select.value));
+  drawHeads(maps, 0);
+}
+
+function drawHeads(maps, layer) {
+  const n = maps.prompt.length;
+  const cell = 14;
+  const margin = 16;
+  const labels = maps.prompt.map((ch) => (ch === " " ? "\u2423" : ch.trim() ? ch : "\u21b5"));
+  $("run-attention-title").textContent = `attention of layer ${layer} at step ${maps.step}: each row a character `
+    + "of the prompt, along it the characters it attends to";
+  $("run-attention").replaceChildren(...maps.layers[layer].map((head, h) => {
+    const canvas = el("canvas");
+    canvas.width = canvas.height = margin + n * cell;
+    const g = canvas.getContext("2d");
+    g.font = "10px monospace";
+    g.textAlign = "center";
+    g.textBaseline = "middle";
+    labels.forEach((label, i) => {
+      g.fillText(label, margin + i * cell + cell / 2, margin / 2);
+      g.fillText(label, margin / 2, margin + i * cell + cell / 2);
+    });
+    head.forEach((weights, q) => weights.forEach((w, k) => {
+      g.fillStyle = `hsl(${250 - 190 * w} 80% ${20 + 50 * w}%)`;
+      g.fillRect(margin + k * cell, margin + q * cell, cell, cell);
+    }));
+    const figure = el("figure");
+    figure.append(canvas, el("figcaption", `head ${h}`));
+    return figure;
+  }));
 }
 
 async function cancel() {
