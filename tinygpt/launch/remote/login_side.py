@@ -46,6 +46,7 @@ import time
 FULL = (errno.ENOSPC, errno.EDQUOT)
 RECORD = "SNAPSHOT.json"  # (snapshot.RECORD: a code tree's record, which makes it a snapshot the launcher reuses)
 OURS = ("objects", "trees", "venvs", "commands", "jobs", "runs", "logs", "data")  # (the launcher's folders in ROOT)
+INTERRUPT = "interrupt"  # (in a command's folder: the laptop asked for a Ctrl-C, which its keeper passes on)
 ROOT, PAYLOAD, TRUST_GROUP = "", b"", False  # (the request's: main sets them)
 
 
@@ -225,8 +226,9 @@ def _keep(where, argv, cwd, env, out, err):
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     try:
-        code = subprocess.call(argv, cwd=cwd, env=env, stdin=devnull, stdout=out, stderr=err,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=devnull, stdout=out, stderr=err,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        code = _wait_passing_interrupt(proc, where)
     except (OSError, ValueError) as e:  # (ValueError: a word no file system encoding can pass to a program)
         err.write(f"error: cannot run {argv[0]} on the login node ({getattr(e, 'strerror', None) or e})\n".encode())
         err.flush()  # (before the status: the laptop reads the output until the status is there; _exit flushes nothing)
@@ -234,6 +236,19 @@ def _keep(where, argv, cwd, env, out, err):
     with open(os.path.join(where, "status.tmp"), "w") as fh:
         fh.write(str(128 - code if code < 0 else code))
     os.rename(os.path.join(where, "status.tmp"), os.path.join(where, "status"))
+
+
+def _wait_passing_interrupt(proc, where):
+    """The command's exit status. The laptop's Ctrl-C (`signal` leaves a file) is passed on by the keeper, once,
+    to the command's group: the command has started by then, so it is never lost to a command not yet started."""
+    sent = False
+    while True:
+        try:
+            return proc.wait(timeout=0.1)
+        except subprocess.TimeoutExpired:
+            if not sent and os.path.exists(os.path.join(where, INTERRUPT)):
+                os.killpg(os.getpgrp(), signal.SIGINT)  # (the keeper ignores it; the command and its children not)
+                sent = True
 
 
 def _stream(where, keeper):
@@ -256,13 +271,10 @@ def _stream(where, keeper):
 
 
 def signal_command(args):
+    """The laptop's Ctrl-C for a command `run` started: asked of its keeper, which passes it on (_keep)."""
     name, = args
-    with open(os.path.join(_within(os.path.join(ROOT, "commands"), name), "keeper")) as fh:
-        keeper = int(fh.read())
-    try:
-        os.killpg(keeper, signal.SIGINT)  # (the keeper leads the command's session and group, and ignores it)
-    except ProcessLookupError:
-        pass  # (it has ended)
+    with open(os.path.join(_within(os.path.join(ROOT, "commands"), name), INTERRUPT), "w"):
+        pass
 
 
 def pack(args):
