@@ -235,8 +235,8 @@ def test_any_value_of_the_report_run_flag(text):
         assert not any(Path(tmp).iterdir())  # nothing written
 
 
-COMMAND_FLAGS = {"status": ["--interval", "--workdir"], "cancel": ["--workdir"], "report": ["--prompt", "--workdir"],
-                 "sync": ["--workdir"], "logs": ["--tail", "--workdir"],
+COMMAND_FLAGS = {"status": ["--interval", "--workdir"], "cancel": ["--run", "--workdir"],
+                 "report": ["--prompt", "--workdir"], "sync": ["--workdir"], "logs": ["--tail", "--workdir"],
                  "resubmit": ["--states", "--time", "--mem", "--exclude", "--workdir"]}
 
 

@@ -109,15 +109,26 @@ def test_a_running_sweep_seen_live_in_a_browser_its_failure_said_resubmitted_and
         assert again[1] != manifest.task_job_ids()[1]
         assert again[0] == manifest.task_job_ids()[0]
 
-        browser.find_element(By.ID, "cancel").click()
+        browser.execute_script("document.querySelector(\"#runs tr[data-run='steady']\").click()")
+        wait_until(lambda: text(browser, "#run-name").startswith("run steady"), timeout=60, poll=0.5,
+                   what="steady's page")
+        browser.find_element(By.ID, "cancel-run").click()  # (steady alone: the sweep's other run goes on)
+        alert = browser.switch_to.alert
+        assert "steady" in alert.text
+        alert.accept()
+        steady = manifest.task_job_ids()[0]
+        wait_until(lambda: not _queued(steady), timeout=120, poll=0.5, what="steady's job ended by its page's cancel")
+        wait_until(lambda: rows().get("steady", "").startswith("steady CANCELLED"), timeout=120, poll=0.5,
+                   what=lambda: f"steady shown cancelled: {rows()}")
+        assert text(browser, "#done") == f"cancelled steady: {steady}"
+
+        browser.find_element(By.ID, "cancel").click()  # (the whole sweep: the resubmitted run's job too)
         alert = browser.switch_to.alert
         assert name in alert.text
         alert.accept()
-        steady = manifest.task_job_ids()[0]
-        wait_until(lambda: not _queued(steady), timeout=120, poll=0.5, what="steady's job ended by the page's cancel")
-        wait_until(lambda: rows().get("steady", "").startswith("steady CANCELLED"), timeout=120, poll=0.5,
-                   what=lambda: f"steady shown cancelled: {rows()}")
-        assert text(browser, "#done").startswith("cancelled: ") and steady.split("_")[0] in text(browser, "#done")
+        wait_until(lambda: text(browser, "#done").startswith("cancelled: "), timeout=60, poll=0.5,
+                   what=lambda: f"the sweep's cancel: {text(browser, 'body')}")
+        assert again[1].split("_")[0] in text(browser, "#done")
     finally:
         server.shutdown()
         server.server_close()

@@ -11,6 +11,7 @@ from tests.support.paths import ROOT
 from tests.support.processes import run_cli
 from tests.support.tiny import tiny_train
 from tinygpt.launch import api, errors
+from tinygpt.launch import manifest as manifest_mod
 
 
 def spec(corpus, **extra) -> dict:
@@ -37,10 +38,17 @@ def test_a_spec_built_in_python_is_written_planned_and_followed_as_the_command_w
         sweep.logs("nope")
     with pytest.raises(api.LaunchError, match="sweep `lib`: no report was written"):
         sweep.report()
+    with pytest.raises(api.LaunchError, match=r"--run: lr-0.001 never went to Slurm \(it waits for a wave, or"):
+        sweep.cancel(["lr-0.001"])
     (listed,) = api.list_sweeps(workdir)
     assert (listed.sweep, listed.runs, listed.states, listed.problem) == ("lib", 2, {"NOT_STARTED": 2}, None)
     again = api.launch(spec(tiny_corpus), workdir, dry_run=True)  # (the same mapping: its file is the same)
     assert again.runs == sweep.runs and api.open_sweep(workdir / "lib.yaml", workdir).path == sweep.path
+    manifest_mod.record_submission(sweep.path, "sbatch", "100", [0, 1], array="0", pack=2)  # (one task, both runs)
+    with pytest.raises(api.LaunchError, match="--run: packed in one task with lr-0.003, which would be cancelled"):
+        sweep.cancel(["0"])
+    status, said = run_cli(["cancel", str(workdir / "lib.yaml"), "--workdir", str(workdir), "--run", "nope"])
+    assert status == 1 and said.startswith("error: RUN: no run `nope` in sweep lib")  # (nothing asked of Slurm)
 
 
 def test_the_librarys_refusals_are_the_commands_and_write_nothing(tmp_path, tiny_corpus):

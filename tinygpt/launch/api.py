@@ -121,11 +121,12 @@ class Sweep:
             raise LaunchError(f"sweep `{self.name}`: no report was written (see above)")
         return self.manifest.dirs.runs / "report.md"
 
-    def cancel(self) -> list[str]:
-        """Every job of the sweep cancelled (`launch.py cancel`), its retry policy stopped; the jobs' ids."""
+    def cancel(self, runs: Sequence[str] | None = None) -> list[str]:
+        """Every job of the sweep cancelled (`launch.py cancel`), its retry policy stopped; or only the newest job
+        of each of `runs` (`--run`), which its policy never sends again; the jobs' ids."""
         from tinygpt.launch.act.cancel import cancel
 
-        return cancel(self.path)
+        return cancel(self.path, runs)
 
     def resubmit(self, states: Sequence[str] | None = None, *, time: str | None = None, mem: str | None = None,
                  exclude: Sequence[str] = (), exclude_failed_nodes: bool = False, dry_run: bool = False) -> list[str]:

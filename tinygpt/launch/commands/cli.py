@@ -63,7 +63,9 @@ def parser() -> argparse.ArgumentParser:
                                      "array size), then sbatch --test-only: when it would start; nothing submitted",
                             "a job or sweep YAML (see jobs/)"), submits=False)
     _status_options(command("status", "a table of the sweep's runs"))
-    command("cancel", "scancel the sweep's jobs")
+    p = command("cancel", "scancel the sweep's jobs")
+    p.add_argument("--run", action="append", metavar="RUN",
+                   help="only this run's newest job (a name or number; repeatable): the rest go on")
     _resubmit_options(command("resubmit", "the runs that failed, hung or were preempted, again"))
     command("heal", "one pass of the sweep's retry policy: the runs it allows, again, as the next round, or the "
                     "summary at the end (what the sweep's heal job runs after each round)")
@@ -380,7 +382,7 @@ def _heal(args) -> int:
 def _cancel(args) -> int:
     from tinygpt.launch import api
 
-    ids = api.open_sweep(args.spec, args.workdir).cancel()
+    ids = api.open_sweep(args.spec, args.workdir).cancel(args.run)
     print(f"cancelled {', '.join(ids)}" if ids else "nothing to cancel: no job of this sweep was submitted to Slurm")
     return 0
 

@@ -143,6 +143,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if method == "POST":
             if len(parts) == 4 and parts[:2] == ["api", "sweeps"] and parts[3] == "cancel":
                 return self._json({"cancelled": reader.sweep(parts[2]).cancel()})
+            if len(parts) == 6 and parts[:2] == ["api", "sweeps"] and parts[3] == "runs" and parts[5] == "cancel":
+                return self._json({"cancelled": reader.sweep(parts[2]).cancel([parts[4]])})
             if len(parts) == 4 and parts[:2] == ["api", "sweeps"] and parts[3] == "resubmit":
                 return self._json({"resubmitted": reader.sweep(parts[2]).resubmit()})  # (`launch.py resubmit`'s runs)
             return self._text(HTTPStatus.NOT_FOUND, "no such action")

@@ -29,6 +29,8 @@ from tinygpt.launch.submit import fork_server, sbatch
 from tinygpt.launch.submit.slurm_options import container_prefix, sbatch_options, setup_lines
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
+
     from tinygpt.launch.manifest import Life, Manifest, RunRecord
     from tinygpt.launch.spec.sweep import Sweep
     from tinygpt.launch.submit.plan import Plan
@@ -61,9 +63,14 @@ class Backend:
         `previous` records their last jobs, `round` the retry policy's round they begin. The new ids."""
         raise NotImplementedError
 
-    def cancel(self, manifest: Manifest) -> list[str]:
-        """scancel every Slurm job of the sweep (the chain's steps too); the ids cancelled."""
-        ids = sorted({sub.job_id for sub in manifest.slurm_submissions()})
+    def cancel(self, manifest: Manifest, runs: Collection[int] | None = None) -> list[str]:
+        """scancel every Slurm job of the sweep (the chain's steps too), or the newest job of each run of `runs`
+        (by index: an array task each); the ids cancelled."""
+        if runs is None:
+            ids = sorted({sub.job_id for sub in manifest.slurm_submissions()})
+        else:
+            tasks = manifest.task_job_ids()
+            ids = sorted({tasks[index] for index in runs if index in tasks})
         if ids:
             slurm_cli.require_controller()
             ok, message = slurm_cli.scancel(ids)
@@ -241,7 +248,7 @@ class Local(Backend):
         raise LaunchError("resubmit: these runs ran here (--local), with no Slurm job to send again; run them again "
                           "with `launch.py SPEC --local`, or submit them with `launch.py SPEC`")
 
-    def cancel(self, manifest: Manifest) -> list[str]:
+    def cancel(self, manifest: Manifest, runs: Collection[int] | None = None) -> list[str]:
         return []  # (nothing is left running: a run here ends with the command)
 
     def run_all(self, plan: Plan) -> int:

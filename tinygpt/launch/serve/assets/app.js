@@ -80,6 +80,7 @@ function sweepPage() {
   document.title = `sweep ${view.name}`;
   $("cancel").addEventListener("click", cancel);
   $("resubmit").addEventListener("click", resubmit);
+  $("cancel-run").addEventListener("click", cancelRun);
   $("previous").addEventListener("click", () => turn(-1));
   $("next").addEventListener("click", () => turn(1));
   view.again = every(refresh);
@@ -243,6 +244,14 @@ async function cancel() {
   if (!window.confirm(`Cancel every run of sweep ${view.name}? Slurm stops them now; resubmit sends them again.`)) return;
   const done = await act("cancel");
   if (done) $("done").textContent = `cancelled: ${done.cancelled.join(", ") || "nothing was live"}`;
+}
+
+async function cancelRun() {
+  const run = view.run;
+  if (!window.confirm(`Cancel run ${run} of sweep ${view.name}? Slurm stops its job now; the other runs go on.`)) return;
+  const done = await act(`runs/${encodeURIComponent(run)}/cancel`);
+  if (done) $("done").textContent = `cancelled ${run}: ${done.cancelled.join(", ") || "nothing was live"}`;
+  view.again();
 }
 
 async function resubmit() {
