@@ -11,18 +11,13 @@ import pytest
 
 from tests.support.paths import ROOT
 from tests.support.processes import launch
-from tests.support.slurm import cancel, manifest_of, wait, wait_until
+from tests.support.slurm import cancel, daemon, manifest_of, wait, wait_until
 from tests.support.sweeps import sweep_dirs
 from tests.support.tiny import read_metrics, tiny_yaml
 
 pytestmark = pytest.mark.slurm
 
-DAEMON = ROOT / "hpc_lab" / "local_cluster" / "daemon.sh"
 AWAY = 75  # errors.TRY_AGAIN, SlurmAway's exit status: try again
-
-
-def daemon(action: str, name: str) -> None:
-    subprocess.run(["bash", str(DAEMON), action, name], check=True, capture_output=True, timeout=120)
 
 
 def nodes_ready() -> bool:

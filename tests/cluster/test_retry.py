@@ -18,6 +18,7 @@ from tests.support.paths import ROOT
 from tests.support.processes import launch, wait_until
 from tests.support.slurm import (
     cancel,
+    daemon,
     in_service,
     manifest_of,
     node,
@@ -33,7 +34,6 @@ from tinygpt.launch import manifest as manifest_mod
 pytestmark = pytest.mark.slurm
 
 FOREIGN = ROOT / "tests" / "support" / "foreign"
-DAEMON = ROOT / "hpc_lab" / "local_cluster" / "daemon.sh"
 MAIL = LOCAL_CLUSTER_HOME / "mail"
 ADDRESS = "tester@example.org"
 
@@ -134,10 +134,6 @@ def test_a_sweep_with_every_kind_of_end_finishes_what_can_be_retried_and_sends_o
     assert mail[0].rstrip().endswith(ADDRESS) or f" {ADDRESS}\n" in mail[0], mail
     status = launch("status", str(spec), "--workdir", str(work))
     assert f"retry: done: sweep {name}: 3 of 4 run(s) finished" in status.stdout, status.stdout
-
-
-def daemon(action: str, name: str) -> None:
-    subprocess.run(["bash", str(DAEMON), action, name], check=True, capture_output=True, timeout=120)
 
 
 @pytest.mark.slurm_release

@@ -14,11 +14,11 @@ import pytest
 import yaml
 
 from tests.support.processes import launch, wait_until
-from tests.support.slurm import manifest_of, unique_name
+from tests.support.slurm import daemon, manifest_of, unique_name
 from tinygpt.launch import api
 from tinygpt.launch import manifest as manifest_mod
 
-pytestmark = [pytest.mark.slurm, pytest.mark.shares_cluster]
+pytestmark = pytest.mark.slurm
 
 FOREIGN = Path(__file__).resolve().parents[1] / "support" / "foreign"
 
@@ -105,33 +105,39 @@ def finished(spec: Path, work: Path, what: str) -> dict:
     return status_when(spec, work, lambda s: all(r["state_name"] == "COMPLETED" for r in s["runs"]), what)
 
 
+@pytest.mark.shares_cluster
 def test_a_sweep_over_a_qos_submit_limit_goes_out_in_waves_never_over_it_and_each_run_once(tmp_path):
-    """QOS waves: MaxSubmitJobsPerUser=4 and, at first, MaxJobsPerUser=0. 16 runs: the launch sends 3 (one place
-    is the heal job's); they wait, and status says for which limit; once they may run, the heal job sends the rest
-    as tasks end. The user's jobs in the QOS never exceed 4."""
+    """QOS waves: MaxSubmitJobsPerUser=4 and, at first, MaxJobsPerUser=0. 8 runs: the launch sends 3 (one place
+    is the heal job's); they wait, and status says for which limit. Then the submit limit is lowered to 3 (below
+    what is queued) as they are let run: the heal job sends the rest in smaller waves, one task each (one place
+    is its own, one its next's), never failing. The user's jobs in the QOS never exceed 4."""
     name, work = unique_name("waves"), tmp_path / "work"
-    spec = write_spec(tmp_path, name, 16, 1, qos="waves")
+    spec = write_spec(tmp_path, name, 8, 1, qos="waves")
     with limits(["qos", "waves"], MaxSubmitJobsPerUser=4, MaxJobsPerUser=0) as change, \
             queue_sampled("-q", "waves") as peak:
         out = launch(str(spec), "--workdir", str(work))
         assert out.returncode == 0, out.stdout + out.stderr
-        assert "waves: 16 task(s) wait for a wave; 3 fit now (QOS waves MaxSubmitPU=4 counts your jobs" in out.stdout
-        assert "submitted 3 run(s) as job array" in out.stdout and "13 wait for a wave" in out.stdout
+        assert "waves: 8 task(s) wait for a wave; 3 fit now (QOS waves MaxSubmitPU=4 counts your jobs" in out.stdout
+        assert "submitted 3 run(s) as job array" in out.stdout and "5 wait for a wave" in out.stdout
         held = status_when(spec, work, lambda s: any("QOSMaxJobsPerUserLimit" in line for line in s["queue"]),
                            "status naming the limit the first wave waits for", timeout=60)
-        assert held["counts"]["WAITING"] == 13 and held["queue"][0].startswith("waves: 13 run(s) wait for a wave; "
-                                                                               "heal job"), held["queue"]
+        assert held["counts"]["WAITING"] == 5 and held["queue"][0].startswith("waves: 5 run(s) wait for a wave; "
+                                                                              "heal job"), held["queue"]
         # (held, nothing runs: the first wave's 3 tasks and the heal job fill the 4 places, whatever the sampler saw)
         queued = subprocess.run(["squeue", "-h", "-r", "-u", "root", "-q", "waves", "-o", "%i"], capture_output=True,
                                 text=True, check=True, timeout=30).stdout.split()
         assert len(queued) == 4, queued
-        change({"MaxJobsPerUser": -1})
+        change({"MaxJobsPerUser": -1, "MaxSubmitJobsPerUser": 3})
         done = finished(spec, work, "every run of the sweep COMPLETED")
     assert done["queue"][0].startswith("waves: every run went out"), done["queue"]
     assert peak[0] <= 4, peak[0]
-    every_run_once(manifest_of(work, name))
+    manifest = manifest_of(work, name)
+    waves = [len(s.indices) for s in manifest.submissions if s.indices]
+    assert waves[0] == 3 and set(waves[1:]) == {1}, waves  # (after the limit was lowered: 3 - 2 places a wave)
+    every_run_once(manifest)
 
 
+@pytest.mark.shares_cluster
 def test_an_association_limit_with_a_relaunch_while_fed_then_a_cancel_that_stops_the_feeding(tmp_path):
     """Account waves: MaxSubmitJobs=3 on the user's association. 4 runs go out in waves; the spec launched again
     with 3 more points while they are fed adds them to the waves: each of the 7 runs once. Then a sweep whose
@@ -159,3 +165,35 @@ def test_an_association_limit_with_a_relaunch_while_fed_then_a_cancel_that_stops
     assert len(manifest_mod.load(manifest.path).submissions) == len(manifest.submissions)  # (nothing sent after)
     assert after["counts"]["WAITING"] == len(manifest.waiting()) >= 1, after["counts"]  # (as the launch left them)
     assert "cancelled: nothing more is sent" in after["queue"][0], after["queue"]
+
+
+@pytest.mark.slurm  # (not shares_cluster: it stops the controller, which every other test's jobs need)
+def test_the_controller_away_between_waves_loses_no_run_and_sends_none_twice(tmp_path):
+    """QOS waves: MaxSubmitJobsPerUser=4. 5 runs: the launch sends 3 (one place is the heal job's). The heal job
+    finds the sweep locked (as a command by hand holds it), then Slurm's controller stopped: it waits and asks
+    again, deciding nothing from no answer. Once the controller is back it sends the other two: each run once."""
+    name, work = unique_name("waway"), tmp_path / "work"
+    spec = write_spec(tmp_path, name, 5, 2, qos="waves")
+    heal_log = lambda: "\n".join(p.read_text() for p in (work / "logs" / name).glob("heal-*.out"))  # noqa: E731
+    stopped = False
+    with limits(["qos", "waves"], MaxSubmitJobsPerUser=4):
+        try:
+            out = launch(str(spec), "--workdir", str(work))
+            assert out.returncode == 0 and "submitted 3 run(s)" in out.stdout, out.stdout + out.stderr
+            with manifest_mod.sweep_lock(work / "jobs" / name):  # (taken before the first task's 2 s are over)
+                wait_until(lambda: "is being changed by another" in heal_log(), timeout=120, poll=0.5,
+                           what=lambda: f"the heal job waiting for the lock\n{heal_log()}")
+                daemon("stop", "slurmctld")
+                stopped = True
+            # (the first question of a wave is how many jobs the limit counts now: squeue, the controller's)
+            wait_until(lambda: heal_log().rpartition("then asking again: ")[2].startswith("squeue did not answer"),
+                       timeout=120, poll=0.5, what=lambda: f"the heal job waiting for the controller\n{heal_log()}")
+            assert len(manifest_mod.load(manifest_of(work, name).path).submissions) == 2  # (3 runs, 1 heal job)
+            daemon("start", "slurmctld")
+            stopped = False
+            finished(spec, work, "every run of the sweep COMPLETED")
+        finally:
+            if stopped:
+                daemon("start", "slurmctld")
+            subprocess.run(["scancel", "-n", name], capture_output=True, timeout=30)  # (a failure leaves none queued)
+    every_run_once(manifest_of(work, name))

@@ -272,6 +272,12 @@ def node(action: str, name: str) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def daemon(action: str, name: str) -> None:
+    """`daemon.sh stop|start NAME` (slurmctld, slurmdbd, mariadb) of the local cluster."""
+    subprocess.run(["bash", str(ROOT / "hpc_lab" / "local_cluster" / "daemon.sh"), action, name], check=True,
+                   capture_output=True, timeout=120)
+
+
 def squeue_nodes(job_id: str) -> str:
     """The node list of a running job, '' while it is not running."""
     out = subprocess.run(["squeue", "-h", "-j", job_id, "-t", "R", "-o", "%N"], capture_output=True, text=True,
