@@ -183,6 +183,9 @@ def test_a_node_lost_mid_job_ends_it_node_fail_and_it_comes_back_from_its_newest
                    poll=0.05, what="the run training past its first checkpoint")
         node("crash", "node2")
         try:
+            # (as a site's node health check would say at once what slurmctld finds only after SlurmdTimeout)
+            subprocess.run(["scontrol", "update", "nodename=node2", "state=down", "reason=crashed"], check=True,
+                           timeout=30)
             manifest = manifest_of(work, "lost")
             wait_until(lambda: run_states.collect(manifest)[0].restarts == 1, timeout=120, poll=0.5,
                        what="Slurm requeueing the job of the lost node")
