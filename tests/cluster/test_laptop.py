@@ -25,16 +25,19 @@ from tests.support.laptop import (
 from tests.support.paths import ROOT
 from tests.support.slurm import unique_name
 from tinygpt.launch.remote import laptop as remote
+from tinygpt.launch.remote import private_folders
 from tinygpt.launch.spec import profiles
 
-pytestmark = pytest.mark.slurm(needs=["login"])
+pytestmark = [pytest.mark.slurm(needs=["login"]), pytest.mark.shares_cluster]  # (its jobs wait for CPUs like others')
 
 HOME_THERE = home_there("tgstudent")
 
 
 @pytest.fixture(scope="module")
-def laptop(tmp_path_factory) -> dict:
-    return laptop_for("tgstudent", tmp_path_factory.mktemp("laptop"))
+def laptop(tmp_path_factory, worker_id) -> dict:
+    """The laptop of this module's tests: a remote_dir of each test worker's own, as tests beside each other run
+    on several workers (two laptops launching into one remote_dir at once is not what a user does)."""
+    return laptop_for("tgstudent", tmp_path_factory.mktemp("laptop"), remote_dir=f"{REMOTE_DIR}-{worker_id}")
 
 
 def test_a_sweep_launched_from_the_laptop_runs_there_and_its_report_comes_back(laptop, tmp_path):
@@ -48,9 +51,9 @@ def test_a_sweep_launched_from_the_laptop_runs_there_and_its_report_comes_back(l
         out.stdout, out.stdout
     assert "bytes sent to login" in out.stderr
     record = json.loads((tmp_path / "jobs" / name / "remote.json").read_text())
-    assert record["root"] == f"/cluster/home/tgstudent/{REMOTE_DIR}"
+    assert record["root"] == "/" + str(laptop["there"].relative_to(LOCAL_CLUSTER_HOME))
     assert not (tmp_path / "jobs" / name / "manifest.json").exists()  # (the login node keeps the sweep)
-    assert (HOME_THERE / REMOTE_DIR / "jobs" / name / "manifest.json").is_file()
+    assert (laptop["there"] / "jobs" / name / "manifest.json").is_file()
 
     watched = on_laptop(laptop, "status", str(spec), "--watch", "--interval", "1", *args, cwd=tmp_path)
     assert watched.returncode == 0, watched.stderr
@@ -96,7 +99,7 @@ def test_a_second_launch_sends_only_the_files_that_changed(laptop, tmp_path):
     changed = [files[0], ("b/c.txt", b"d" * 5000 + marker, "file"), files[2]]
     assert remote.send_tree(conn, f"t-{marker.decode()}-3", changed) == len(f"{'0' * 64} 5000\n") + 5000 + \
         len(marker)
-    tree = HOME_THERE / REMOTE_DIR / "trees" / f"t-{marker.decode()}-3"
+    tree = laptop["there"] / "trees" / f"t-{marker.decode()}-3"
     assert (tree / "b" / "c.txt").read_bytes() == changed[1][1] and os.access(tree / "run.sh", os.X_OK)
 
 
@@ -108,7 +111,8 @@ def _profile_with(laptop: dict, folder: Path, **login) -> Path:
     return path
 
 
-def test_each_way_the_login_node_cannot_be_used_is_one_message_and_nothing_is_submitted(laptop, tmp_path):
+def test_each_way_the_login_node_cannot_be_used_is_one_message_and_nothing_is_submitted(laptop, tmp_path,
+                                                                                         monkeypatch):
     other = tmp_path / "id_other"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True, timeout=30)
     empty = tmp_path / "known_hosts_empty"
@@ -123,6 +127,7 @@ def test_each_way_the_login_node_cannot_be_used_is_one_message_and_nothing_is_su
         "changed host key": ({"options": {"UserKnownHostsFile": str(changed)}}, 255, "host key has CHANGED"),
         "no python": ({"python": "/usr/bin/python9"}, 1, "has no `/usr/bin/python9`"),
     }
+    monkeypatch.setenv(private_folders.ENV, laptop["env"][private_folders.ENV])  # (the laptop's connection)
     for case, (login, status, said) in cases.items():
         folder = tmp_path / case.replace(" ", "-")
         folder.mkdir()
@@ -134,7 +139,7 @@ def test_each_way_the_login_node_cannot_be_used_is_one_message_and_nothing_is_su
         assert (out.returncode, out.stderr.count("error: ")) == (status, 1), (case, out.stderr)
         assert said in out.stderr and "Traceback" not in out.stderr, (case, out.stderr)
         assert not (folder / "jobs").exists() and not jobs_named(name), case
-        assert not (HOME_THERE / REMOTE_DIR / "jobs" / name).exists(), case
+        assert not (laptop["there"] / "jobs" / name).exists(), case
 
 
 def test_a_full_disk_on_the_login_node_is_said_and_nothing_is_submitted(laptop, tmp_path):
@@ -173,7 +178,7 @@ def test_hostile_values_reach_the_login_node_as_text_and_run_nothing(laptop, tmp
                         str(tmp_path), cwd=tmp_path)
         assert "Traceback" not in out.stderr and out.returncode in (0, 1), out.stderr
     assert out.returncode == 0 and "dry run: nothing submitted" in out.stdout, out.stderr
-    assert not (HOME_THERE / "pwned").exists() and not (HOME_THERE / REMOTE_DIR / "pwned").exists()
+    assert not (HOME_THERE / "pwned").exists() and not (laptop["there"] / "pwned").exists()
 
 
 def test_a_profile_written_from_the_laptop_reaches_the_login_node_it_asked(laptop, tmp_path):
@@ -213,7 +218,7 @@ def test_a_program_of_the_users_launched_from_the_laptop_runs_its_project_there(
     assert "COMPLETED" in watched.stdout.rsplit(f"sweep {name}", 1)[-1], watched
     logs = on_laptop(laptop, "logs", str(spec), "base", *args, cwd=tmp_path)
     assert logs.returncode == 0 and "counted to 2" in logs.stdout, logs
-    trees = HOME_THERE / REMOTE_DIR / "trees"
+    trees = laptop["there"] / "trees"
     assert any((tree / "count.sh").is_file() and (tree / "fit.py").is_file() for tree in trees.iterdir())
     document = json.loads(on_laptop(laptop, "status", str(spec), "--json", *args, cwd=tmp_path).stdout)
     assert [(r["name"], r["state_name"]) for r in document["runs"]] == [("base", "COMPLETED")], document

@@ -13,7 +13,7 @@ from tests.support.slurm import cancel
 from tests.support.tiny import tiny_train
 from tinygpt.launch import api
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.shares_cluster]  # (its jobs wait for CPUs like any other's)
 
 NOTEBOOK = ROOT / "hpc_lab" / "06_notebook" / "sweep.ipynb"
 

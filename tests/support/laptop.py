@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -17,6 +18,7 @@ from tests.support.cluster_gate import LOCAL_CLUSTER_HOME
 from tests.support.hermetic import path_without_slurm
 from tests.support.paths import ROOT
 from tests.support.processes import python_env, wait_until
+from tinygpt.launch.remote import private_folders
 
 KEYS = LOCAL_CLUSTER_HOME / "login"
 REMOTE_DIR = "tinygpt-hpc-tests"  # in the user's home on the cluster: the README's commands use tinygpt-hpc
@@ -34,8 +36,9 @@ def laptop_for(user: str, here: Path, remote_dir: str = REMOTE_DIR, **login: obj
     profile["login"].update(user=user, remote_dir=remote_dir, **login)
     (here / "local-login.yaml").write_text(yaml.safe_dump(profile))
     jobs_python()
+    # (its own SSH connection too: a test that ends its connection ends no other test's commands)
     env = {"PATH": path_without_slurm(os.environ["PATH"]), "SLURM_CONF": os.devnull,
-           "XDG_CACHE_HOME": str(here / "cache")}
+           "XDG_CACHE_HOME": str(here / "cache"), private_folders.ENV: tempfile.mkdtemp(prefix="tgssh-", dir="/tmp")}
     return {"profile": here / "local-login.yaml", "env": env, "dir": here, "user": user,
             "there": home_there(user) / remote_dir}
 
