@@ -5,6 +5,7 @@ back after; the queue is sampled every second, counting the jobs each limit coun
 
 from __future__ import annotations
 
+import json
 import subprocess
 import threading
 from contextlib import contextmanager
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.laptop import laptop_for, on_laptop
 from tests.support.processes import launch, wait_until
 from tests.support.slurm import daemon, manifest_of, unique_name
 from tinygpt.launch import api
@@ -38,14 +40,14 @@ def limits(entity: list[str], **values: int):
 
 
 @contextmanager
-def queue_sampled(*selection: str):
-    """The largest number of this user's jobs squeue lists with `selection` (each array task one), sampled every
+def queue_sampled(*selection: str, user: str = "root"):
+    """The largest number of `user`'s jobs squeue lists with `selection` (each array task one), sampled every
     second while the block runs: `peak[0]`."""
     peak, stop = [0], threading.Event()
 
     def sample() -> None:
         while not stop.wait(1.0):
-            out = subprocess.run(["squeue", "-h", "-r", "-u", "root", "-o", "%i", *selection], capture_output=True,
+            out = subprocess.run(["squeue", "-h", "-r", "-u", user, "-o", "%i", *selection], capture_output=True,
                                  text=True, timeout=30)
             if out.returncode == 0:
                 peak[0] = max(peak[0], len(out.stdout.split()))
@@ -107,33 +109,33 @@ def finished(spec: Path, work: Path, what: str) -> dict:
 
 @pytest.mark.shares_cluster
 def test_a_sweep_over_a_qos_submit_limit_goes_out_in_waves_never_over_it_and_each_run_once(tmp_path):
-    """QOS waves: MaxSubmitJobsPerUser=4 and, at first, MaxJobsPerUser=0. 8 runs: the launch sends 3 (one place
-    is the heal job's); they wait, and status says for which limit. Then the submit limit is lowered to 3 (below
-    what is queued) as they are let run: the heal job sends the rest in smaller waves, one task each (one place
-    is its own, one its next's), never failing. The user's jobs in the QOS never exceed 4."""
+    """QOS waves: MaxSubmitJobsPerUser=5 and, at first, MaxJobsPerUser=0. 16 runs: the launch sends 4 (one place
+    is the heal job's); they wait, and status says for which limit. Then the submit limit is lowered to 4 (below
+    what is queued) as they are let run: the heal job sends the rest in smaller waves, two tasks each (one place
+    is its own, one its next's), never failing. The user's jobs in the QOS never exceed 5."""
     name, work = unique_name("waves"), tmp_path / "work"
-    spec = write_spec(tmp_path, name, 8, 1, qos="waves")
-    with limits(["qos", "waves"], MaxSubmitJobsPerUser=4, MaxJobsPerUser=0) as change, \
+    spec = write_spec(tmp_path, name, 16, 1, qos="waves")
+    with limits(["qos", "waves"], MaxSubmitJobsPerUser=5, MaxJobsPerUser=0) as change, \
             queue_sampled("-q", "waves") as peak:
         out = launch(str(spec), "--workdir", str(work))
         assert out.returncode == 0, out.stdout + out.stderr
-        assert "waves: 8 task(s) wait for a wave; 3 fit now (QOS waves MaxSubmitPU=4 counts your jobs" in out.stdout
-        assert "submitted 3 run(s) as job array" in out.stdout and "5 wait for a wave" in out.stdout
+        assert "waves: 16 task(s) wait for a wave; 4 fit now (QOS waves MaxSubmitPU=5 counts your jobs" in out.stdout
+        assert "submitted 4 run(s) as job array" in out.stdout and "12 wait for a wave" in out.stdout
         held = status_when(spec, work, lambda s: any("QOSMaxJobsPerUserLimit" in line for line in s["queue"]),
                            "status naming the limit the first wave waits for", timeout=60)
-        assert held["counts"]["WAITING"] == 5 and held["queue"][0].startswith("waves: 5 run(s) wait for a wave; "
-                                                                              "heal job"), held["queue"]
-        # (held, nothing runs: the first wave's 3 tasks and the heal job fill the 4 places, whatever the sampler saw)
+        assert held["counts"]["WAITING"] == 12 and held["queue"][0].startswith("waves: 12 run(s) wait for a wave; "
+                                                                               "heal job"), held["queue"]
+        # (held, nothing runs: the first wave's 4 tasks and the heal job fill the 5 places, whatever the sampler saw)
         queued = subprocess.run(["squeue", "-h", "-r", "-u", "root", "-q", "waves", "-o", "%i"], capture_output=True,
                                 text=True, check=True, timeout=30).stdout.split()
-        assert len(queued) == 4, queued
-        change({"MaxJobsPerUser": -1, "MaxSubmitJobsPerUser": 3})
+        assert len(queued) == 5, queued
+        change({"MaxJobsPerUser": -1, "MaxSubmitJobsPerUser": 4})
         done = finished(spec, work, "every run of the sweep COMPLETED")
     assert done["queue"][0].startswith("waves: every run went out"), done["queue"]
-    assert peak[0] <= 4, peak[0]
+    assert peak[0] <= 5, peak[0]
     manifest = manifest_of(work, name)
     waves = [len(s.indices) for s in manifest.submissions if s.indices]
-    assert waves[0] == 3 and set(waves[1:]) == {1}, waves  # (after the limit was lowered: 3 - 2 places a wave)
+    assert waves[0] == 4 and max(waves[1:]) <= 2, waves  # (after the limit was lowered: 4 - 2 places a wave)
     every_run_once(manifest)
 
 
@@ -197,3 +199,31 @@ def test_the_controller_away_between_waves_loses_no_run_and_sends_none_twice(tmp
                 daemon("start", "slurmctld")
             subprocess.run(["scancel", "-n", name], capture_output=True, timeout=30)  # (a failure leaves none queued)
     every_run_once(manifest_of(work, name))
+
+
+@pytest.mark.slurm(needs=["login"])
+@pytest.mark.shares_cluster
+def test_a_sweep_launched_from_a_laptop_goes_out_in_waves_on_the_cluster(tmp_path):
+    """From a laptop, over SSH, as the login node's user tgcsh, whose association in account waves gets
+    MaxSubmitJobs=3 (no other test's jobs count against it): the launch there sends what fits, the heal job the
+    rest, and the laptop's `status` follows it to the end; each run once, tgcsh's jobs never over 3."""
+    laptop = laptop_for("tgcsh", tmp_path, remote_dir="tinygpt-hpc-waves")
+    name = unique_name("wlaptop")
+    spec = write_spec(tmp_path, name, 5, 1, account="waves")
+    where = ["--workdir", str(tmp_path)]
+
+    def ended() -> dict | None:
+        said = on_laptop(laptop, "status", str(spec), "--json", *where, cwd=tmp_path)
+        document = json.loads(said.stdout) if said.returncode == 0 else {"runs": []}
+        return document if document["runs"] and all(r["state_name"] == "COMPLETED" for r in document["runs"]) \
+            else None
+
+    with limits(["user", "tgcsh", "where", "account=waves"], MaxSubmitJobs=3), \
+            queue_sampled("-A", "waves", user="tgcsh") as peak:
+        out = on_laptop(laptop, str(spec), "--cluster", str(laptop["profile"]), *where, cwd=tmp_path)
+        assert out.returncode == 0 and "submitted 2 run(s)" in out.stdout, out.stdout + out.stderr
+        assert "3 wait for a wave" in out.stdout and "waves: heal job " in out.stdout, out.stdout
+        done = wait_until(ended, timeout=300, poll=2, what="the laptop's status: every run COMPLETED")
+    assert done["queue"][0].startswith("waves: every run went out"), done["queue"]
+    assert peak[0] <= 3, peak[0]
+    every_run_once(manifest_mod.load(laptop["there"] / "jobs" / name / "manifest.json"))
