@@ -6,6 +6,7 @@ import json
 import os
 import pwd
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from tests.support.laptop import (
     write_spec,
 )
 from tests.support.paths import ROOT
+from tests.support.processes import python_env
 from tests.support.slurm import unique_name
 from tinygpt.launch.remote import laptop as remote
 from tinygpt.launch.remote import private_folders
@@ -225,3 +227,49 @@ def test_a_program_of_the_users_launched_from_the_laptop_runs_its_project_there(
     listed = on_laptop(laptop, "list", *args, cwd=tmp_path)
     assert listed.returncode == 0 and f"{name}  " in listed.stdout and "1 run(s): 1 COMPLETED" in listed.stdout, listed
     assert f"on {laptop['user']}@" in listed.stdout, listed.stdout
+
+
+NOTEBOOK_ON_A_LAPTOP = """\
+import json, sys
+from tinygpt.launch import api
+
+workdir, profile, name = sys.argv[1:]
+spec = {"name": name, "train": {"dataset": "pydoc", "max_steps": 12, "n_layer": 1, "n_head": 2, "n_embd": 32,
+        "block_size": 32, "batch_size": 8, "eval_interval": 6}, "grid": {"lr": [0.001]}}
+sweep = api.launch(spec, workdir, cluster=profile)
+done = sweep.wait(timeout=240, poll=1)
+try:
+    sweep.metrics(["nope"])
+except api.LaunchError as err:
+    refused = [type(err).__name__, str(err)]
+print(json.dumps({"type": type(sweep).__name__, "runs": sweep.runs, "status": done.model_dump(mode="json"),
+                  "metrics": {run: [r["step"] for r in records if "val_loss" in r]
+                              for run, records in sweep.metrics().items()},
+                  "logs": [(log.job, log.text) for log in sweep.logs("lr-0.001")],
+                  "efficiency": sweep.efficiency(), "refused": refused, "cancelled": sweep.cancel()}))
+"""
+
+
+def test_the_library_on_the_laptop_launches_there_and_its_sweep_answers_as_the_commands_do(laptop, tmp_path):
+    """A notebook on a laptop (the library alone, a profile with `login:`): `api.launch` goes to the login node as
+    `launch.py SPEC --cluster NAME` does, and the Sweep it gives is answered by the library there: wait, metrics,
+    logs, efficiency, cancel, a refusal of the same kind and words, and the status document equal to the laptop's
+    `status --json` of the same sweep."""
+    name = unique_name("laptop-lib")
+    script = tmp_path / "notebook.py"
+    script.write_text(NOTEBOOK_ON_A_LAPTOP)
+    out = subprocess.run([sys.executable, str(script), str(tmp_path), str(laptop["profile"]), name], cwd=tmp_path,
+                         env=python_env(**laptop["env"]), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    said = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (said["type"], said["runs"]) == ("RemoteSweep", ["lr-0.001"]), said
+    assert [r["state_name"] for r in said["status"]["runs"]] == ["COMPLETED"] and said["metrics"] == {
+        "lr-0.001": [6, 12]}, said
+    (job, text), = said["logs"]
+    assert job == said["status"]["runs"][0]["job"] and "val    12/12" in text, text
+    assert [row["run"] for row in said["efficiency"]] == ["lr-0.001"] and said["cancelled"], said
+    assert said["refused"] == ["LaunchError", f"runs: nope not in sweep `{name}`; its runs: lr-0.001"]
+    command = on_laptop(laptop, "status", str(tmp_path / f"{name}.yaml"), "--json", "--workdir", str(tmp_path),
+                        cwd=tmp_path)
+    document = json.loads(command.stdout)
+    assert {**document, "time": 0} == {**said["status"], "time": 0}

@@ -33,11 +33,12 @@ if TYPE_CHECKING:
     from tinygpt.launch.act.launch import CheckDocument
     from tinygpt.launch.manifest import Manifest
     from tinygpt.launch.read.log_files import RunLog
+    from tinygpt.launch.remote.laptop import Target
     from tinygpt.launch.status.document import SweepStatus
     from tinygpt.launch.status.listing import SweepEntry
 
-__all__ = ["LaunchError", "LoginAway", "SlurmAway", "SshRefused", "Sweep", "SweepBusy", "WaitTimeout", "check",
-           "launch", "list_sweeps", "open_sweep"]
+__all__ = ["LaunchError", "LoginAway", "RemoteSweep", "SlurmAway", "SshRefused", "Sweep", "SweepBusy", "WaitTimeout",
+           "check", "launch", "list_sweeps", "open_sweep"]
 
 Spec = str | os.PathLike[str] | Mapping[str, Any]  # a spec's file, or the spec itself (with its `name`)
 
@@ -163,6 +164,106 @@ class Sweep:
         return not self.manifest.retry or dirs.summary.exists() or dirs.cancelled.exists()
 
 
+class RemoteSweep(Sweep):
+    """A sweep launched from this laptop on a login node (a profile with `login:`): each call is made by the
+    library there, over the profile's SSH connection, as the commands are (the answers are the same types). Its
+    `manifest` is the login node's, read when opened and by `reload()`; its paths are the login node's."""
+
+    def __init__(self, there: Target) -> None:
+        from tinygpt.launch.remote import laptop
+
+        self._there = there
+        self.manifest = laptop.manifest_there(there)
+        self.path = Path((there.record or {})["root"]) / "jobs" / self.manifest.name / "manifest.json"
+
+    def status(self) -> SweepStatus:
+        from tinygpt.launch.status.document import SweepStatus
+
+        return SweepStatus.model_validate(self._call("status"))
+
+    def metrics(self, runs: Iterable[str] | None = None) -> dict[str, list[dict[str, Any]]]:
+        return dict(self._call("metrics", runs=None if runs is None else sorted(self._known(runs))))
+
+    def logs(self, run: str, every_life: bool = False) -> list[RunLog]:
+        from tinygpt.launch.read.log_files import RunLog
+
+        return [RunLog(job, Path(path), text) for job, path, text in self._call("logs", run=run,
+                                                                                every_life=every_life)]
+
+    def efficiency(self, runs: Iterable[str] | None = None) -> list[dict[str, str]]:
+        return list(self._call("efficiency", runs=None if runs is None else sorted(self._known(runs))))
+
+    def report(self, prompt: str | None = None) -> Path:
+        """The report written on the login node (with the jobs' Python) and brought back with the runs' metrics,
+        as `launch.py report` does from a laptop; its report.md here."""
+        from tinygpt.launch.remote import laptop
+
+        self._call("report", prompt=prompt)
+        workdir = self._there.record_path.parents[2]  # (<workdir>/jobs/<name>/remote.json)
+        laptop.pull_there(self._there, str(workdir))
+        return workdir / "runs" / self.name / "report.md"
+
+    def cancel(self, runs: Sequence[str] | None = None) -> list[str]:
+        return list(self._call("cancel", runs=None if runs is None else list(runs)))
+
+    def resubmit(self, states: Sequence[str] | None = None, *, time: str | None = None, mem: str | None = None,
+                 exclude: Sequence[str] = (), exclude_failed_nodes: bool = False, dry_run: bool = False) -> list[str]:
+        return list(self._call("resubmit", states=None if states is None else list(states), time=time, mem=mem,
+                               exclude=list(exclude), exclude_failed_nodes=exclude_failed_nodes, dry_run=dry_run))
+
+    def reload(self) -> Manifest:
+        from tinygpt.launch.remote import laptop
+
+        self.manifest = laptop.manifest_there(self._there)
+        return self.manifest
+
+    def _call(self, method: str, **arguments: Any) -> Any:
+        from tinygpt.launch.remote import laptop
+
+        return laptop.call_there(self._there, method, arguments)
+
+    def _ended(self, now: SweepStatus) -> bool:
+        policy = now.retry[:1]  # (its first line says when the policy is done, or cancelled)
+        return all(r.ended for r in now.runs) and (not policy or "retry: done:" in policy[0]
+                                                     or "nothing more is sent" in policy[0])
+
+
+REMOTE_CALLS = ("status", "metrics", "logs", "efficiency", "report", "cancel", "resubmit")  # (what RemoteSweep asks)
+
+
+def _answer(argv: list[str]) -> int:
+    """`python -m tinygpt.launch.api MANIFEST METHOD ARGUMENTS`: a laptop's call of a Sweep (RemoteSweep), made
+    here on the login node; printed as one JSON document, {"answer": ...} or {"error": [kind, message]}. What
+    the call prints along the way goes to stderr, which the laptop shows."""
+    import contextlib
+    import sys
+
+    manifest, method, arguments = argv
+    try:
+        if method not in REMOTE_CALLS:
+            raise LaunchError(f"{method}: not a call a laptop makes of a sweep ({', '.join(REMOTE_CALLS)})")
+        with contextlib.redirect_stdout(sys.stderr):
+            answer = getattr(Sweep(manifest), method)(**json.loads(arguments))
+        said: dict[str, Any] = {"answer": _as_json(answer)}
+    except LaunchError as err:
+        said = {"error": [type(err).__name__, str(err)]}
+    print(json.dumps(said))
+    return 0
+
+
+def _as_json(answer: Any) -> Any:
+    """A call's answer as JSON: a document's fields, a log's (job, path, text), a path as text."""
+    from pydantic import BaseModel
+
+    if isinstance(answer, BaseModel):
+        return answer.model_dump(mode="json")
+    if isinstance(answer, Path):
+        return str(answer)
+    if isinstance(answer, list):
+        return [[str(x) for x in item] if isinstance(item, tuple) else item for item in answer]
+    return answer
+
+
 def _stamp(path: Path) -> tuple[int, int, int] | None:
     """A file's inode, size and time, to tell that it changed (the manifest is replaced whole: a new inode)."""
     try:
@@ -180,11 +281,22 @@ def launch(spec: Spec, workdir: str | os.PathLike[str] = ".", *, cluster: str | 
     manifest written, its runs submitted (`dry_run`: nothing submitted; `local`: run here, one after another). A
     spec launched before submits only its new runs. The keywords are the command's options."""
     from tinygpt.launch.act.launch import LaunchOptions, run
+    from tinygpt.launch.remote import laptop
 
     with _spec_file(spec, workdir, keep="launched") as path:
-        run(LaunchOptions(spec=str(path), workdir=str(workdir), cluster=cluster, backend=backend, set=_words(set),
-                          dry_run=dry_run, local=local, chain=chain, hold=hold, nproc=nproc, no_check=not check,
-                          no_snapshot=not snapshot, fresh=fresh))
+        there = None if local else laptop.launch_target(str(path), str(workdir), cluster)
+        if there is None:
+            run(LaunchOptions(spec=str(path), workdir=str(workdir), cluster=cluster, backend=backend,
+                              set=_words(set), dry_run=dry_run, local=local, chain=chain, hold=hold, nproc=nproc,
+                              no_check=not check, no_snapshot=not snapshot, fresh=fresh))
+        else:  # (a profile with `login:`: the launch runs there, as `launch.py SPEC --cluster NAME` does)
+            flags = {"--dry-run": dry_run, "--chain": chain, "--hold": hold, "--no-check": not check,
+                     "--no-snapshot": not snapshot, "--fresh": fresh}
+            options = [*(["--backend", backend] if backend else []), *[w for v in _words(set) for w in ("--set", v)],
+                       *(["--nproc", str(nproc)] if nproc != 1 else []), *[f for f, on in flags.items() if on]]
+            if (status := laptop.launch_there(there, str(path), options)) != 0:
+                raise LaunchError(f"{path}: the launch on {there.login.host} ended with exit status {status} (its "
+                                  f"words are above)")
     return open_sweep(path, workdir)
 
 
@@ -208,10 +320,13 @@ def list_sweeps(workdir: str | os.PathLike[str] = ".") -> list[SweepEntry]:
 
 
 def open_sweep(spec: str | os.PathLike[str], workdir: str | os.PathLike[str] = ".") -> Sweep:
-    """The sweep that a spec launched (its YAML, or the sweep's jobs/<name>/manifest.json) under `workdir`."""
+    """The sweep that a spec launched (its YAML, or the sweep's jobs/<name>/manifest.json) under `workdir`; one
+    launched from here on a login node answers from there (a `RemoteSweep`)."""
+    from tinygpt.launch.remote import laptop
     from tinygpt.launch.spec.sweep import manifest_path
 
-    return Sweep(manifest_path(spec, workdir))
+    there = laptop.sweep_target(str(spec), str(workdir))
+    return RemoteSweep(there) if there is not None else Sweep(manifest_path(spec, workdir))
 
 
 @contextmanager
@@ -229,7 +344,7 @@ def _spec_file(spec: Spec, workdir: str | os.PathLike[str], keep: Literal["launc
                           "in the work directory)")
     import yaml  # type: ignore[import-untyped]  # (no stubs in the venv; safe_dump is all it uses)
 
-    from tinygpt.launch.layout import check_safe_name
+    from tinygpt.launch.layout import REMOTE_RECORD, check_safe_name
     from tinygpt.launch.spec.sweep import manifest_path
 
     problems: list[str] = []
@@ -247,7 +362,8 @@ def _spec_file(spec: Spec, workdir: str | os.PathLike[str], keep: Literal["launc
     try:
         yield path
     finally:
-        if ours and (keep == "never" or not manifest_path(path, workdir).exists()):
+        launched = manifest_path(path, workdir)  # (here, or on a login node: its record is here)
+        if ours and (keep == "never" or not (launched.exists() or launched.with_name(REMOTE_RECORD).exists())):
             path.unlink(missing_ok=True)
 
 
@@ -255,3 +371,9 @@ def _words(values: Mapping[str, Any] | None) -> list[str]:
     """`set=` as the command's `--set KEY=VALUE` words: a text as written, anything else as JSON (which YAML
     reads back as the same value: 300, 0.001, true, null)."""
     return [f"{key}={value if isinstance(value, str) else json.dumps(value)}" for key, value in (values or {}).items()]
+
+
+if __name__ == "__main__":  # (a laptop's RemoteSweep call, on the login node)
+    import sys
+
+    sys.exit(_answer(sys.argv[1:]))

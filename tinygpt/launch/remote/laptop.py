@@ -45,12 +45,13 @@ from tinygpt.base import durable
 from tinygpt.base.config import PATH_KEYS
 from tinygpt.launch.console import INVOKED_AS, SPEC_AS, said_as
 from tinygpt.launch.errors import LaunchError, LoginAway, SshRefused
-from tinygpt.launch.layout import REMOTE_RECORD, REPO_ROOT, SweepDirs
+from tinygpt.launch.layout import REMOTE_RECORD, REPO_ROOT, SUBMISSIONS, SweepDirs
 from tinygpt.launch.remote import login_side
 from tinygpt.launch.remote.private_folders import socket_folder, wheel_cache
 from tinygpt.launch.submit import snapshot
 
 if TYPE_CHECKING:
+    from tinygpt.launch.manifest import Manifest
     from tinygpt.launch.spec.profiles import Login, Profile
 
 RECORD = REMOTE_RECORD  # beside where the sweep's manifest would be, on the laptop
@@ -79,28 +80,52 @@ class Target:
 
 def target(args: argparse.Namespace) -> Target | None:
     """The login node a command goes to, or None: it runs here."""
-    if os.environ.get("TINYGPT_LOGIN_NODE") or getattr(args, "local", False):  # (login_side's `run` sets it)
+    if getattr(args, "local", False):
         return None
+    if args.command in ("launch", "check"):
+        return launch_target(args.spec, args.workdir, args.cluster)
+    if args.command == "serve" and args.cluster:  # (the login node's sweeps, whatever was launched from here)
+        return serve_target(args.cluster, args.workdir)
+    return None if args.spec is None else sweep_target(args.spec, args.workdir)
+
+
+def launch_target(spec_path: str, workdir: str, cluster: str | None) -> Target | None:
+    """The login node a launch of SPEC goes to (`cluster`, else the spec's: a profile with `login:` that is not
+    this machine), or None: it runs here."""
+    from tinygpt.launch.spec import profiles
+
+    if os.environ.get("TINYGPT_LOGIN_NODE"):  # (login_side's `run` sets it)
+        return None
+    try:
+        cluster = cluster or _spec_cluster(spec_path)
+        profile = profiles.load(cluster) if cluster and cluster not in ("local", "auto") else None
+    except LaunchError:  # (the launch here names it, with every other problem of the spec)
+        return None
+    if profile is None or profile.login is None or _is_here(profile.login.host):
+        return None
+    from tinygpt.launch.spec.sweep import load_name
+
+    return Target(profile, SweepDirs(Path(workdir).resolve(), load_name(spec_path)).jobs / RECORD, None)
+
+
+def serve_target(cluster: str, workdir: str) -> Target | None:
+    """The login node `serve --cluster NAME` serves from, or None: this machine is it."""
+    from tinygpt.launch.spec import profiles
+
+    profile = profiles.load(cluster)
+    if profile.login is None:
+        raise LaunchError(f"--cluster {cluster}: its profile has no login: section, so there is no login node to "
+                          f"serve from; run serve on the cluster itself, or leave --cluster out")
+    return None if _is_here(profile.login.host) else Target(profile, Path(workdir), None)
+
+
+def sweep_target(spec_path: str, workdir: str) -> Target | None:
+    """The login node a sweep was launched on from here (its record), or None: its manifest is here."""
     from tinygpt.launch.spec import profiles, sweep
 
-    if args.command in ("launch", "check"):
-        try:
-            cluster = args.cluster or _spec_cluster(args.spec)
-            profile = profiles.load(cluster) if cluster and cluster not in ("local", "auto") else None
-        except LaunchError:  # (the launch here names it, with every other problem of the spec)
-            return None
-        if profile is None or profile.login is None or _is_here(profile.login.host):
-            return None
-        return Target(profile, _record_path(args), None)
-    if args.command == "serve" and args.cluster:  # (the login node's sweeps, whatever was launched from here)
-        profile = profiles.load(args.cluster)
-        if profile.login is None:
-            raise LaunchError(f"--cluster {args.cluster}: its profile has no login: section, so there is no login "
-                              f"node to serve from; run serve on the cluster itself, or leave --cluster out")
-        return None if _is_here(profile.login.host) else Target(profile, Path(args.workdir), None)
-    if args.spec is None or Path(args.spec).name == "manifest.json":
+    if os.environ.get("TINYGPT_LOGIN_NODE") or Path(spec_path).name == "manifest.json":
         return None
-    path = SweepDirs(Path(args.workdir).resolve(), sweep.load_name(args.spec))
+    path = SweepDirs(Path(workdir).resolve(), sweep.load_name(spec_path))
     if path.manifest.is_file() or not (path.jobs / RECORD).is_file():
         return None
     record = _read_record(path.jobs / RECORD)
@@ -119,12 +144,6 @@ def _is_here(host: str) -> bool:
     """Whether this machine is the login node the profile names (a user who logged in and launched there)."""
     names = {socket.gethostname(), socket.getfqdn()}
     return host in names or host.split(".")[0] in {n.split(".")[0] for n in names}
-
-
-def _record_path(args: argparse.Namespace) -> Path:
-    from tinygpt.launch.spec.sweep import load_name
-
-    return SweepDirs(Path(args.workdir).resolve(), load_name(args.spec)).jobs / RECORD
 
 
 def _read_record(path: Path) -> dict[str, Any]:
@@ -483,10 +502,12 @@ def launcher_python(conn: Connection, hello: dict[str, Any]) -> str:
     return made + "/bin/python"
 
 
-def launcher_there(conn: Connection, python: str, code: str) -> tuple[list[str], list[str]]:
+def launcher_there(conn: Connection, python: str, code: str, module: str = "tinygpt.launch") -> tuple[list[str],
+                                                                                                    list[str]]:
     """(environment, words) that start the launcher sent as `code` on the login node: `python -m tinygpt.launch`
-    with the tree first on its path, a checkout's code and an installed launcher's alike."""
-    return [f"PYTHONPATH={conn.root}/trees/{code}"], [python, "-m", "tinygpt.launch"]
+    (or another of its modules) with the tree first on its path, a checkout's code and an installed launcher's
+    alike."""
+    return [f"PYTHONPATH={conn.root}/trees/{code}"], [python, "-m", module]
 
 
 def sweeps_there(workdir: Path) -> list[dict[str, Any]]:
@@ -534,31 +555,92 @@ def forward(target_: Target, top: argparse.ArgumentParser, args: argparse.Namesp
     if target_.record is None:
         _check_paths(args.spec, target_)  # (a local problem: said before the login node is asked anything)
     conn, hello = connect(target_.login)
-    record = target_.record
-    if record is None:
-        code, _ = send_code(conn)
-        inputs = [(Path(args.spec).name, _spec_there(conn, Path(args.spec)), "file"),
-                  (Path(target_.profile.path).name, Path(target_.profile.path).read_bytes(), "file")]
-        name = f"inputs-{snapshot.digest(inputs)}"
-        send_tree(conn, name, inputs)
-        record = {"profile": str(Path(target_.profile.path).resolve()), "root": conn.root, "code": code,
-                  "spec": f"{conn.root}/trees/{name}/{inputs[0][0]}",
-                  "cluster": f"{conn.root}/trees/{name}/{inputs[1][0]}"}
+    record = target_.record or _inputs_sent(conn, target_, args.spec)
     if args.command == "pull":
-        return _pull(conn, args.spec, args.workdir, args.checkpoints)
+        return _pull(conn, target_.record_path.parent.name, args.workdir, args.checkpoints)
     python = launcher_python(conn, hello)
     if args.command == "report" and target_.profile.python:
         python = target_.profile.python  # (attention maps load the checkpoints: the jobs' Python has torch)
-    if target_.record is None and args.command == "launch":
-        target_.record_path.parent.mkdir(parents=True, exist_ok=True)
-        durable.write(target_.record_path, json.dumps(record, indent=1) + "\n")  # (before: a drop leaves it known)
     arguments = _arguments(top, args, spec=record["spec"], cluster=record["cluster"], workdir=conn.root)
+    if target_.record is None and args.command == "launch":
+        return _launch(conn, python, target_, record, arguments, args.spec)
     status = run_there(conn, python, record["code"], arguments, args.spec)
-    if target_.record is None and args.command == "launch" and status in (1, 2):
-        target_.record_path.unlink(missing_ok=True)  # (refused there: nothing was launched)
     if status == 0 and args.command == "report":
-        _pull(conn, args.spec, args.workdir, checkpoints=False)
+        _pull(conn, target_.record_path.parent.name, args.workdir, checkpoints=False)
     return status
+
+
+def launch_there(target_: Target, spec_path: str, options: list[str]) -> int:
+    """`launch.py SPEC --cluster NAME OPTIONS...` from here, as the command does it (the library's `launch`)."""
+    _check_paths(spec_path, target_)
+    conn, hello = connect(target_.login)
+    record = _inputs_sent(conn, target_, spec_path)
+    arguments = ["launch", record["spec"], "--cluster", record["cluster"], "--workdir", conn.root, *options]
+    return _launch(conn, launcher_python(conn, hello), target_, record, arguments, spec_path)
+
+
+def _inputs_sent(conn: Connection, target_: Target, spec_path: str) -> dict[str, str]:
+    """The code, the spec and the profile sent to the login node; the record of where they are there."""
+    code, _ = send_code(conn)
+    inputs = [(Path(spec_path).name, _spec_there(conn, Path(spec_path)), "file"),
+              (Path(target_.profile.path).name, Path(target_.profile.path).read_bytes(), "file")]
+    name = f"inputs-{snapshot.digest(inputs)}"
+    send_tree(conn, name, inputs)
+    return {"profile": str(Path(target_.profile.path).resolve()), "root": conn.root, "code": code,
+            "spec": f"{conn.root}/trees/{name}/{inputs[0][0]}", "cluster": f"{conn.root}/trees/{name}/{inputs[1][0]}"}
+
+
+def _launch(conn: Connection, python: str, target_: Target, record: dict[str, str], arguments: list[str],
+            spec_path: str) -> int:
+    """A launch on the login node, its record kept here first (a drop leaves it known), gone if it was refused."""
+    target_.record_path.parent.mkdir(parents=True, exist_ok=True)
+    durable.write(target_.record_path, json.dumps(record, indent=1) + "\n")
+    status = run_there(conn, python, record["code"], arguments, spec_path)
+    if status in (1, 2):
+        target_.record_path.unlink(missing_ok=True)  # (refused there: nothing was launched)
+    return status
+
+
+def call_there(target_: Target, method: str, arguments: dict[str, Any]) -> Any:
+    """Sweep.METHOD(**arguments) of the launched sweep, called by the library on the login node (`python -m
+    tinygpt.launch.api`, with this laptop's code; `report` with the jobs' Python, which has torch); its answer as
+    JSON, or its LaunchError raised here, of the same kind and words."""
+    from tinygpt.launch import errors
+
+    conn, hello = connect(target_.login)
+    python = target_.profile.python if method == "report" and target_.profile.python else launcher_python(conn, hello)
+    env, words = launcher_there(conn, python, send_code(conn)[0], "tinygpt.launch.api")
+    manifest = f"{conn.root}/jobs/{target_.record_path.parent.name}/manifest.json"
+    said = conn.call("run", conn.root, *env, "--", *words, manifest, method, json.dumps(arguments))
+    try:
+        found = json.loads(said.split(b"\n", 1)[1])
+        if "error" in found:
+            kind, message = found["error"]
+            raise getattr(errors, kind, LaunchError)(message)
+        return found["answer"]
+    except (ValueError, KeyError, IndexError, TypeError) as err:
+        raise LaunchError(f"cluster: {conn.where} answered `{method}` with what is not the library's answer "
+                          f"({err}): {said[-300:]!r}") from None
+
+
+def pull_there(target_: Target, workdir: str) -> None:
+    """`launch.py pull SPEC`: the sweep's report and its runs' metrics brought back under `workdir`."""
+    conn, _ = connect(target_.login)
+    _pull(conn, target_.record_path.parent.name, workdir, checkpoints=False)
+
+
+def manifest_there(target_: Target) -> Manifest:
+    """The launched sweep's manifest (and its submissions) as the login node has it now, read here."""
+    from tinygpt.launch import manifest as manifest_mod
+
+    conn, _ = connect(target_.login)
+    name = target_.record_path.parent.name
+    files = fetch(conn, [f"jobs/{name}/manifest.json", f"jobs/{name}/{SUBMISSIONS}"])
+    with tempfile.TemporaryDirectory() as folder:
+        for rel in (f"jobs/{name}/manifest.json", f"jobs/{name}/{SUBMISSIONS}"):
+            if rel in files:
+                Path(folder, Path(rel).name).write_bytes(files[rel])
+        return manifest_mod.load(Path(folder) / "manifest.json")
 
 
 def _terminal() -> list[str]:
@@ -641,11 +723,8 @@ def fetch(conn: Connection, patterns: list[str]) -> dict[str, bytes]:
             return {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}
 
 
-def _pull(conn: Connection, spec_path: str, workdir: str, checkpoints: bool) -> int:
-    """Bring back the sweep's report and every run's metrics (and checkpoints), under the laptop's workdir."""
-    from tinygpt.launch.spec.sweep import load_name
-
-    name = load_name(spec_path)
+def _pull(conn: Connection, name: str, workdir: str, checkpoints: bool) -> int:
+    """Bring back sweep `name`'s report and every run's metrics (and checkpoints), under the laptop's workdir."""
     patterns = [p.format(name=name) for p in PULLED + (CHECKPOINTS if checkpoints else ())]
     here = Path(workdir).resolve()
     files = fetch(conn, patterns)
