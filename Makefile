@@ -6,9 +6,10 @@ VENV       ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PY         := $(VENV)/bin/python
 PYTEST_ARGS ?=
-# Two workers: the cluster tests that need the cluster to themselves in order on one, the rest on both, the cluster
-# tests that share it last (tests/support/side_by_side.py).
-PYTEST_XDIST ?= -n 2 --dist loadgroup
+# Three workers on two cores: the cluster tests that need the cluster to themselves in order on one, the rest on
+# the others, the cluster tests that share it last on all three (tests/support/side_by_side.py). The cluster tests
+# spend much of their time waiting for Slurm: a third worker fills it (docs/performance.md, "The suite's workers").
+PYTEST_XDIST ?= -n 3 --dist loadgroup
 
 .PHONY: venv smoke test test-release lint clean
 

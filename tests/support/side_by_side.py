@@ -1,4 +1,4 @@
-"""Which tests run beside which under pytest-xdist (`make test` runs two workers); a plugin tests/conftest.py loads.
+"""Which tests run beside which under pytest-xdist (`make test` runs three workers); a plugin tests/conftest.py loads.
 
 The cluster tests (marked `slurm`) have the local cluster to themselves unless they are marked `shares_cluster`:
 they run one after another on one worker (one xdist group), each as it would alone, and a shared cluster test
