@@ -636,11 +636,18 @@ def manifest_there(target_: Target) -> Manifest:
     conn, _ = connect(target_.login)
     name = target_.record_path.parent.name
     files = fetch(conn, [f"jobs/{name}/manifest.json", f"jobs/{name}/{SUBMISSIONS}"])
+    if f"jobs/{name}/manifest.json" not in files:
+        raise LaunchError(f"{conn.where}:{conn.root}/jobs/{name}/manifest.json: no manifest there (removed since the "
+                          f"launch?); launch the spec again with --cluster, or delete {target_.record_path} to "
+                          f"forget it")
     with tempfile.TemporaryDirectory() as folder:
         for rel in (f"jobs/{name}/manifest.json", f"jobs/{name}/{SUBMISSIONS}"):
             if rel in files:
                 Path(folder, Path(rel).name).write_bytes(files[rel])
-        return manifest_mod.load(Path(folder) / "manifest.json")
+        try:
+            return manifest_mod.load(Path(folder) / "manifest.json")
+        except LaunchError as err:  # (damaged there: said with the login node's path, not this copy's)
+            raise LaunchError(str(err).replace(folder, f"{conn.where}:{conn.root}/jobs/{name}")) from None
 
 
 def _terminal() -> list[str]:
