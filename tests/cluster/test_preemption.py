@@ -27,7 +27,9 @@ from tests.support.sweeps import sweep_dirs
 from tests.support.tiny import TINY_FLAGS, loss_series, read_metrics
 from tinygpt.base import config
 
-pytestmark = pytest.mark.slurm
+# (beside other tests: each signals, requeues or times out its own job alone, and asks for no whole node; its
+# jobs wait for CPUs like any other's)
+pytestmark = [pytest.mark.slurm, pytest.mark.shares_cluster]
 
 LONG = ["--max-steps", "600", "--log-interval", "1", "--eval-interval", "100", "--ckpt-interval", "1000",
         "--dropout", "0.1"]
