@@ -166,15 +166,17 @@ class Sweep:
 
 class RemoteSweep(Sweep):
     """A sweep launched from this laptop on a login node (a profile with `login:`): each call is made by the
-    library there, over the profile's SSH connection, as the commands are (the answers are the same types). Its
-    `manifest` is the login node's, read when opened and by `reload()`; its paths are the login node's."""
+    library there, over the profile's SSH connection, as the commands are (the answers are the same types); the
+    laptop's code is sent when the sweep is opened. Its `manifest` is the login node's, read when opened and by
+    `reload()`; its paths are the login node's."""
 
     def __init__(self, there: Target) -> None:
         from tinygpt.launch.remote import laptop
 
-        self._there = there
-        self.manifest = laptop.manifest_there(there)
-        self.path = Path((there.record or {})["root"]) / "jobs" / self.manifest.name / "manifest.json"
+        self._there, self._name = there, there.record_path.parent.name  # (<workdir>/jobs/<name>/remote.json)
+        self._library = laptop.library_there(there)
+        self.path = Path(self._library.conn.root) / "jobs" / self._name / "manifest.json"
+        self.manifest = laptop.manifest_there(self._library.conn, self._name)
 
     def status(self) -> SweepStatus:
         from tinygpt.launch.status.document import SweepStatus
@@ -198,10 +200,10 @@ class RemoteSweep(Sweep):
         as `launch.py report` does from a laptop; its report.md here."""
         from tinygpt.launch.remote import laptop
 
-        self._call("report", prompt=prompt)
-        workdir = self._there.record_path.parents[2]  # (<workdir>/jobs/<name>/remote.json)
-        laptop.pull_there(self._there, str(workdir))
-        return workdir / "runs" / self.name / "report.md"
+        laptop.library_there(self._there, jobs_python=True).call(str(self.path), "report", {"prompt": prompt})
+        workdir = self._there.record_path.parents[2]
+        laptop.pull_there(self._library.conn, self._name, str(workdir))
+        return workdir / "runs" / self._name / "report.md"
 
     def cancel(self, runs: Sequence[str] | None = None) -> list[str]:
         return list(self._call("cancel", runs=None if runs is None else list(runs)))
@@ -214,13 +216,11 @@ class RemoteSweep(Sweep):
     def reload(self) -> Manifest:
         from tinygpt.launch.remote import laptop
 
-        self.manifest = laptop.manifest_there(self._there)
+        self.manifest = laptop.manifest_there(self._library.conn, self._name)
         return self.manifest
 
     def _call(self, method: str, **arguments: Any) -> Any:
-        from tinygpt.launch.remote import laptop
-
-        return laptop.call_there(self._there, method, arguments)
+        return self._library.call(str(self.path), method, arguments)
 
     def _ended(self, now: SweepStatus) -> bool:
         policy = now.retry[:1]  # (its first line says when the policy is done, or cancelled)

@@ -36,8 +36,8 @@ def _submitted(manifest: manifest_mod.Manifest, runs: Sequence[str]) -> set[int]
     if waiting := sorted(manifest.runs[i].name for i in chosen if i not in tasks):
         raise LaunchError(f"--run: {', '.join(waiting)} never went to Slurm (it waits for a wave, or the sweep was a "
                           f"dry run): nothing of it to cancel; `launch.py cancel SPEC` stops the whole sweep")
-    if along := sorted(r.name for r in manifest.runs if r.index not in chosen and tasks.get(r.index) in
-                       {tasks[i] for i in chosen}):
+    cancelled = {tasks[i] for i in chosen}
+    if along := sorted(r.name for r in manifest.runs if r.index not in chosen and tasks.get(r.index) in cancelled):
         raise LaunchError(f"--run: packed in one task with {', '.join(along)}, which would be cancelled too; name "
                           f"them as well, or cancel the whole sweep")
     return chosen

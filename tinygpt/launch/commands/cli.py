@@ -180,7 +180,7 @@ def _resubmit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="say what would be resubmitted, submit nothing")
 
 
-# (remote/laptop.py)
+# The commands that run on the login node of a profile with `login:`, or of a sweep launched with one (remote/laptop.py)
 FORWARDED = ("launch", "check", "status", "cancel", "resubmit", "report", "logs", "sync", "pull")
 WATCH_S = (1.0, 3600.0)  # status --watch's interval: no faster than a second (a shared controller), at most an hour
 

@@ -112,6 +112,8 @@ def serve_target(cluster: str, workdir: str) -> Target | None:
     """The login node `serve --cluster NAME` serves from, or None: this machine is it."""
     from tinygpt.launch.spec import profiles
 
+    if os.environ.get("TINYGPT_LOGIN_NODE"):  # (login_side's `run` sets it)
+        return None
     profile = profiles.load(cluster)
     if profile.login is None:
         raise LaunchError(f"--cluster {cluster}: its profile has no login: section, so there is no login node to "
@@ -601,44 +603,55 @@ def _launch(conn: Connection, python: str, target_: Target, record: dict[str, st
     return status
 
 
-def call_there(target_: Target, method: str, arguments: dict[str, Any]) -> Any:
-    """Sweep.METHOD(**arguments) of the launched sweep, called by the library on the login node (`python -m
-    tinygpt.launch.api`, with this laptop's code; `report` with the jobs' Python, which has torch); its answer as
-    JSON, or its LaunchError raised here, of the same kind and words."""
-    from tinygpt.launch import errors
+@dataclass(frozen=True)
+class Library:
+    """The library on a login node, ready for a sweep's calls: the connection, and the words that start
+    `python -m tinygpt.launch.api` there with this laptop's code (sent once, when it was made)."""
 
+    conn: Connection
+    env: list[str]
+    words: list[str]
+
+    def call(self, manifest: str, method: str, arguments: dict[str, Any]) -> Any:
+        """Sweep(MANIFEST).METHOD(**arguments), made there: its answer as JSON, or its LaunchError raised here, of the
+        same kind and words."""
+        from tinygpt.launch import errors
+
+        said = self.conn.call("run", self.conn.root, *self.env, "--", *self.words, manifest, method,
+                              json.dumps(arguments))
+        try:
+            found = json.loads(said.split(b"\n", 1)[1])
+            if "error" in found:
+                kind, message = found["error"]
+                raise getattr(errors, kind, LaunchError)(message)
+            return found["answer"]
+        except (ValueError, KeyError, IndexError, TypeError) as err:
+            raise LaunchError(f"cluster: {self.conn.where} answered `{method}` with what is not the library's "
+                              f"answer ({err}): {said[-300:]!r}") from None
+
+
+def library_there(target_: Target, jobs_python: bool = False) -> Library:
+    """The library on the login node of a sweep launched from here: the launcher's venv there, or the jobs'
+    Python (`report`: its attention maps load checkpoints with torch)."""
     conn, hello = connect(target_.login)
-    python = target_.profile.python if method == "report" and target_.profile.python else launcher_python(conn, hello)
+    python = target_.profile.python if jobs_python and target_.profile.python else launcher_python(conn, hello)
     env, words = launcher_there(conn, python, send_code(conn)[0], "tinygpt.launch.api")
-    manifest = f"{conn.root}/jobs/{target_.record_path.parent.name}/manifest.json"
-    said = conn.call("run", conn.root, *env, "--", *words, manifest, method, json.dumps(arguments))
-    try:
-        found = json.loads(said.split(b"\n", 1)[1])
-        if "error" in found:
-            kind, message = found["error"]
-            raise getattr(errors, kind, LaunchError)(message)
-        return found["answer"]
-    except (ValueError, KeyError, IndexError, TypeError) as err:
-        raise LaunchError(f"cluster: {conn.where} answered `{method}` with what is not the library's answer "
-                          f"({err}): {said[-300:]!r}") from None
+    return Library(conn, env, words)
 
 
-def pull_there(target_: Target, workdir: str) -> None:
-    """`launch.py pull SPEC`: the sweep's report and its runs' metrics brought back under `workdir`."""
-    conn, _ = connect(target_.login)
-    _pull(conn, target_.record_path.parent.name, workdir, checkpoints=False)
+def pull_there(conn: Connection, name: str, workdir: str) -> None:
+    """`launch.py pull SPEC`: sweep `name`'s report and its runs' metrics brought back under `workdir`."""
+    _pull(conn, name, workdir, checkpoints=False)
 
 
-def manifest_there(target_: Target) -> Manifest:
-    """The launched sweep's manifest (and its submissions) as the login node has it now, read here."""
+def manifest_there(conn: Connection, name: str) -> Manifest:
+    """Sweep `name`'s manifest (and its submissions) as the login node has it now, read here."""
     from tinygpt.launch import manifest as manifest_mod
 
-    conn, _ = connect(target_.login)
-    name = target_.record_path.parent.name
     files = fetch(conn, [f"jobs/{name}/manifest.json", f"jobs/{name}/{SUBMISSIONS}"])
     if f"jobs/{name}/manifest.json" not in files:
         raise LaunchError(f"{conn.where}:{conn.root}/jobs/{name}/manifest.json: no manifest there (removed since the "
-                          f"launch?); launch the spec again with --cluster, or delete {target_.record_path} to "
+                          f"launch?); launch the spec again with --cluster, or delete jobs/{name}/{RECORD} here to "
                           f"forget it")
     with tempfile.TemporaryDirectory() as folder:
         for rel in (f"jobs/{name}/manifest.json", f"jobs/{name}/{SUBMISSIONS}"):
