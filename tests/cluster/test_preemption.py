@@ -11,6 +11,7 @@ from tests.support.processes import slow_saves
 from tests.support.slurm import (
     cancel,
     events,
+    held_at_first_save,
     job_env,
     job_fields,
     launched,
@@ -31,7 +32,8 @@ from tinygpt.base import config
 # jobs wait for CPUs like any other's)
 pytestmark = [pytest.mark.slurm, pytest.mark.shares_cluster]
 
-LONG = ["--max-steps", "600", "--log-interval", "1", "--eval-interval", "100", "--ckpt-interval", "1000",
+# (the first checkpoint, at step 50, is where a signalled run waits for the test's signal: held_at_first_save)
+LONG = ["--max-steps", "600", "--log-interval", "1", "--eval-interval", "100", "--ckpt-interval", "50",
         "--dropout", "0.1"]
 
 
@@ -49,11 +51,12 @@ def spec_train(corpus: Path, data: Path) -> dict:
 
 def test_signalled_sbatch_job_requeues_resumes_and_matches_an_uninterrupted_run(tmp_path, tiny_corpus):
     ref = reference(config.resolve(flags(tiny_corpus, tmp_path / "reference", tmp_path / "data")))
-    out = tmp_path / "job"
-    job = sbatch("hpc_lab/04_tinygpt/train.sbatch", *flags(tiny_corpus, out, tmp_path / "data"), cwd=ROOT)
+    out, gate = tmp_path / "job", tmp_path / "signalled"
+    job = sbatch("hpc_lab/04_tinygpt/train.sbatch", *flags(tiny_corpus, out, tmp_path / "data"), cwd=ROOT,
+                 env=job_env(**held_at_first_save(gate)))
     log = ROOT / "logs" / f"tinygpt-{job}.out"
     try:
-        signal_when_training(job, out / "metrics.jsonl")
+        signal_when_training(job, out / "metrics.jsonl", gate=gate)
         state, restarts = run_to_completion(job)
         assert state == "COMPLETED" and restarts == 1, log.read_text()
     finally:
@@ -67,14 +70,15 @@ def test_signalled_sbatch_job_requeues_resumes_and_matches_an_uninterrupted_run(
 
 
 def test_two_nodes_signalled_resume_to_the_same_weights(tmp_path, tiny_corpus):
-    jobs = {}
+    jobs, gate = {}, tmp_path / "gate"
     for name in ("whole", "signalled"):
         script = f"#!/bin/bash\n#SBATCH --requeue\nsrun {python()} -m tinygpt.train " + " ".join(
             flags(tiny_corpus, tmp_path / name, tmp_path / "data")) + "\n"
         jobs[name] = sbatch("-J", unique_name(name), "-N", "2", "--ntasks-per-node", "1", "-o",
-                            str(tmp_path / f"{name}.out"), "--open-mode=append", script=script, env=job_env())
+                            str(tmp_path / f"{name}.out"), "--open-mode=append", script=script,
+                            env=job_env(**held_at_first_save(gate)) if name == "signalled" else job_env())
     try:
-        signal_when_training(jobs["signalled"], tmp_path / "signalled" / "metrics.jsonl")
+        signal_when_training(jobs["signalled"], tmp_path / "signalled" / "metrics.jsonl", gate=gate)
         assert run_to_completion(jobs["signalled"]) == ("COMPLETED", 1), (tmp_path / "signalled.out").read_text()
         assert run_to_completion(jobs["whole"]) == ("COMPLETED", 0), (tmp_path / "whole.out").read_text()
     finally:
@@ -140,11 +144,12 @@ def test_submitit_job_is_checkpointed_and_requeued_by_submitit(tmp_path, tiny_co
     spec.write_text(json.dumps({"name": "subpre", "backend": "submitit",
                                 "train": spec_train(tiny_corpus, tmp_path / "data"),
                                 "resources": {"time": "00:10:00"}}))
-    manifest = launched(spec, workdir)
+    gate = tmp_path / "gate"
+    manifest = launched(spec, workdir, env=held_at_first_save(gate))
     job = manifest.task_job_ids()[0]
     run_dir = Path(manifest.runs[0].out_dir)
     try:
-        signal_when_training(job, run_dir / "metrics.jsonl")
+        signal_when_training(job, run_dir / "metrics.jsonl", gate=gate)
         state, restarts = run_to_completion(job)
     finally:
         cancel(job)
@@ -163,11 +168,12 @@ def test_one_signalled_array_task_requeues_alone(tmp_path, tiny_corpus):
     spec = tmp_path / "arr.yaml"
     spec.write_text(json.dumps({"name": "arr", "train": spec_train(tiny_corpus, tmp_path / "data"),
                                 "grid": {"lr": [0.002, 0.003]}, "resources": {"time": "00:10:00"}}))
-    manifest = launched(spec, workdir)
+    gate = tmp_path / "gate"  # (both runs wait at their first checkpoint until the signal has gone)
+    manifest = launched(spec, workdir, env=held_at_first_save(gate))
     ids = manifest.task_job_ids()
     runs = {r.name: Path(r.out_dir) for r in manifest.runs}
     try:
-        signal_when_training(ids[1], runs["lr-0.003"] / "metrics.jsonl")
+        signal_when_training(ids[1], runs["lr-0.003"] / "metrics.jsonl", gate=gate)
         results = {i: run_to_completion(j) for i, j in ids.items()}
     finally:
         cancel(*ids.values())

@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 
 from tests.support.paths import ROOT
-from tests.support.processes import launch, python_env, wait_until
+from tests.support.processes import launch, python_env, slow_saves, wait_until
 from tests.support.sweeps import sweep_dirs
 from tests.support.tiny import read_metrics
 
@@ -31,11 +31,11 @@ def manifest_of(workdir: Path, name: str):
     return load(sweep_dirs(workdir, name).manifest)
 
 
-def launched(spec: Path, workdir: Path):
-    """Launch the spec (its jobs submitted); its manifest."""
+def launched(spec: Path, workdir: Path, env: dict[str, str] | None = None):
+    """Launch the spec (its jobs submitted, with `env` on top of ours); its manifest."""
     from tinygpt.launch.spec.sweep import load_name
 
-    out = launch(str(spec), "--workdir", str(workdir))
+    out = launch(str(spec), "--workdir", str(workdir), env=env)
     assert out.returncode == 0, out.stderr
     return manifest_of(workdir, load_name(spec))
 
@@ -190,11 +190,25 @@ def training(metrics: Path, min_lines: int = 1) -> bool:
         return False
 
 
+def held_at_first_save(gate: Path) -> dict[str, str]:
+    """The variables under which a job's runs each hold their first checkpoint until the file `gate` exists
+    (tests/support/slow_saves): a signal sent before `signal_when_training` opens it finds them training, however
+    long the test itself took to look."""
+    return {**slow_saves(0), "TINYGPT_TEST_SAVE_GATE": str(gate)}
+
+
 def signal_when_training(job_id: str, metrics: Path, signal: str = "USR2", min_lines: int = 5,
-                         timeout: float = 120.0) -> None:
-    """Send `signal` to the job's steps (the trainers) once its metrics show it training."""
+                         timeout: float = 120.0, gate: Path | None = None) -> None:
+    """Send `signal` to the job's steps (the trainers) once its metrics show it training, then open `gate` (of
+    `held_at_first_save`) if there is one. A signal Slurm refuses fails with its words and the job's state."""
     wait_until(lambda: training(metrics, min_lines), timeout=timeout, poll=0.05, what=f"job {job_id} training")
-    subprocess.run(["scancel", "-s", signal, job_id], check=True, capture_output=True, timeout=30)
+    out = subprocess.run(["scancel", "-s", signal, job_id], capture_output=True, text=True, timeout=30)
+    if gate is not None:
+        gate.touch()
+    if out.returncode != 0:
+        state = job_fields(job_id).get("JobState")
+        raise AssertionError(f"scancel -s {signal} {job_id} failed ({out.returncode}): {out.stderr.strip()}; "
+                             f"the job is {state}, its run at: {metrics.read_text()[-300:]}")
 
 
 def counting_shim(tmp_path: Path, command: str) -> tuple[dict[str, str], Path]:
