@@ -16,7 +16,7 @@ import yaml
 
 from tests.support.laptop import laptop_for, on_laptop
 from tests.support.processes import launch, wait_until
-from tests.support.slurm import daemon, manifest_of, unique_name
+from tests.support.slurm import daemon, job_fields, manifest_of, unique_name
 from tinygpt.launch import api
 from tinygpt.launch import manifest as manifest_mod
 
@@ -108,15 +108,22 @@ def finished(spec: Path, work: Path, what: str) -> dict:
 
 
 @pytest.mark.shares_cluster
-def test_a_sweep_over_a_qos_submit_limit_goes_out_in_waves_never_over_it_and_each_run_once(tmp_path):
+def test_a_sweep_over_a_qos_submit_limit_goes_out_in_waves_never_over_it_and_each_run_once(tmp_path, tiny_corpus):
     """QOS waves: MaxSubmitJobsPerUser=5 and, at first, MaxJobsPerUser=0. 16 runs: the launch sends 4 (one place
-    is the heal job's); they wait, and status says for which limit. Then the submit limit is lowered to 4 (below
-    what is queued) as they are let run: the heal job sends the rest in smaller waves, two tasks each (one place
-    is its own, one its next's), never failing. The user's jobs in the QOS never exceed 5."""
+    is the heal job's; a chain of our trainer would send 3: its data step takes one too); they wait, and status
+    says for which limit. Then the submit limit is lowered to 4 (below what is queued) as they are let run: the
+    heal job sends the rest in smaller waves, two tasks each (one place is its own, one its next's), never
+    failing. The user's jobs in the QOS never exceed 5."""
     name, work = unique_name("waves"), tmp_path / "work"
     spec = write_spec(tmp_path, name, 16, 1, qos="waves")
     with limits(["qos", "waves"], MaxSubmitJobsPerUser=5, MaxJobsPerUser=0) as change, \
             queue_sampled("-q", "waves") as peak:
+        chained = tmp_path / "chained.yaml"  # (our trainer's chain has a data step, which takes a place too)
+        chained.write_text(yaml.safe_dump({"name": unique_name("wchain"), "train": {"data_file": str(tiny_corpus)},
+                                           "grid": {"lr": [i / 1000 for i in range(1, 17)]},
+                                           "resources": {"time": "00:05:00", "qos": "waves"}}))
+        dry = launch("check", str(chained), "--chain", "--workdir", str(work))
+        assert dry.returncode == 0 and "waves: 16 task(s) wait for a wave; 3 fit now" in dry.stdout, dry.stdout
         out = launch(str(spec), "--workdir", str(work))
         assert out.returncode == 0, out.stdout + out.stderr
         assert "waves: 16 task(s) wait for a wave; 4 fit now (QOS waves MaxSubmitPU=5 counts your jobs" in out.stdout
@@ -140,10 +147,11 @@ def test_a_sweep_over_a_qos_submit_limit_goes_out_in_waves_never_over_it_and_eac
 
 
 @pytest.mark.shares_cluster
-def test_an_association_limit_with_a_relaunch_while_fed_then_a_cancel_that_stops_the_feeding(tmp_path):
+def test_an_association_limit_with_a_relaunch_while_fed_then_a_cancel_that_stops_the_feeding(tmp_path, tiny_corpus):
     """Account waves: MaxSubmitJobs=3 on the user's association. 4 runs go out in waves; the spec launched again
-    with 3 more points while they are fed adds them to the waves: each of the 7 runs once. Then a sweep whose
-    runs would take minutes, cancelled after its first wave: nothing more is sent, its runs wait still."""
+    with 3 more points while they are fed adds them to the waves: each of the 7 runs once. Then a chain of our
+    trainer, held (its data step takes a place, its first wave of one waits for it), cancelled after its first
+    wave: nothing more is sent, its runs wait still."""
     name, work = unique_name("wassoc"), tmp_path / "work"
     spec = write_spec(tmp_path, name, 4, 1, account="waves")
     with limits(["user", "root", "where", "account=waves"], MaxSubmitJobs=3), queue_sampled("-A", "waves") as peak:
@@ -154,10 +162,17 @@ def test_an_association_limit_with_a_relaunch_while_fed_then_a_cancel_that_stops
         finished(spec, work, "every run, old and new, COMPLETED")
         every_run_once(manifest_of(work, name))
 
-        long_one = unique_name("wcancel")
-        spec = write_spec(tmp_path, long_one, 4, 300, account="waves")
-        assert launch(str(spec), "--workdir", str(work)).returncode == 0
-        manifest = manifest_of(work, long_one)
+        held = unique_name("wcancel")  # (our trainer's chain, held: its data step, then a first wave of 1 after it)
+        spec = tmp_path / f"{held}.yaml"
+        spec.write_text(yaml.safe_dump({"name": held, "train": {"data_file": str(tiny_corpus)},
+                                        "grid": {"lr": [0.001, 0.002, 0.003, 0.004]},
+                                        "resources": {"time": "00:05:00", "account": "waves"}}))
+        out = launch(str(spec), "--chain", "--hold", "--workdir", str(work))
+        assert out.returncode == 0 and "submitted 1 run(s)" in out.stdout, out.stdout + out.stderr
+        manifest = manifest_of(work, held)
+        data, first = (s.job_id for s in manifest.submissions[:2])
+        assert [s.role for s in manifest.submissions] == ["data", None, "heal"]
+        assert job_fields(f"{first}_0")["Dependency"].startswith(f"afterok:{data}")
         assert launch("cancel", str(spec), "--workdir", str(work)).returncode == 0
         wait_until(lambda: not subprocess.run(["squeue", "-h", "-A", "waves", "-u", "root"], capture_output=True,
                                               text=True, timeout=30).stdout.strip(), timeout=120, poll=1,
@@ -205,8 +220,9 @@ def test_the_controller_away_between_waves_loses_no_run_and_sends_none_twice(tmp
 @pytest.mark.shares_cluster
 def test_a_sweep_launched_from_a_laptop_goes_out_in_waves_on_the_cluster(tmp_path):
     """From a laptop, over SSH, as the login node's user tgcsh, whose association in account waves gets
-    MaxSubmitJobs=3 (no other test's jobs count against it): the launch there sends what fits, the heal job the
-    rest, and the laptop's `status` follows it to the end; each run once, tgcsh's jobs never over 3."""
+    MaxSubmitJobs=3 (no other test's jobs count against it): the chain's launch there sends what fits, the heal
+    job the rest and then the chain's report, and the laptop's `status` follows it to the end; each run once,
+    tgcsh's jobs never over 3."""
     laptop = laptop_for("tgcsh", tmp_path, remote_dir="tinygpt-hpc-waves")
     name = unique_name("wlaptop")
     spec = write_spec(tmp_path, name, 5, 1, account="waves")
@@ -220,10 +236,15 @@ def test_a_sweep_launched_from_a_laptop_goes_out_in_waves_on_the_cluster(tmp_pat
 
     with limits(["user", "tgcsh", "where", "account=waves"], MaxSubmitJobs=3), \
             queue_sampled("-A", "waves", user="tgcsh") as peak:
-        out = on_laptop(laptop, str(spec), "--cluster", str(laptop["profile"]), *where, cwd=tmp_path)
+        out = on_laptop(laptop, str(spec), "--chain", "--cluster", str(laptop["profile"]), *where, cwd=tmp_path)
         assert out.returncode == 0 and "submitted 2 run(s)" in out.stdout, out.stdout + out.stderr
-        assert "3 wait for a wave" in out.stdout and "waves: heal job " in out.stdout, out.stdout
+        assert "3 wait for a wave" in out.stdout and "the report goes out after the last wave" in out.stdout, \
+            out.stdout
+        said = on_laptop(laptop, "status", str(spec), *where, cwd=tmp_path).stdout
+        assert "-> report after the last wave" in said, said
         done = wait_until(ended, timeout=300, poll=2, what="the laptop's status: every run COMPLETED")
+        report = laptop["there"] / "runs" / name / "report.md"  # (the chain's last step, after the last wave)
+        wait_until(report.exists, timeout=120, poll=1, what="the chain's report")
     assert done["queue"][0].startswith("waves: every run went out"), done["queue"]
-    assert peak[0] <= 3, peak[0]
+    assert peak[0] <= 3, peak[0]  # (the report job among them)
     every_run_once(manifest_mod.load(laptop["there"] / "jobs" / name / "manifest.json"))

@@ -122,6 +122,7 @@ class WavesRecord(_Record):
     qos: list[str] = []  # the QOS whose limits apply: the job's and its partition's
     margin: int = Field(0, ge=0)  # places of the limit left to the user's other jobs
     throttle: int | None = None  # array_parallelism: `%N` of each wave's --array
+    report: str | None = None  # a chain's report step's script: sent by the heal job that sends the last wave
 
 
 def load_waves(dirs: SweepDirs) -> WavesRecord | None:

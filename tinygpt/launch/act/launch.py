@@ -163,8 +163,8 @@ def _launch_locked(sweep: Sweep, args: LaunchOptions, backend: backends.Backend,
                           _project(sweep, args.no_snapshot) if sweep.command is not None and backend.to_slurm
                           else None, again.merged() if again else None, launch_number)
     steps = {}
-    in_waves = waves.at_launch(plan, cluster, again is not None, args.dry_run) if (
-        cluster is not None and backend.name == "sbatch" and not args.chain) else None
+    in_waves = waves.at_launch(plan, cluster, again is not None, args.dry_run, args.chain) if (
+        cluster is not None and backend.name == "sbatch") else None
     if backend.to_slurm:
         _say_steering_variables()
         steps = chain.write_scripts(plan) if args.chain else {}
@@ -206,7 +206,7 @@ def _send(plan: Plan, args: LaunchOptions, backend: backends.Backend, steps: dic
     """The written plan submitted: as a chain, in waves, or whole (with a retry policy's heal job)."""
     if args.chain and not backend.to_slurm:
         return _chain_here(plan, backend, args.spec)
-    if steps:
+    if steps and not in_waves:
         ids = chain.submit(plan, steps, lambda dependency: backend.submit(plan, False, dependency), args.hold)
         data = f"data job {ids['data'][0]}, " if "data" in ids else ""
         print(f"submitted the chain: {data}training array {', '.join(ids['training'])}, report job "
@@ -214,7 +214,7 @@ def _send(plan: Plan, args: LaunchOptions, backend: backends.Backend, steps: dic
         return 0
     _set_aside_the_last_launchs(plan, again is not None)
     if in_waves:
-        return waves.launch_first(plan, in_waves, next_command("status", args.spec))
+        return waves.launch_first(plan, in_waves, next_command("status", args.spec), steps, args.hold)
     ids = backend.submit(plan, args.hold, None)
     if not backend.to_slurm:
         print(f"see `{next_command('status', args.spec)}`"

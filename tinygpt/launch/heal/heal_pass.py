@@ -68,6 +68,7 @@ def one_pass(manifest: Manifest) -> int:
         if record is not None and manifest.waiting(record):
             manifest = _next_wave(manifest, record)
         rows = collect_rows(manifest, who="")
+        waves.report_after_the_last(manifest, record, rows)
         if policy is None:
             return _follow_waves(manifest, rows, 1)
         usage = _usage(manifest) if policy.mem_from_peak else {}

@@ -23,7 +23,9 @@ from tinygpt.launch import manifest as manifest_mod
 from tinygpt.launch.errors import LaunchError, SlurmAway
 from tinygpt.launch.heal.job import heal_jobs, job_state, submit
 from tinygpt.launch.manifest import WaveScript, WavesRecord
+from tinygpt.launch.read.run_states import jobs_of
 from tinygpt.launch.slurm import limits, slurm_cli
+from tinygpt.launch.submit import chain
 from tinygpt.launch.submit.plan import ranges
 from tinygpt.training.progress import format_duration
 
@@ -49,22 +51,27 @@ class Waves(NamedTuple):
     tightest: Limit | None
 
 
-def at_launch(plan: Plan, cluster: LiveCluster, relaunch: bool, dry_run: bool) -> Waves | None:
+def at_launch(plan: Plan, cluster: LiveCluster, relaunch: bool, dry_run: bool, chain: bool) -> Waves | None:
     """The waves a checked sbatch array goes out in, when its tasks are more than the queue limits let out now (or
-    a relaunch adds to the waves of the launch before); None: all at once. A search's workers go out whole, as do
-    a chain and submitit's array (not asked), and Slurm's own words refuse what does not fit."""
+    a relaunch adds to the waves of the launch before); None: all at once. A `chain`'s data step takes a place
+    before the first wave, and its report goes out after the last. A search's workers go out whole, as does
+    submitit's array (not asked), and Slurm's own words refuse what does not fit."""
     sweep = plan.sweep
     if sweep.search is not None or not plan.scripts:
         return None
     before = manifest_mod.load_waves(sweep.dirs) if relaunch else None
-    record = joined(before, record_for(sweep, plan, queue_qos(sweep, cluster)))
+    report = str(sweep.dirs.step_script("report")) if chain else None
+    record = joined(before, record_for(sweep, plan, queue_qos(sweep, cluster), report))
     tasks = tasks_of(record, set(manifest_mod.load(plan.manifest_path).waiting(record)))
     places, tightest = room(record, sweep.queue_margin)
-    if before is None and (places is None or tasks <= places + (0 if sweep.retry else HEAL_PLACES)):
+    if places is not None and chain and sweep.command is None:
+        places -= 1  # (the data step's)
+    if before is None and (places is None or tasks <= places + (0 if sweep.retry or chain else HEAL_PLACES)):
         return None
     if before is None and places <= 0 and not dry_run:
+        data = ", one for the chain's data step" if chain and sweep.command is None else ""
         raise LaunchError(f"waves: no place in the queue for a first wave now ({tightest} counts your jobs; "
-                          f"queue_margin {sweep.queue_margin}, and one place for the heal job); launch again "
+                          f"queue_margin {sweep.queue_margin}, and one place for the heal job{data}); launch again "
                           f"once some of your jobs have ended, or lower queue_margin")
     return Waves(record, tasks, places, tightest)
 
@@ -78,37 +85,42 @@ def queue_qos(sweep: Sweep, cluster: LiveCluster) -> list[str]:
     return [q for q in dict.fromkeys([job, partition.get("QoS")]) if q and q not in ("N/A", "(null)")]
 
 
-def launch_first(plan: Plan, found: Waves, follow: str) -> int:
-    """The first wave submitted, the rest recorded to wait, and the heal job that feeds them (unless the sweep's
-    heal job is queued already: a relaunch's new runs join its waves). `follow`: the command that shows them."""
+def launch_first(plan: Plan, found: Waves, follow: str, steps: dict[str, Path], hold: bool) -> int:
+    """The first wave submitted (after a chain's data step, of `steps`), the rest recorded to wait, and the heal
+    job that feeds them (unless the sweep's heal job is queued already: a relaunch's new runs join its waves).
+    `follow`: the command that shows them."""
     manifest = manifest_mod.load(plan.manifest_path)
     feeding = queued_heal_job(manifest)
     save(manifest, found.record)
-    ids = feed(manifest, found.record, found.places)
+    data = chain.submit_data(plan.manifest_path, steps, hold) if steps else None
+    ids = feed(manifest, found.record, found.places, f"afterok:{data}" if data else None)
     manifest = manifest_mod.load(plan.manifest_path)
     live = [manifest.task_job_ids()[i] for s in manifest.submissions if s.job_id in ids for i in s.indices]
     waiting = len(manifest.waiting(found.record))
-    print(f"submitted {len(live)} run(s) as job array {', '.join(ids) or '(none: no place now)'}; {waiting} wait for "
-          f"a wave; follow with `{follow}`")
+    print(f"{f'submitted the data step as job {data}; ' if data else ''}submitted {len(live)} run(s) as job array "
+          f"{', '.join(ids) or '(none: no place now)'}; {waiting} wait for a wave; follow with `{follow}`")
     if feeding:
         print(f"waves: heal job {feeding}, queued already, sends the next wave")
         return 0
+    # (with no task out, a chain's heal job waits for its data step: a wave it sends must not start before)
+    when = after_the_first_of(list(dict.fromkeys(live))) if live or not data else [f"--dependency=afterok:{data}"]
     try:
-        job = submit(manifest, after_the_first_of(list(dict.fromkeys(live))), 1)
+        job = submit(manifest, when, 1)
     except LaunchError as err:
         raise LaunchError(f"waves: {err}; the runs not submitted wait: launch the spec again once some of your jobs "
                           f"have ended, and a heal job sends them") from None
     print(f"waves: heal job {job} sends the next wave when a task of the sweep ends"
-          + (f"; it also sends again what ended by {', '.join(plan.sweep.retry.ends)}" if plan.sweep.retry else ""))
+          + (f"; it also sends again what ended by {', '.join(plan.sweep.retry.ends)}" if plan.sweep.retry else "")
+          + ("; the report goes out after the last wave" if steps else ""))
     return 0
 
 
-def record_for(sweep: Sweep, plan: Plan, qos: list[str]) -> WavesRecord:
-    """Every run of the plan's scripts as waiting for a wave."""
+def record_for(sweep: Sweep, plan: Plan, qos: list[str], report: str | None) -> WavesRecord:
+    """Every run of the plan's scripts as waiting for a wave (and a chain's `report` step's script)."""
     return WavesRecord(scripts=[WaveScript(script=str(s.path), offset=s.offset, pack=sweep.pack, indices=s.indices)
                                 for s in plan.scripts],
                        account=sweep.resources.named.get("account"), qos=qos, margin=sweep.queue_margin,
-                       throttle=sweep.array_parallelism)
+                       throttle=sweep.array_parallelism, report=report)
 
 
 def joined(before: WavesRecord | None, new: WavesRecord) -> WavesRecord:
@@ -150,18 +162,19 @@ def margin_now(manifest: Manifest, record: WavesRecord) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else record.margin
 
 
-def feed(manifest: Manifest, record: WavesRecord, places: int | None) -> list[str]:
+def feed(manifest: Manifest, record: WavesRecord, places: int | None, after: str | None = None) -> list[str]:
     """The next wave: the first waiting tasks, at most `places` of them (None: all), one `sbatch --array` per
-    script; each recorded as Slurm gives its id. A submission over a limit lowered since it was read is tried
-    again with half as many tasks, down to none. The new jobs' ids."""
+    script (`after`: its --dependency); each recorded as Slurm gives its id. A submission over a limit lowered
+    since it was read is tried again with half as many tasks, down to none. The new jobs' ids."""
     waiting, ids = set(manifest.waiting(record)), []
+    dependency = [f"--dependency={after}"] if after else []
     for s in record.scripts:
         tasks = sorted({(i - s.offset) // s.pack for i in s.indices if i in waiting})
         take = tasks if places is None else tasks[:max(0, places)]
         while take:
             array = ranges(take) + (f"%{record.throttle}" if record.throttle else "")
             try:
-                job_id = slurm_cli.sbatch(s.script, [f"--array={array}"])
+                job_id = slurm_cli.sbatch(s.script, [f"--array={array}", *dependency])
             except SlurmAway:
                 raise
             except LaunchError as err:
@@ -184,6 +197,18 @@ def feed(manifest: Manifest, record: WavesRecord, places: int | None) -> list[st
         if places is not None and places <= 0:
             break
     return ids
+
+
+def report_after_the_last(manifest: Manifest, record: WavesRecord | None, rows: list[Row]) -> None:
+    """A chain's report step, sent once (its submission recorded) when no run waits for a wave any more: after
+    every task of the sweep still live."""
+    if record is None or record.report is None or manifest.waiting(record) or \
+            any(s.role == "report" for s in manifest.submissions):
+        return
+    live = jobs_of(live_tasks(rows))
+    job = chain.submit_report(manifest.path, record.report, live)
+    print(f"heal: the chain's report job {job} follows the last wave"
+          + (f" (after {', '.join(live)})" if live else ""), flush=True)
 
 
 def live_tasks(rows: list[Row]) -> list[str]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tinygpt.launch import manifest as manifest_mod
 from tinygpt.launch.slurm import slurm_cli
 from tinygpt.training import metrics
 
@@ -236,9 +237,12 @@ def submission_history(manifest: Manifest) -> dict[int, tuple[str, ...]]:
 
 
 def chain_steps(manifest: Manifest) -> str | None:
-    """`chain: data 12 COMPLETED -> training 13 -> report 14 PENDING (Dependency)`, or None without a chain."""
+    """`chain: data 12 COMPLETED -> training 13 -> report 14 PENDING (Dependency)`, or None without a chain (in
+    waves, its report goes out after the last wave)."""
     steps = [s for s in manifest.submissions if s.role in ("data", "report")]
-    if not steps:
+    waves = manifest_mod.load_waves(manifest.dirs)
+    later = ["report after the last wave"] if waves and waves.report and all(s.role != "report" for s in steps) else []
+    if not steps and not later:
         return None
     ids = [s.job_id for s in steps]
     queued = slurm_cli.squeue_states(ids) if slurm_cli.controller_silence() is None else None
@@ -251,5 +255,5 @@ def chain_steps(manifest: Manifest) -> str | None:
 
     training = [s.job_id for s in manifest.submissions if s.indices]
     data = [said(s) for s in steps if s.role == "data"][-1:]
-    report = [said(s) for s in steps if s.role == "report"][-1:]
+    report = [said(s) for s in steps if s.role == "report"][-1:] or later
     return "chain: " + " -> ".join([*data, f"training {', '.join(training[-1:])}", *report])

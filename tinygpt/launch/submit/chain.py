@@ -5,6 +5,9 @@
     <sweep>          the training array, with --dependency=afterok:<data job>
     <sweep>-report   one small task after the whole array (afterany): writes runs/<sweep>/report.md
 
+A chain larger than the queue limits let out at once goes out in waves (heal/waves.py): its first wave after
+the data step, and the report after the last wave, sent by the heal job that sends it.
+
 The small steps ask for one CPU, no GPU and at most an hour, with the sweep's partition, account and
 profile setup. `launch.py cancel` cancels all three; `status` shows the chain above its table. With
 `--local` the same three steps run here, in order.
@@ -49,10 +52,9 @@ def write_scripts(plan: Plan) -> dict[str, Path]:
     small = dataclasses.replace(sweep.resources, nodes=1, gpus_per_node=0, tasks_per_node=1, cpus_per_task=1,
                                 mem_mb=None, time_min=min(sweep.resources.time_min, STEP_MAX_MIN), srun_args=())
     python = f'{container_prefix(sweep.profile)}"$PYTHON"'
-    commands = {"data": data_commands(plan, python),
-                "report": [f"{python} -m tinygpt.launch.commands.cli report {shlex.quote(str(plan.manifest_path))}"]}
-    if sweep.command is not None:  # (a program of the user's brings its own data: nothing to prepare)
-        del commands["data"]
+    commands = {"report": [f"{python} -m tinygpt.launch.commands.cli report {shlex.quote(str(plan.manifest_path))}"]}
+    if sweep.command is None:  # (a program of the user's brings its own data: nothing to prepare)
+        commands = {"data": data_commands(plan, python), **commands}
     paths = {}
     for step, lines in commands.items():
         path = sweep.dirs.step_script(step)
@@ -66,13 +68,24 @@ def write_scripts(plan: Plan) -> dict[str, Path]:
 def submit(plan: Plan, scripts: dict[str, Path], submit_training, hold: bool) -> dict[str, list[str]]:
     """Submit data -> training -> report (a command's chain has no data step); `submit_training(dependency)`
     submits the array and returns its ids. The ids of each step."""
-    ids = {}
-    if "data" in scripts:
-        ids["data"] = [slurm_cli.sbatch(str(scripts["data"]), ["--hold"] if hold else None)]
-        manifest_mod.record_submission(plan.manifest_path, "sbatch", ids["data"][0], [], role="data",
-                                       script=str(scripts["data"]))
-    train_ids = submit_training(f"afterok:{ids['data'][0]}" if ids else None)
-    report_id = slurm_cli.sbatch(str(scripts["report"]), [f"--dependency=afterany:{':'.join(train_ids)}"])
-    manifest_mod.record_submission(plan.manifest_path, "sbatch", report_id, [], role="report",
-                                   script=str(scripts["report"]))
-    return {**ids, "training": train_ids, "report": [report_id]}
+    data = submit_data(plan.manifest_path, scripts, hold)
+    train_ids = submit_training(f"afterok:{data}" if data else None)
+    report_id = submit_report(plan.manifest_path, str(scripts["report"]), train_ids)
+    return {**({"data": [data]} if data else {}), "training": train_ids, "report": [report_id]}
+
+
+def submit_data(manifest_path: Path, scripts: dict[str, Path], hold: bool) -> str | None:
+    """The data step submitted (held with --hold) and recorded; its id, None for a chain without one."""
+    if "data" not in scripts:
+        return None
+    job_id = slurm_cli.sbatch(str(scripts["data"]), ["--hold"] if hold else None)
+    manifest_mod.record_submission(manifest_path, "sbatch", job_id, [], role="data", script=str(scripts["data"]))
+    return job_id
+
+
+def submit_report(manifest_path: Path, script: str, after: list[str]) -> str:
+    """The report step submitted to start once every job of `after` has ended (at once when none), and
+    recorded; its id."""
+    job_id = slurm_cli.sbatch(script, [f"--dependency=afterany:{':'.join(after)}"] if after else None)
+    manifest_mod.record_submission(manifest_path, "sbatch", job_id, [], role="report", script=script)
+    return job_id
