@@ -246,6 +246,7 @@ print(json.dumps({"type": type(sweep).__name__, "runs": sweep.runs, "status": do
                   "metrics": {run: [r["step"] for r in records if "val_loss" in r]
                               for run, records in sweep.metrics().items()},
                   "logs": [(log.job, log.text) for log in sweep.logs("lr-0.001")],
+                  "followed": "".join(sweep.follow("lr-0.001", poll=0.2)),
                   "efficiency": sweep.efficiency(), "refused": refused, "cancelled": sweep.cancel()}))
 """
 
@@ -253,8 +254,8 @@ print(json.dumps({"type": type(sweep).__name__, "runs": sweep.runs, "status": do
 def test_the_library_on_the_laptop_launches_there_and_its_sweep_answers_as_the_commands_do(laptop, tmp_path):
     """A notebook on a laptop (the library alone, a profile with `login:`): `api.launch` goes to the login node as
     `launch.py SPEC --cluster NAME` does, and the Sweep it gives is answered by the library there: wait, metrics,
-    logs, efficiency, cancel, a refusal of the same kind and words, and the status document equal to the laptop's
-    `status --json` of the same sweep."""
+    logs and following one, efficiency, cancel, a refusal of the same kind and words, and the status document
+    equal to the laptop's `status --json` of the same sweep."""
     name = unique_name("laptop-lib")
     script = tmp_path / "notebook.py"
     script.write_text(NOTEBOOK_ON_A_LAPTOP)
@@ -267,6 +268,7 @@ def test_the_library_on_the_laptop_launches_there_and_its_sweep_answers_as_the_c
         "lr-0.001": [6, 12]}, said
     (job, text), = said["logs"]
     assert job == said["status"]["runs"][0]["job"] and "val    12/12" in text, text
+    assert said["followed"].endswith(text)  # (the whole log of its one life, followed until the job had ended)
     assert [row["run"] for row in said["efficiency"]] == ["lr-0.001"] and said["cancelled"], said
     assert said["refused"] == ["LaunchError", f"runs: nope not in sweep `{name}`; its runs: lr-0.001"]
     command = on_laptop(laptop, "status", str(tmp_path / f"{name}.yaml"), "--json", "--workdir", str(tmp_path),

@@ -12,6 +12,7 @@ from tests.support.processes import launch
 from tests.support.slurm import job_env, manifest_of, run_to_completion, signal_when_training, wait
 from tests.support.sweeps import hand_made_manifest
 from tests.support.tiny import tiny_yaml
+from tinygpt.launch import api
 from tinygpt.launch.read import log_files
 
 TINY = tiny_yaml(eval_interval=10, max_steps=20)
@@ -38,6 +39,7 @@ def test_logs_show_the_latest_life_or_all_and_status_says_why_a_run_failed(tmp_p
     followed, _ = follower.communicate(timeout=60)  # it stops by itself once the job has ended
     assert follower.returncode == 0 and "restart 0" in followed and "restart 1" in followed
     assert "done: step 400" in followed
+    assert "".join(api.open_sweep(spec, work).follow("twice", poll=0.1)) == followed  # (the library's, after the end)
 
     bad = launch("logs", str(spec), "bad", "--workdir", str(work))
     assert bad.returncode == 0 and f"==> run bad (#1), job {ids[1]} on node" in bad.stdout, bad.stdout + bad.stderr

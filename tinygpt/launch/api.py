@@ -105,6 +105,14 @@ class Sweep:
 
         return run_logs(self.manifest, find_run(self.manifest, run)[0].index, every_life)
 
+    def follow(self, run: str, poll: float = 0.5) -> Iterator[str]:
+        """The run's newest job's log as it grows (`launch.py logs SPEC RUN --follow`): what each look, every `poll`
+        seconds, found new (often ""), until the job has ended. A LaunchError when the run was never submitted."""
+        from tinygpt.launch.read.log_files import find_run, follow
+
+        manifest = self.reload()
+        return follow(manifest, find_run(manifest, run)[0].index, poll)
+
     def efficiency(self, runs: Iterable[str] | None = None) -> list[dict[str, str]]:
         """How each run's latest job used its allocation (`launch.py status --efficiency`, one sacct call): a row of
         text by column (run, job, state, elapsed, CPUs, CPU eff, mem peak / asked, ...) for each run that went to
@@ -191,6 +199,28 @@ class RemoteSweep(Sweep):
 
         return [RunLog(job, Path(path), text) for job, path, text in self._call("logs", run=run,
                                                                                 every_life=every_life)]
+
+    def follow(self, run: str, poll: float = 2.0) -> Iterator[str]:
+        """As Sweep.follow: the newest job's whole log asked of the login node every `poll` seconds, and its run's
+        state every fifth time."""
+        from tinygpt.launch.read.log_files import find_run
+
+        name = find_run(self.manifest, run)[0].name
+        shown, job, looks, done = 0, None, 0, False
+        while True:
+            logs = self.logs(run, every_life=True)
+            if not logs:
+                raise LaunchError(f"run {run} was never submitted to Slurm: no log to follow")
+            if logs[-1].job != job:  # (a resubmission's job: its log from the start)
+                shown, job = 0, logs[-1].job
+            yield logs[-1].text[shown:]
+            shown = max(shown, len(logs[-1].text))
+            if done:
+                return
+            if looks % 5 == 0:  # (one more look after the end, as Sweep.follow)
+                done = next(r for r in self.status().runs if r.name == name).ended
+            looks += 1
+            time.sleep(poll)
 
     def efficiency(self, runs: Iterable[str] | None = None) -> list[dict[str, str]]:
         return list(self._call("efficiency", runs=None if runs is None else sorted(self._known(runs))))

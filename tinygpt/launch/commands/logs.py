@@ -5,14 +5,12 @@ latest job is shown; `--all` shows every job's whole log; `--follow` prints the 
 from __future__ import annotations
 
 import sys
-import time
 from typing import TYPE_CHECKING
 
-from tinygpt.launch import manifest as manifest_mod
 from tinygpt.launch.console import stop_if_interrupted
 from tinygpt.launch.errors import LaunchError
-from tinygpt.launch.read import run_states
-from tinygpt.launch.read.log_files import find_run, read, run_jobs, run_logs
+from tinygpt.launch.read import log_files, run_states
+from tinygpt.launch.read.log_files import find_run, run_logs
 
 if TYPE_CHECKING:
     from tinygpt.launch.manifest import Manifest
@@ -23,12 +21,10 @@ def run(manifest: Manifest, which: str | None, tail: int | None, every_life: boo
     if follow_it:
         if which is None and len(manifest.runs) != 1:
             raise LaunchError("--follow: name the run to follow, e.g. `launch.py logs SPEC RUN --follow`")
-        index = find_run(manifest, which)[0].index
-
-        def ended() -> bool:  # (read again: a resubmission may have given the run a new job meanwhile)
-            return run_states.collect(manifest_mod.load(manifest.path))[index].state.ended
-
-        follow(manifest, which or str(index), ended)
+        for text in log_files.follow(manifest, find_run(manifest, which)[0].index):
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            stop_if_interrupted()
         return
     show(manifest, which, tail, every_life, {r.index: r.nodes for r in run_states.collect(manifest)})
 
@@ -49,26 +45,3 @@ def show(manifest: Manifest, which: str | None, tail: int | None, every_life: bo
             lines = log.text.splitlines()
             print("\n".join(lines[-tail:] if tail else lines) if log.text else "(no log yet: the job has not started)")
     return found
-
-
-def follow(manifest: Manifest, which: str, ended) -> None:
-    """Print the run's newest log as it grows, until `ended()` says its job is over (or Ctrl-C)."""
-    run = find_run(manifest, which)[0]
-    jobs = run_jobs(manifest, run.index)
-    if not jobs:
-        raise LaunchError(f"--follow: run {run.name} was never submitted to Slurm")
-    offsets = {path: 0 for path in jobs[-1][1]}
-    last_check, done = 0.0, False
-    while True:
-        for path in offsets:
-            text = read(path)
-            if len(text) > offsets[path]:
-                sys.stdout.write(text[offsets[path]:])
-                sys.stdout.flush()
-                offsets[path] = len(text)
-        if done:
-            return
-        if time.monotonic() - last_check > 5:
-            last_check, done = time.monotonic(), ended()  # (one more read after the end, then stop)
-        stop_if_interrupted()
-        time.sleep(0.5)

@@ -10,6 +10,8 @@ first (`tinygpt: run ...` from our batch script, `submitit INFO ... Starting` fr
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -40,6 +42,35 @@ def run_jobs(manifest: Manifest, index: int) -> list[tuple[str, list[Path]]]:
             own = [packed_run_log(manifest.logs_dir, job_id, index)] if sub.pack > 1 else []  # (packed runs)
             jobs.append((job_id, [task_log(manifest.logs_dir, job_id), *own]))
     return jobs
+
+
+def follow(manifest: Manifest, index: int, poll_s: float = 0.5, check_s: float = 5.0) -> Iterator[str]:
+    """Run `index`'s newest job's logs as they grow: what each poll (every `poll_s` seconds) found new, often "",
+    until its job is over, as Slurm says when asked every `check_s` seconds (one more read after that). A
+    LaunchError when the run was never submitted to Slurm."""
+    from tinygpt.launch import manifest as manifest_mod
+    from tinygpt.launch.read import run_states
+
+    def ended() -> bool:  # (the manifest read again: a resubmission may have given the run a new job meanwhile)
+        return run_states.collect(manifest_mod.load(manifest.path))[index].state.ended
+
+    jobs = run_jobs(manifest, index)
+    if not jobs:
+        raise LaunchError(f"run {manifest.runs[index].name} was never submitted to Slurm: no log to follow")
+    offsets = {path: 0 for path in jobs[-1][1]}
+    last_check, done = -check_s, False  # (asked at the first poll: a run over already stops at once)
+    while True:
+        new = []
+        for path in offsets:
+            text = read(path)
+            new.append(text[offsets[path]:])
+            offsets[path] = max(offsets[path], len(text))
+        yield "".join(new)
+        if done:
+            return
+        if time.monotonic() - last_check >= check_s:
+            last_check, done = time.monotonic(), ended()
+        time.sleep(poll_s)
 
 
 class RunLog(NamedTuple):
