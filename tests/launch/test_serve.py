@@ -7,11 +7,13 @@ import http.client
 import json
 import threading
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
 
 from tests.support.processes import launch, wait_until
+from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.serve import reading
 from tinygpt.launch.serve import server as server_mod
 from tinygpt.launch.serve.reading import Reader
@@ -27,12 +29,9 @@ def served(tmp_path):
     run_dir = tmp_path / "w" / "runs" / "demo" / "x-1"
     run_dir.mkdir(parents=True)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1 / s}) + "\n" for s in (1, 2, 3)))
-    server = server_mod.Server(Reader(tmp_path / "w"), idle_s=600)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    page = server_mod.start(tmp_path / "w", idle_minutes=10)  # (the Python call; `serve` blocks in the same server)
+    yield page.server
+    page.stop()
 
 
 def ask(server, path: str, method: str = "GET", headers: dict | None = None, body: str | None = None):
@@ -193,3 +192,16 @@ def test_a_server_no_page_asks_stops_by_itself(tmp_path):
     threading.Thread(target=server.stop_when_idle, daemon=True).start()
     wait_until(lambda: not thread.is_alive(), timeout=30, what="the idle server stopped")
     server.server_close()
+
+
+def test_a_page_started_from_python_answers_at_its_url_until_stopped(tmp_path):
+    page = server_mod.start(tmp_path, sweep="a b", idle_minutes=10)
+    url = urlsplit(page.url)
+    assert (url.hostname, url.path, url.query) == ("127.0.0.1", "/sweep/a%20b", f"token={page.server.token}")
+    assert ask(page.server, f"{url.path}?{url.query}")[0] == 303  # (the token traded for the cookie)
+    page.stop()
+    page.stop()  # (twice: nothing more)
+    with pytest.raises(ConnectionRefusedError):
+        ask(page.server, "/")
+    with pytest.raises(LaunchError, match="--port 70000: give a port from 1 to 65535"):
+        server_mod.start(tmp_path, port=70000)

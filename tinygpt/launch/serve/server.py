@@ -16,6 +16,7 @@ import hmac
 import http.server
 import json
 import math
+import os
 import re
 import secrets
 import threading
@@ -25,7 +26,7 @@ from http import HTTPStatus
 from http.cookies import SimpleCookie
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from tinygpt.launch.errors import LaunchError, SlurmAway, SweepBusy
 from tinygpt.launch.serve.reading import NotFound, Reader
@@ -216,13 +217,19 @@ def check_options(port: int, idle_minutes: float) -> None:
         raise LaunchError(f"--idle-minutes {idle_minutes}: give minutes above 0 and at most {IDLE_MAX_MIN} (a week)")
 
 
-def serve(workdir: Path, port: int = 0, idle_s: float = 3600.0, sweep: str | None = None) -> int:
-    """Serve `workdir`'s sweeps until idle for idle_s seconds or Ctrl-C; print the URL to open first."""
+def open_server(workdir: Path, port: int = 0, idle_s: float = 3600.0) -> Server:
+    """A server of `workdir`'s sweeps listening on the loopback (not yet answering), or a LaunchError naming the
+    port to give instead."""
     try:
-        server = Server(Reader(workdir), port, idle_s)
+        return Server(Reader(workdir), port, idle_s)
     except OSError as err:
         raise LaunchError(f"--port {port}: cannot listen on 127.0.0.1:{port} ({err.strerror}); give another port, "
                           f"or 0 for a free one") from None
+
+
+def serve(workdir: Path, port: int = 0, idle_s: float = 3600.0, sweep: str | None = None) -> int:
+    """Serve `workdir`'s sweeps until idle for idle_s seconds or Ctrl-C; print the URL to open first."""
+    server = open_server(workdir, port, idle_s)
     page = f"/sweep/{sweep}" if sweep else "/"
     print(f"serving the sweeps of {server.reader.workdir} at {server.url(page)}\n"
           f"  stops after {idle_s / 60:g} min with no page open (Ctrl-C: now)\n"
@@ -234,3 +241,35 @@ def serve(workdir: Path, port: int = 0, idle_s: float = 3600.0, sweep: str | Non
     finally:
         server.server_close()
     return 0
+
+
+class Page:
+    """A server of a work directory's sweeps answering from threads of this process (`start`): its `url`, with
+    the token, to open; `stop()` ends it (as do `idle_minutes` with no page open, and the end of the process)."""
+
+    def __init__(self, server: Server, path: str) -> None:
+        self.server, self.url = server, server.url(path)
+        self._threads = [threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5}, daemon=True),
+                         threading.Thread(target=server.stop_when_idle, daemon=True)]
+        for thread in self._threads:
+            thread.start()
+
+    def __repr__(self) -> str:
+        return f"Page({self.url!r})"
+
+    def stop(self) -> None:
+        """Stop answering and close the port (nothing happens the second time)."""
+        if self._threads[0].is_alive():
+            self.server.shutdown()
+        self._threads[0].join()
+        self.server.server_close()
+
+
+def start(workdir: str | os.PathLike[str] = ".", *, sweep: str | None = None, port: int = 0,
+          idle_minutes: float = 60.0) -> Page:
+    """`launch.py serve` from Python (a notebook's cell returns at once): the sweeps of `workdir` served on this
+    machine's loopback from threads of this process, the page of sweep `sweep` (else the list) at the returned
+    Page's `url`. The command's checks and errors (`LaunchError`); on a login node, reach it from the laptop with
+    `launch.py serve --cluster NAME` or an SSH forward of its port."""
+    check_options(port, idle_minutes)
+    return Page(open_server(Path(workdir), port, idle_minutes * 60), f"/sweep/{quote(sweep)}" if sweep else "/")
