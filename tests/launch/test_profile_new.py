@@ -16,7 +16,8 @@ from tests.support.processes import launch
 from tests.support.slurm import manifest_of, wait
 from tests.support.sweeps import sweep_dirs
 from tests.support.tiny import tiny_yaml
-from tinygpt.launch.commands import json_schema, profile_new
+from tinygpt.launch import api, profile_new
+from tinygpt.launch.commands import json_schema
 from tinygpt.launch.spec import profiles
 
 
@@ -89,6 +90,10 @@ def test_profile_new_never_writes_over_a_profile_without_force(tmp_path):
     assert shipped.read_bytes() == kept
     forced = launch("profile", "new", "--dir", str(tmp_path), "--name", "mine", "--force")
     assert forced.returncode == 0 and "a line of the user's own" not in path.read_text()
+    by_command = path.read_text()
+    with pytest.raises(api.LaunchError, match="mine.yaml exists; nothing was written"):
+        api.new_profile(tmp_path, name="mine")  # (the library's call: the same checks, the same file)
+    assert api.new_profile(tmp_path, name="mine", force=True) == path and path.read_text() == by_command
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.yaml"]  # (no draft left behind)
 
 

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from tinygpt.launch.status.listing import SweepEntry
 
 __all__ = ["LaunchError", "LoginAway", "RemoteSweep", "SlurmAway", "SshRefused", "Sweep", "SweepBusy", "WaitTimeout",
-           "check", "launch", "list_sweeps", "open_sweep"]
+           "check", "launch", "list_sweeps", "new_profile", "open_sweep"]
 
 Spec = str | os.PathLike[str] | Mapping[str, Any]  # a spec's file, or the spec itself (with its `name`)
 
@@ -347,6 +347,18 @@ def list_sweeps(workdir: str | os.PathLike[str] = ".") -> list[SweepEntry]:
     from tinygpt.launch.status.listing import listing
 
     return listing(Path(workdir)).sweeps
+
+
+def new_profile(directory: str | os.PathLike[str] | None = None, *, name: str | None = None, force: bool = False,
+                login: str | None = None, ssh_options: Sequence[str] = ()) -> Path:
+    """`launch.py profile new`: a cluster profile written from what the reachable Slurm says (with `login`,
+    USER@HOST, the Slurm of that login node, asked over SSH, and the login: section that reaches it; `ssh_options`
+    its KEY=VALUE options), in `directory` (default: hpc_lab/clusters inside the checkout, else the user's profile
+    folder), named `name` (default: Slurm's ClusterName); the written file's path. Never written over without
+    `force`; nothing is written when Slurm does not answer."""
+    from tinygpt.launch import profile_new
+
+    return profile_new.new(None if directory is None else Path(directory), name, force, login, list(ssh_options))
 
 
 def open_sweep(spec: str | os.PathLike[str], workdir: str | os.PathLike[str] = ".") -> Sweep:

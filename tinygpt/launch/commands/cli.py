@@ -221,17 +221,9 @@ def _schema(args: argparse.Namespace) -> int:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from tinygpt.launch.commands import profile_new
-    from tinygpt.launch.layout import CHECKOUT, user_profile_dir
+    from tinygpt.launch import profile_new
 
-    inside = CHECKOUT is not None and Path.cwd().resolve().is_relative_to(CHECKOUT)
-    directory = Path(args.dir) if args.dir else CHECKOUT / "hpc_lab" / "clusters" if inside else user_profile_dir()
-    if args.ssh_option and args.login is None:
-        raise LaunchError("--ssh-option: only with --login USER@HOST (the options of the SSH connection to it)")
-    if args.login is not None:
-        path = profile_new.write_over_ssh(args, directory)
-    else:
-        path = profile_new.write(directory, args.name, args.force)
+    path = profile_new.new(Path(args.dir) if args.dir else None, args.name, args.force, args.login, args.ssh_option)
     print(f"wrote {path}: read it through; the values marked as guesses, and what Slurm could not say, are "
           f"commented at their lines. Launch with `--cluster {path.stem}` (or `--cluster auto`)")
     return 0

@@ -1,6 +1,6 @@
 """What the reachable Slurm says about itself, asked once: its config, partitions, nodes and the user's
 accounts, and what follows from them (which partitions the user may use, what the nodes of one hold).
-Read by `launch.py profile new` (commands/profile_new.py) and `launch.py check` (submit/preflight.py).
+Read by `launch.py profile new` (profile_new.py) and `launch.py check` (submit/preflight.py).
 """
 
 from __future__ import annotations

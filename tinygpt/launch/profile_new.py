@@ -12,12 +12,12 @@ is never overwritten without --force.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
 import re
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 from tinygpt.base import durable
@@ -29,6 +29,23 @@ from tinygpt.launch.slurm.live_cluster import LiveCluster, Shape
 PLAIN = re.compile(r"[A-Za-z][A-Za-z0-9_./-]*")
 SCHEMA_LINE = "# yaml-language-server: $schema=../../schemas/profile.schema.json"  # (from hpc_lab/clusters/)
 YAML_WORDS = {"y", "n", "yes", "no", "on", "off", "true", "false", "null"}  # plain, YAML reads them otherwise
+
+
+def new(directory: Path | None, name: str | None, force: bool, login: str | None, ssh_options: Sequence[str]) -> Path:
+    """`profile new`: the profile of the Slurm here, or with `login` (USER@HOST) of a login node's over SSH,
+    written in `directory` (None: hpc_lab/clusters inside the checkout, else the user's profile folder); its
+    path. A LaunchError, and nothing written, for a flag that cannot be, a name taken or a Slurm that does not
+    answer."""
+    from tinygpt.launch.layout import CHECKOUT, user_profile_dir
+
+    if directory is None and CHECKOUT is not None and Path.cwd().resolve().is_relative_to(CHECKOUT):
+        directory = CHECKOUT / "hpc_lab" / "clusters"
+    directory = directory or user_profile_dir()
+    if ssh_options and login is None:
+        raise LaunchError("--ssh-option: only with --login USER@HOST (the options of the SSH connection to it)")
+    if login is not None:
+        return write_over_ssh(directory, login, ssh_options, name, force)
+    return write(directory, name, force)
 
 
 def write(directory: Path, name: str | None, force: bool) -> Path:
@@ -55,7 +72,7 @@ def write(directory: Path, name: str | None, force: bool) -> Path:
     return path
 
 
-def write_over_ssh(args: argparse.Namespace, directory: Path) -> Path:
+def write_over_ssh(directory: Path, address: str, ssh_options: Sequence[str], name: str | None, force: bool) -> Path:
     """`profile new --login USER@HOST`: the profile that the login node's Slurm describes, with the login:
     section that reaches it, written here (its own flags checked first, nothing written when Slurm does not
     answer there)."""
@@ -65,24 +82,24 @@ def write_over_ssh(args: argparse.Namespace, directory: Path) -> Path:
     from tinygpt.launch.remote.laptop import connect, fetch, launcher_python, launcher_there, send_code
     from tinygpt.launch.spec.profiles import Login, from_data
 
-    if args.name is not None:
-        refuse_name(directory, args.name, args.force)
-    user, at, host = args.login.rpartition("@")
-    if bad := [o for o in args.ssh_option if "=" not in o]:
+    if name is not None:
+        refuse_name(directory, name, force)
+    user, at, host = address.rpartition("@")
+    if bad := [o for o in ssh_options if "=" not in o]:
         raise LaunchError(f"--ssh-option: {bad[0]!r} is not KEY=VALUE; give e.g. ProxyJump=gateway.example.edu")
-    options = dict(o.split("=", 1) for o in args.ssh_option)
+    options = dict(o.split("=", 1) for o in ssh_options)
     login = schema.validate(Login, {"host": host, **({"user": user} if at else {}), "options": options}, "--login",
                             LaunchError)
     conn, hello = connect(login)
     code, _ = send_code(conn)
     folder = f"profiles-new/{hashlib.sha256(os.urandom(16)).hexdigest()[:12]}"
-    name = ["--name", args.name] if args.name else []
+    named = ["--name", name] if name else []
     env, words = launcher_there(conn, launcher_python(conn, hello), code)
     conn.call("run", conn.root, *env, "--", *words, "profile", "new", "--force", "--dir", f"{conn.root}/{folder}",
-              *name)  # (its one line is for there: not shown)
+              *named)  # (its one line is for there: not shown)
     (written,) = fetch(conn, [f"{folder}/*.yaml"]).items()
     path = directory / Path(written[0]).name
-    refuse_name(directory, path.stem, args.force)
+    refuse_name(directory, path.stem, force)
     text = written[1].decode() + "\n# How a laptop reaches the login node (launch.py ... --cluster " + path.stem + \
         " from there)\n" + yaml.safe_dump({"login": login.model_dump(exclude_defaults=True)}, sort_keys=False)
     from_data(yaml.safe_load(text), path)  # (as it will be read: a mistake is said before the file is written)
