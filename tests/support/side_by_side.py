@@ -6,11 +6,15 @@ waits until the last of them has ended; shared ones then run side by side on bot
 the tests that need no cluster). A test may share the cluster when its jobs may wait for CPUs another test's jobs
 hold: it asks for no whole node, preempts, stops, crashes or reconfigures nothing, and reads only its own jobs.
 
+The tests of a module that makes a fixture once for the module (not a cluster test) run on one worker, so that
+it is made once.
+
 Independently of the cluster, a test marked `alone` measures how its jobs use their CPUs: it waits until the test
 beside it has ended, and nothing starts beside it until it is done.
 
-Both are readers-writer locks between the workers, on files in the run's own folder (the one that holds each
-worker's temporary folder, popen-gwN, and goes with them). Without xdist every test is alone already.
+The cluster's rule and `alone` are readers-writer locks between the workers, on files in the run's own folder
+(the one that holds each worker's temporary folder, popen-gwN, and goes with them). Without xdist every test is
+alone already.
 """
 
 from __future__ import annotations
@@ -67,11 +71,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if cluster_use(item) == "exclusive":
             item.add_marker(pytest.mark.xdist_group(GROUP))
+        elif cluster_use(item) is None and _module_fixture(item):  # (made once, not once on each worker)
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
         elif item.get_closest_marker("slurm_release") is not None and cluster_use(item) is None:
             raise pytest.UsageError(f"{item.nodeid} is marked slurm_release but not slurm; mark it slurm too")
     # `alone` tests first: then the test beside one is the other worker's first, not a long one half done. Shared
     # cluster tests last: sent out earlier, they would wait on the exclusive ones while other tests could run.
     items.sort(key=lambda item: (item.get_closest_marker("alone") is None, cluster_use(item) == "shared"))
+
+
+def _module_fixture(item: pytest.Item) -> bool:
+    """Whether the test uses a fixture made once for its module (a module of cases run up front, a sweep run once):
+    its module's tests then go to one worker. Cluster tests are left spread, each worker's laptop its own."""
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and any(defs[-1].scope == "module" for defs in info.name2fixturedefs.values())
 
 
 def pytest_collection_finish(session):
