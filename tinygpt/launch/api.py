@@ -79,7 +79,7 @@ class Sweep:
         while True:
             try:
                 now = self.status()
-                if self._ended(now):
+                if now.ended:
                     return now
             except SlurmAway:
                 now = None
@@ -165,12 +165,6 @@ class Sweep:
                               f"{', '.join(self.runs[:20])}{' ...' if len(self.runs) > 20 else ''}")
         return wanted
 
-    def _ended(self, now: SweepStatus) -> bool:
-        if not all(r.ended for r in now.runs):
-            return False
-        dirs = self.manifest.dirs
-        return not self.manifest.retry or dirs.summary.exists() or dirs.cancelled.exists()
-
 
 class RemoteSweep(Sweep):
     """A sweep launched from this laptop on a login node (a profile with `login:`): each call is made by the
@@ -251,11 +245,6 @@ class RemoteSweep(Sweep):
 
     def _call(self, method: str, **arguments: Any) -> Any:
         return self._library.call(str(self.path), method, arguments)
-
-    def _ended(self, now: SweepStatus) -> bool:
-        policy = now.retry[:1]  # (its first line says when the policy is done, or cancelled)
-        return all(r.ended for r in now.runs) and (not policy or "retry: done:" in policy[0]
-                                                     or "nothing more is sent" in policy[0])
 
 
 REMOTE_CALLS = ("status", "metrics", "logs", "efficiency", "report", "cancel", "resubmit")  # (what RemoteSweep asks)

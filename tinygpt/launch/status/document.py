@@ -91,6 +91,8 @@ class SweepStatus(BaseModel):
                                          "should go out; runs Slurm keeps pending for a limit (empty: nothing)")
     runs: list[RunStatus]
     trials: list[TrialStatus] | None = Field(None, description="an Optuna search's trials (null: not a search)")
+    ended: bool = Field(False, description="whether the sweep is over: every run has ended, and a retry policy has "
+                                           "written its summary or the sweep was cancelled (what `wait` waits for)")
 
 
 def document(manifest: Manifest) -> SweepStatus:
@@ -109,7 +111,9 @@ def document(manifest: Manifest) -> SweepStatus:
                        backend=manifest.backend, program="command" if manifest.command else "trainer",
                        time=time.time(), unheard=list(rows.unheard),
                        counts=dict(Counter(r.state_name for r in runs)), retry=retry,
-                       queue=waves.status_lines(manifest, rows), runs=runs, trials=_trials(manifest))
+                       queue=waves.status_lines(manifest, rows), runs=runs, trials=_trials(manifest),
+                       ended=all(r.ended for r in runs) and (not manifest.retry or manifest.dirs.summary.exists()
+                                                             or manifest.dirs.cancelled.exists()))
 
 
 def _trials(manifest: Manifest) -> list[TrialStatus] | None:
