@@ -126,6 +126,31 @@ def test_the_page_asks_one_question_answered_in_the_size_of_a_page_not_of_the_sw
         assert status in (400, 404) and json.loads(body)["error"], query
 
 
+def test_a_searchs_page_holds_its_best_trials_first_and_how_many_it_has(served, monkeypatch, tmp_path):
+    """An Optuna search's trials as its study's journal has them: a page of the best (the lowest value; failed
+    ones, which have none, last) and the number of all."""
+    import optuna
+
+    from tinygpt.launch import manifest as manifest_mod
+    from tinygpt.launch.node import study_journal
+
+    monkeypatch.setattr(reading, "PAGE", 3)
+    spec = tmp_path / "hunt.yaml"
+    spec.write_text(yaml.safe_dump({"name": "hunt", "train": {"dataset": "pydoc", "max_steps": 10, "min_lr": 1.0e-5},
+                                    "search": {"method": "optuna", "trials": 5, "workers": 1, "sampler": "random",
+                                               "seed": 1, "params": {"lr": {"loguniform": [1.0e-4, 1.0e-2]}}},
+                                    "resources": {"time": "00:05:00"}}))
+    assert launch(str(spec), "--dry-run", "--workdir", str(served.reader.workdir)).returncode == 0
+    journal = manifest_mod.load(served.reader.workdir / "jobs" / "hunt" / "manifest.json").search.journal
+    study = optuna.create_study(study_name="hunt", storage=study_journal.storage(journal))
+    for value in (0.5, None, 0.2, 0.9, 0.1):
+        trial = study.ask({"lr": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)})
+        study.tell(trial, value, state=optuna.trial.TrialState.FAIL if value is None else None)
+    view = json.loads(ask(served, "/api/sweeps/hunt/view", headers=signed_in(served))[2])
+    assert view["trials"] == 5
+    assert [(t["trial"], t["value"]) for t in view["status"]["trials"]] == [(4, 0.1), (2, 0.2), (0, 0.5)]
+
+
 def test_a_runs_page_has_its_samples_and_attention_maps_and_a_damaged_file_is_said_not_drawn(served):
     """What our trainer writes as it ends (attention.json: training/attention.py's own file, from a real model),
     read without torch; a file that is not that shape is named on the page, never a failed answer."""
