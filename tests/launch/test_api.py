@@ -44,7 +44,9 @@ def test_a_spec_built_in_python_is_written_planned_and_followed_as_the_command_w
     assert (listed.sweep, listed.runs, listed.states, listed.problem) == ("lib", 2, {"NOT_STARTED": 2}, None)
     again = api.launch(spec(tiny_corpus), workdir, dry_run=True)  # (the same mapping: its file is the same)
     assert again.runs == sweep.runs and api.open_sweep(workdir / "lib.yaml", workdir).path == sweep.path
+    assert sweep.reload().submissions == []  # (the manifest `again` wrote, read)
     manifest_mod.record_submission(sweep.path, "sbatch", "100", [0, 1], array="0", pack=2)  # (one task, both runs)
+    assert [s.job_id for s in sweep.reload().submissions] == ["100"]  # (appended beside the manifest, as a wave is)
     with pytest.raises(api.LaunchError, match="--run: packed in one task with lr-0.003, which would be cancelled"):
         sweep.cancel(["0"])
     status, said = run_cli(["cancel", str(workdir / "lib.yaml"), "--workdir", str(workdir), "--run", "nope"])

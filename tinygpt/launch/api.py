@@ -148,8 +148,9 @@ class Sweep:
         return resubmit(self.path, chosen, time, mem, exclude, exclude_failed_nodes, dry_run)
 
     def reload(self) -> Manifest:
-        """The manifest as the file has it now (a relaunch or a resubmission may have changed it): read again only
-        when the file changed, as a page asks every few seconds and a 10,000-run manifest takes 0.1 s to read."""
+        """The manifest as its files have it now (a relaunch, a resubmission or a wave may have changed them): read
+        again only when one changed, as a page asks every few seconds and a 10,000-run manifest takes 0.1 s to
+        read."""
         from tinygpt.launch import manifest
 
         stamp = _stamp(self.path)
@@ -283,13 +284,23 @@ def _as_json(answer: Any) -> Any:
     return answer
 
 
-def _stamp(path: Path) -> tuple[int, int, int] | None:
-    """A file's inode, size and time, to tell that it changed (the manifest is replaced whole: a new inode)."""
-    try:
-        stat = os.stat(path)
-    except OSError:
-        return None
-    return stat.st_ino, stat.st_size, stat.st_mtime_ns
+Stamp = tuple[tuple[int, int, int] | None, ...]
+
+
+def _stamp(path: Path) -> Stamp | None:
+    """The manifest's file and its submissions' record, each by inode, size and time, to tell that either changed
+    (the manifest is replaced whole: a new inode; a submission is appended to the record: a new size); None
+    without a manifest."""
+    from tinygpt.launch.manifest import submissions_record
+
+    stamps: list[tuple[int, int, int] | None] = []
+    for file in (path, submissions_record(path)):
+        try:
+            stat = os.stat(file)
+            stamps.append((stat.st_ino, stat.st_size, stat.st_mtime_ns))
+        except OSError:
+            stamps.append(None)
+    return None if stamps[0] is None else tuple(stamps)
 
 
 def launch(spec: Spec, workdir: str | os.PathLike[str] = ".", *, cluster: str | None = None,
