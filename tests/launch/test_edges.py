@@ -29,7 +29,7 @@ from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.serve import server as server_mod
 from tinygpt.launch.spec import profiles
 from tinygpt.launch.spec import sweep as spec_mod
-from tinygpt.launch.spec.resources import parse_time_min, size_mb
+from tinygpt.launch.spec.resources import Minutes, size_mb
 from tinygpt.launch.submit import slurm_options
 
 # The values, by what they stand for; paths are added per case (they need the test's folder).
@@ -205,7 +205,7 @@ def slurm_reads_otherwise(sweep) -> str | None:
     left out is read as the partition's default."""
     r = sweep.resources
     written = slurm_options.sbatch_options(r, sweep.profile, sweep.workdir)
-    taken = {"time": r.time_min, "mem": r.mem_mb, "nodes": r.nodes, "cpus-per-task": r.cpus_per_task,
+    taken = {"time": r.time, "mem": r.mem_mb, "nodes": r.nodes, "cpus-per-task": r.cpus_per_task,
              "ntasks-per-node": r.tasks_per_node}
     for option, value in taken.items():
         if value is not None and option not in written:
@@ -217,7 +217,7 @@ def slurm_reads_otherwise(sweep) -> str | None:
 
 
 # How sbatch reads each option's value (sbatch(1)): a time or memory of 0 has a meaning of its own.
-SLURM_READS = {"time": lambda t: "no time limit" if parse_time_min(t) == 0 else parse_time_min(t),
+SLURM_READS = {"time": lambda t: "no time limit" if Minutes.parse(t) == 0 else Minutes.parse(t),
                "mem": lambda m: "all of each node's memory" if size_mb(m) == 0 else size_mb(m),
                "nodes": int, "cpus-per-task": int, "ntasks-per-node": int}
 

@@ -20,6 +20,7 @@ from tests.support.tiny import tiny_yaml
 from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.spec import profiles, resources
 from tinygpt.launch.spec import sweep as spec_mod
+from tinygpt.launch.spec.resources import Minutes
 from tinygpt.launch.submit.plan import build
 from tinygpt.launch.submit.sbatch import ScriptParams, render
 
@@ -225,17 +226,18 @@ def test_every_cluster_profile_loads(path):
 
 
 def test_time_and_memory_parsing():
-    assert resources.parse_time_min("30") == 30
-    assert resources.parse_time_min("01:30:00") == 90
-    assert resources.parse_time_min("2-00:00:00") == 2880
-    assert resources.parse_time_min("1-12") == 2160
-    assert resources.parse_time_min("00:00:30") == 1
-    assert resources.parse_time_min("INFINITE") is None
-    assert resources.format_time(2880 + 61) == "2-01:01:00"
+    assert [Minutes.parse(t) for t in ("30", "01:30:00", "2-00:00:00", "1-12", "00:00:30", 45)] == [
+        30, 90, 2880, 2160, 1, 45]
+    assert Minutes.parse("INFINITE") is None and Minutes.parse(None) is None
+    assert str(Minutes(2880 + 61)) == f"{Minutes(2880 + 61)}" == "2-01:01:00" and str(Minutes(90)) == "01:30:00"
+    assert isinstance(Minutes(90).times(1.5), Minutes) and Minutes(90).times(1.01) == 91  # (up to a whole minute)
     assert resources.parse_mem_mb("4G") == 4096 and resources.parse_mem_mb("500M") == 500
-    with pytest.raises(ValueError):
-        resources.parse_time_min("soon")
-    assert resources.time_limit_min("soon") is None and resources.time_limit_min("1-00:00:00") == 1440
+    for bad in ("soon", -1, True):
+        with pytest.raises(ValueError):
+            Minutes.parse(bad)
+    assert Minutes.limit("soon") is None and Minutes.limit("1-00:00:00") == 1440
+    # (what a spec's time becomes: Minutes, however pydantic's int check would have it)
+    assert isinstance(spec_mod.ResourcesRequest(time="01:30:00").time, Minutes)
 
 
 def test_one_size_parser_for_what_users_write_and_what_slurm_prints():
@@ -256,7 +258,7 @@ def hostile_params(tmp_path: Path, **kw) -> ScriptParams:
         signal="USR2", signal_lead_s=90,
     )
     resources = spec_mod.Resources(nodes=2, gpus_per_node=4, tasks_per_node=4, cpus_per_task=8, mem_mb=4096,
-                                   time_min=90, named={"partition": "p'; echo foo", "qos": "a\"=0\"",
+                                   time=Minutes(90), named={"partition": "p'; echo foo", "qos": "a\"=0\"",
                                                             "account": "acct with space",
                                                             "constraint": "`touch /tmp/pwned`", "exclude": "node[3-4]"},
                                    sbatch_extra={"reservation": "maint $(reboot)", "exclusive": None},

@@ -18,7 +18,7 @@ from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.heal import ends
 from tinygpt.launch.manifest import Life
 from tinygpt.launch.read.run_states import RESUBMIT_CHOICES, Row
-from tinygpt.launch.spec.resources import format_time, mem_problem, parse_mem_mb, parse_time_min
+from tinygpt.launch.spec.resources import Minutes, mem_problem, parse_mem_mb
 from tinygpt.launch.submit import backends
 
 
@@ -65,13 +65,13 @@ def parse_changes(time: str | None, mem: str | None, exclude: list[str]) -> Chan
     options: dict[str, str] = {}
     if time is not None:
         try:
-            minutes = parse_time_min(time)
+            minutes = Minutes.parse(time)
         except ValueError:
             minutes = -1
         if minutes is None or minutes < 1:
             raise LaunchError(f"--time: {time!r} is not a finite Slurm time of at least a minute; use HH:MM:SS, "
                               f"D-HH:MM:SS or minutes")
-        options["time"] = format_time(minutes)
+        options["time"] = str(minutes)
     if mem is not None:
         try:
             options["mem"] = f"{parse_mem_mb(mem)}M"

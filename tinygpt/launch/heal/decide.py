@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from tinygpt.launch.heal.ends import End, failed_nodes, of_run
 from tinygpt.launch.heal.job import heal_jobs, job_state
 from tinygpt.launch.read.run_states import retry_rounds
-from tinygpt.launch.spec.resources import format_time, parse_mem_mb, parse_time_min
+from tinygpt.launch.spec.resources import Minutes, parse_mem_mb
 from tinygpt.launch.spec.retry import NEVER, RetryPolicy
 
 if TYPE_CHECKING:
@@ -86,11 +86,11 @@ def next_request(kind: str, before: dict[str, str], manifest: Manifest, policy: 
     options = dict(before)
     mem = current_mem(before, manifest, usage)
     if kind == "time_limit":
-        now = parse_time_min(before.get("time")) if "time" in before else _manifest_time(manifest)
+        now = Minutes.parse(before["time"]) if "time" in before else _manifest_time(manifest)
         if policy.max_time is not None and now >= policy.max_time:
-            return options, f"it met its time limit at the most allowed, {format_time(policy.max_time)}"
-        grown = math.ceil(now * policy.time_factor)
-        options["time"] = format_time(min(grown, policy.max_time) if policy.max_time else grown)
+            return options, f"it met its time limit at the most allowed, {policy.max_time}"
+        grown = now.times(policy.time_factor)
+        options["time"] = str(min(grown, policy.max_time) if policy.max_time else grown)
     elif kind == "out_of_memory":
         if mem is None:
             return options, "its memory request is not known, so there is nothing to grow"
@@ -116,8 +116,8 @@ def current_mem(before: dict[str, str], manifest: Manifest, usage: Usage | None)
     return math.ceil(usage.req_mem_mb) if usage is not None and usage.req_mem_mb else None
 
 
-def _manifest_time(manifest: Manifest) -> int:
-    return parse_time_min(manifest.resources.get("time")) or 1
+def _manifest_time(manifest: Manifest) -> Minutes:
+    return Minutes.parse(manifest.resources.get("time")) or Minutes(1)
 
 
 def headline(manifest: Manifest, decisions: list[Decision]) -> str:

@@ -22,7 +22,7 @@ from tinygpt.launch import manifest as manifest_mod
 from tinygpt.launch.errors import LaunchError, SlurmAway
 from tinygpt.launch.layout import STEP_LOG_PATTERN
 from tinygpt.launch.slurm import limits, slurm_cli
-from tinygpt.launch.submit.chain import STEP_MAX_MIN
+from tinygpt.launch.submit.chain import STEP_MAX
 from tinygpt.launch.submit.sbatch import render_step
 from tinygpt.launch.submit.slurm_options import container_prefix
 
@@ -39,7 +39,7 @@ def write_scripts(plan: Plan) -> None:
     """The heal job's and the summary's batch scripts, for a sweep with a retry policy."""
     sweep = plan.sweep
     small = dataclasses.replace(sweep.resources, nodes=1, gpus_per_node=0, tasks_per_node=1, cpus_per_task=1,
-                                mem_mb=None, time_min=min(sweep.resources.time_min, STEP_MAX_MIN), srun_args=(),
+                                mem_mb=None, time=min(sweep.resources.time, STEP_MAX), srun_args=(),
                                 # (any node may run the heal job: the runs' excluded ones are theirs)
                                 named={k: v for k, v in sweep.resources.named.items() if k != "exclude"})
     python = f'{container_prefix(sweep.profile)}"$PYTHON"'

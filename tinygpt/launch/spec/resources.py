@@ -2,9 +2,9 @@
 
 `Resources` is what each job of a sweep asks for (the spec's `resources` over the profile's defaults). The
 parsers read what users write and what Slurm prints: a time limit (`HH:MM:SS`, `D-HH:MM`, `INFINITE`, ...)
-in whole minutes, a size (`4G`, `500M`, `306484K`; a bare number is megabytes, as for `sbatch --mem`) in
-megabytes, sacct's durations and TRES lists. `SOURCE` names where each option a job gets comes from, for a
-message that names the field to change.
+in whole minutes (`Minutes`, the one type of a time), a size (`4G`, `500M`, `306484K`; a bare number is
+megabytes, as for `sbatch --mem`) in megabytes, sacct's durations and TRES lists. `SOURCE` names where each
+option a job gets comes from, for a message that names the field to change.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, WithJsonSchema
+from pydantic import AfterValidator, BeforeValidator, WithJsonSchema
 
 _TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)B?\s*", re.I)
@@ -22,50 +22,60 @@ _MB_PER_UNIT = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024**2, "P": 1024
 _DURATION = re.compile(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+(?:\.\d+)?)")
 
 
-def parse_time_min(value: Any) -> int | None:
-    """Slurm time (`MM`, `MM:SS`, `HH:MM:SS`, `D-HH`, `D-HH:MM`, `D-HH:MM:SS`) in whole minutes, rounded up.
+class Minutes(int):
+    """A time limit in whole minutes: the one type a time is, from what wrote it (a spec, a profile, a flag,
+    Slurm's own text, a job's recorded options) to what reads it (a comparison, a message, an #SBATCH line).
+    `str()` (and an f-string) writes it as Slurm reads it: HH:MM:SS, or D-HH:MM:SS from a day on."""
 
-    `INFINITE`/`UNLIMITED`/None give None. Raises ValueError on anything else.
-    """
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise ValueError(value)
-    if isinstance(value, int):
-        if value < 0:
+    @classmethod
+    def parse(cls, value: Any) -> Minutes | None:
+        """Slurm's time (`MM`, `MM:SS`, `HH:MM:SS`, `D-HH`, `D-HH:MM`, `D-HH:MM:SS`), or a number of minutes,
+        rounded up to whole minutes. `INFINITE`/`UNLIMITED`/None give None. Raises ValueError on anything else."""
+        if value is None:
+            return None
+        if isinstance(value, bool):
             raise ValueError(value)
-        return value
-    text = str(value).strip()
-    if text.upper() in ("INFINITE", "UNLIMITED"):
-        return None
-    m = _TIME.fullmatch(text)
-    if not m:
-        raise ValueError(text)
-    days, a, b, c = m.groups()
-    if days is not None:  # D-HH[:MM[:SS]]
-        total_s = int(days) * 86400 + int(a) * 3600 + int(b or 0) * 60 + int(c or 0)
-    elif c is not None:  # HH:MM:SS
-        total_s = int(a) * 3600 + int(b) * 60 + int(c)
-    elif b is not None:  # MM:SS
-        total_s = int(a) * 60 + int(b)
-    else:  # MM
-        total_s = int(a) * 60
-    return -(-total_s // 60)
+        if isinstance(value, int):
+            if value < 0:
+                raise ValueError(value)
+            return cls(value)
+        text = str(value).strip()
+        if text.upper() in ("INFINITE", "UNLIMITED"):
+            return None
+        m = _TIME.fullmatch(text)
+        if not m:
+            raise ValueError(text)
+        days, a, b, c = m.groups()
+        if days is not None:  # D-HH[:MM[:SS]]
+            total_s = int(days) * 86400 + int(a) * 3600 + int(b or 0) * 60 + int(c or 0)
+        elif c is not None:  # HH:MM:SS
+            total_s = int(a) * 3600 + int(b) * 60 + int(c)
+        elif b is not None:  # MM:SS
+            total_s = int(a) * 60 + int(b)
+        else:  # MM
+            total_s = int(a) * 60
+        return cls(-(-total_s // 60))
 
+    @classmethod
+    def limit(cls, text: str) -> Minutes | None:
+        """A time limit as Slurm printed it (a partition's MaxTime, a QOS's MaxWall); None for no limit, and for
+        text that is not a time (no limit is known)."""
+        try:
+            return cls.parse(text)
+        except ValueError:
+            return None
 
-def time_limit_min(text: str) -> int | None:
-    """A time limit as Slurm printed it (a partition's MaxTime, a QOS's MaxWall), in minutes; None for no limit,
-    and for text that is not a time (no limit is known)."""
-    try:
-        return parse_time_min(text)
-    except ValueError:
-        return None
+    def times(self, factor: float) -> Minutes:
+        """This time grown by `factor`, rounded up to a whole minute."""
+        return Minutes(math.ceil(self * factor))
 
+    def __str__(self) -> str:
+        days, rem = divmod(int(self), 1440)
+        hours, mins = divmod(rem, 60)
+        return f"{days}-{hours:02d}:{mins:02d}:00" if days else f"{hours:02d}:{mins:02d}:00"
 
-def format_time(minutes: int) -> str:
-    days, rem = divmod(minutes, 1440)
-    hours, mins = divmod(rem, 60)
-    return f"{days}-{hours:02d}:{mins:02d}:00" if days else f"{hours:02d}:{mins:02d}:00"
+    def __repr__(self) -> str:
+        return f"Minutes({int(self)})"
 
 
 def size_mb(value: Any) -> float:
@@ -108,15 +118,19 @@ def tres(text: str) -> dict[str, str]:
     return dict(item.split("=", 1) for item in text.split(",") if "=" in item)
 
 
-def _minutes(value: Any) -> int | None:
+def _minutes(value: Any) -> Minutes | None:
     try:
-        minutes = parse_time_min(value)
+        minutes = Minutes.parse(value)
     except ValueError:
         raise ValueError(f"{value!r} is not a Slurm time; use HH:MM:SS, D-HH:MM:SS, minutes or INFINITE") from None
     if minutes == 0:  # (to Slurm, a time limit of 0 is none at all)
         raise ValueError(f"{value!r} is a time of 0, which Slurm reads as no time limit; write INFINITE if you mean "
                          f"that, else a time of at least a minute (e.g. 00:30:00)")
     return minutes
+
+
+def _kept_minutes(value: int | None) -> Minutes | None:
+    return None if value is None else Minutes(value)  # (an int field's check may have made Minutes a plain int)
 
 
 def _megabytes(value: Any) -> int | None:
@@ -145,7 +159,8 @@ _TIME_SCHEMA = {"type": ["string", "integer", "null"],
 _MEM_SCHEMA = {"type": ["string", "integer", "null"], "description": "a memory size: 4G, 500M, 1T, or MB as a number",
                "pattern": r"^\s*\d+(\.\d+)?\s*[KMGTkmgt]?[Bb]?\s*$"}
 # Both read into whole minutes (None: no limit) and megabytes: what the launcher compares and writes.
-SlurmTime = Annotated[int | None, BeforeValidator(_minutes), WithJsonSchema(_TIME_SCHEMA)]
+SlurmTime = Annotated[int | None, BeforeValidator(_minutes), AfterValidator(_kept_minutes),
+                      WithJsonSchema(_TIME_SCHEMA)]
 MemMB = Annotated[int | None, BeforeValidator(_megabytes), WithJsonSchema(_MEM_SCHEMA)]
 
 
@@ -190,14 +205,13 @@ class Resources:
     tasks_per_node: int
     cpus_per_task: int
     mem_mb: int | None
-    time_min: int
+    time: Minutes
     named: dict[str, str] = field(default_factory=dict)  # NAMED_OPTIONS given a value: {key: value}, in its order
     sbatch_extra: dict[str, str | None] = field(default_factory=dict)  # passed through: {long option: value}
     srun_args: tuple[str, ...] = ()  # passed through to srun
 
-    @property
-    def time(self) -> str:
-        return format_time(self.time_min)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "time", Minutes(self.time))  # (whatever int it was given: written as Slurm reads)
 
     @property
     def partition(self) -> str | None:
@@ -206,7 +220,7 @@ class Resources:
     def record(self) -> dict[str, Any]:
         """What the manifest keeps of them (what `status` and `resubmit` read back)."""
         return {"nodes": self.nodes, "gpus_per_node": self.gpus_per_node, "tasks_per_node": self.tasks_per_node,
-                "cpus_per_task": self.cpus_per_task, "mem_mb": self.mem_mb, "time": self.time,
+                "cpus_per_task": self.cpus_per_task, "mem_mb": self.mem_mb, "time": str(self.time),
                 "partition": self.partition, **({"exclude": self.named["exclude"]} if "exclude" in self.named else {})}
 
     def describe(self) -> str:

@@ -29,7 +29,7 @@ from pydantic import Field, field_validator
 from tinygpt.base import schema
 from tinygpt.base.schema import Int, OptFloat, OptText, Text
 from tinygpt.launch.spec.command import check_words
-from tinygpt.launch.spec.resources import MemMB, Resources, SlurmTime, format_time
+from tinygpt.launch.spec.resources import MemMB, Resources, SlurmTime
 
 # The ends of a run a policy may retry, and what a retry changes.
 KINDS = {"time_limit": "more time", "out_of_memory": "more memory", "node_failure": "without the nodes that failed",
@@ -128,12 +128,12 @@ def resolve(spec: RetryPolicy | None, profile: RetryPolicy | None, resources: Re
         problems.append(f"retry.{key}: {why}{where}")
     max_time, max_mem = limits
     if policy.max_time is not None and max_time is not None and policy.max_time > max_time:
-        refuse("max_time", f"{format_time(policy.max_time)} is over the MaxTime {format_time(max_time)} of "
+        refuse("max_time", f"{policy.max_time} is over the MaxTime {max_time} of "
                            f"partition `{resources.partition}`; ask for at most that")
     if policy.max_mem is not None and max_mem is not None and policy.max_mem > max_mem:
         refuse("max_mem", f"{policy.max_mem} MB is more than the {max_mem} MB of a node; ask for at most that")
-    if policy.max_time is not None and policy.max_time < resources.time_min:
-        refuse("max_time", f"{format_time(policy.max_time)} is less than resources.time {resources.time}; a retry "
+    if policy.max_time is not None and policy.max_time < resources.time:
+        refuse("max_time", f"{policy.max_time} is less than resources.time {resources.time}; a retry "
                            f"never asks for less")
     if policy.max_mem is not None and resources.mem_mb is not None and policy.max_mem < resources.mem_mb:
         refuse("max_mem", f"{policy.max_mem} MB is less than resources.mem {resources.mem_mb} MB; a retry never "

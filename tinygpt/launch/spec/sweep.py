@@ -49,7 +49,7 @@ from tinygpt.launch.manifest import BACKENDS
 from tinygpt.launch.spec import command as command_mod
 from tinygpt.launch.spec import passthrough, retry, search, sweep_runs
 from tinygpt.launch.spec.command import CommandSpec
-from tinygpt.launch.spec.resources import NAMED_OPTIONS, MemMB, Resources, SlurmTime, format_time
+from tinygpt.launch.spec.resources import NAMED_OPTIONS, MemMB, Minutes, Resources, SlurmTime
 from tinygpt.launch.spec.retry import RetryPolicy
 from tinygpt.launch.spec.search import Search
 from tinygpt.launch.spec.sweep_runs import Run, run_name
@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 
 LAUNCHER_KEYS = {"out_dir": "runs/<sweep>/<run>", "sweep": "the spec's name"}  # set by the launcher, never a spec
 SHOWN_FAILING_POINTS = 3  # an Optuna search that fails on many combinations shows this many, then a count
-DEFAULT_TIME_MIN = 60
+DEFAULT_TIME = Minutes(60)
 
 
 class _Amounts(schema.Schema):
@@ -69,7 +69,8 @@ class _Amounts(schema.Schema):
     tasks_per_node: OptInt = Field(None, ge=1, description="processes per node (default: one per GPU, else 1)")
     cpus_per_task: OptInt = Field(None, ge=1, description="CPUs per process (default: the profile's cpus_per_gpu)")
     mem: MemMB = Field(None, description="memory per node, e.g. 4G (default: the profile's mem_per_gpu per GPU)")
-    time: SlurmTime = Field(DEFAULT_TIME_MIN, description="time limit per job, e.g. 01:00:00 (default one hour)")
+    time: SlurmTime = Field(int(DEFAULT_TIME), validate_default=True,  # (read as a written one is: Minutes)
+                            description="time limit per job, e.g. 01:00:00 (default one hour)")
 
     @field_validator("time")
     @classmethod
@@ -265,7 +266,7 @@ def _placed(spec: SpecFile, profile: Profile | None, problems: list[str],
 
 def _shown(key: str, value: Any) -> str:
     """A way's value as the spec wrote it, near enough (a time and a memory were read as minutes and MB)."""
-    return format_time(value) if key == "time" else f"{value}M" if key == "mem" else str(value)
+    return str(Minutes(value)) if key == "time" else f"{value}M" if key == "mem" else str(value)
 
 
 def _check_limits(r: Resources, profile: Profile, problems: list[str]) -> None:
@@ -295,9 +296,9 @@ def _check_limits(r: Resources, profile: Profile, problems: list[str]) -> None:
         problems.append(f"resources.partition: unknown partition `{partition}`"
                         f"{suggest(partition, profile.partitions)}; {where} has {', '.join(profile.partitions)}")
     else:
-        if part.max_time is not None and r.time_min > part.max_time:
-            problems.append(f"resources.time: {format_time(r.time_min)} is over the maximum "
-                            f"{format_time(part.max_time)} of partition `{partition}`; ask for less "
+        if part.max_time is not None and r.time > part.max_time:
+            problems.append(f"resources.time: {r.time} is over the maximum "
+                            f"{part.max_time} of partition `{partition}`; ask for less "
                             f"(the job resumes from its checkpoint when requeued)")
         if part.max_nodes is not None and r.nodes > part.max_nodes:
             problems.append(f"resources.nodes: {r.nodes} nodes asked, partition `{partition}` has at most "

@@ -25,13 +25,14 @@ from tinygpt.launch import manifest as manifest_mod
 from tinygpt.launch.layout import STEP_LOG_PATTERN
 from tinygpt.launch.slurm import slurm_cli
 from tinygpt.launch.spec.corpora import first_runs
+from tinygpt.launch.spec.resources import Minutes
 from tinygpt.launch.submit.sbatch import render_step
 from tinygpt.launch.submit.slurm_options import container_prefix
 
 if TYPE_CHECKING:
     from tinygpt.launch.submit.plan import Plan
 
-STEP_MAX_MIN = 60
+STEP_MAX = Minutes(60)
 ROLES = ("data", "report")  # the steps' roles in the manifest's submissions
 
 
@@ -50,7 +51,7 @@ def write_scripts(plan: Plan) -> dict[str, Path]:
     """The data and report steps' batch scripts, next to the training script."""
     sweep = plan.sweep
     small = dataclasses.replace(sweep.resources, nodes=1, gpus_per_node=0, tasks_per_node=1, cpus_per_task=1,
-                                mem_mb=None, time_min=min(sweep.resources.time_min, STEP_MAX_MIN), srun_args=())
+                                mem_mb=None, time=min(sweep.resources.time, STEP_MAX), srun_args=())
     python = f'{container_prefix(sweep.profile)}"$PYTHON"'
     commands = {"report": [f"{python} -m tinygpt.launch.commands.cli report {shlex.quote(str(plan.manifest_path))}"]}
     if sweep.command is None:  # (a program of the user's brings its own data: nothing to prepare)

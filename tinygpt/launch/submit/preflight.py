@@ -20,7 +20,7 @@ from tinygpt.launch.console import next_command
 from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.slurm import limits, slurm_cli
 from tinygpt.launch.slurm.live_cluster import LiveCluster
-from tinygpt.launch.spec.resources import SOURCE, format_time, time_limit_min
+from tinygpt.launch.spec.resources import SOURCE, Minutes
 from tinygpt.launch.submit import placement
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ def spec_problems(sweep: Sweep, cluster: LiveCluster) -> list[str]:
 def _live_limits(cluster: LiveCluster, partition: str) -> tuple[int | None, int | None]:
     """The partition's MaxTime in minutes and its largest node's memory in MB (None: no limit, not known)."""
     mems = [s[1] for s in cluster.shapes(partition) if s[1]]
-    return time_limit_min(cluster.partitions[partition].get("MaxTime", "UNLIMITED")), max(mems, default=None)
+    return Minutes.limit(cluster.partitions[partition].get("MaxTime", "UNLIMITED")), max(mems, default=None)
 
 
 def _retry_problems(sweep: Sweep, cluster: LiveCluster, partition: str) -> list[str]:
@@ -96,8 +96,8 @@ def _retry_problems(sweep: Sweep, cluster: LiveCluster, partition: str) -> list[
     policy, (max_time, max_mem) = sweep.retry, _live_limits(cluster, partition)
     problems = []
     if policy is not None and policy.max_time and max_time and policy.max_time > max_time:
-        problems.append(f"retry.max_time: {format_time(policy.max_time)} is over partition {partition}'s MaxTime "
-                        f"{format_time(max_time)}; ask for at most that")
+        problems.append(f"retry.max_time: {policy.max_time} is over partition {partition}'s MaxTime "
+                        f"{max_time}; ask for at most that")
     if policy is not None and policy.max_mem and max_mem and policy.max_mem > max_mem:
         problems.append(f"retry.max_mem: {policy.max_mem} MB is more than the largest node of partition {partition} "
                         f"holds ({max_mem} MB); ask for at most that")
@@ -113,8 +113,8 @@ def _retry_caps(sweep: Sweep, cluster: LiveCluster) -> tuple[int | None, int | N
 def _size_problems(sweep: Sweep, cluster: LiveCluster, partition: str) -> list[str]:
     r, prof, p = sweep.resources, sweep.profile, cluster.partitions[partition]
     problems = []
-    limit = time_limit_min(p.get("MaxTime", "UNLIMITED"))
-    if limit is not None and r.time_min > limit:
+    limit = Minutes.limit(p.get("MaxTime", "UNLIMITED"))
+    if limit is not None and r.time > limit:
         problems.append(f"resources.time: {r.time} is over partition {partition}'s MaxTime {p['MaxTime']}; ask for "
                         f"at most {p['MaxTime']} (a run stopped at its limit resumes in its next job)")
     sizes = [int(v) for v in (p.get("MaxNodes", ""), p.get("TotalNodes", "")) if v.isdigit()]
@@ -154,8 +154,8 @@ def _account_problems(sweep: Sweep, cluster: LiveCluster) -> list[str]:
                 f"{account or cluster.accounts[0]} ({', '.join(sorted(allowed)) or 'none'}); name one of those"]
     qos = qos or cluster.default_qos(account)
     wall = (cluster.qos_max_wall or {}).get(qos or "", "")
-    limit = time_limit_min(wall) if wall else None
-    if limit is not None and r.time_min > limit:
+    limit = Minutes.limit(wall) if wall else None
+    if limit is not None and r.time > limit:
         return [f"resources.time: {r.time} is over QOS {qos}'s MaxWall {wall}; ask for at most {wall}, or another "
                 f"QOS ({SOURCE['qos']})"]
     return []

@@ -26,7 +26,7 @@ def sbatch_options(r: Resources, prof: Profile, workdir: Path) -> dict[str, str 
         "nodes": str(r.nodes),
         "ntasks-per-node": str(r.tasks_per_node),
         "cpus-per-task": str(r.cpus_per_task),
-        "time": r.time,
+        "time": str(r.time),
         "requeue": None,
         # No `B:`: the signal goes to the srun steps (the trainers), not only to the batch shell.
         "signal": f"{prof.signal}@{prof.signal_lead_s}",
