@@ -180,7 +180,8 @@ def test_a_stopped_rank_ends_its_two_node_job_as_hung_and_resubmit_finishes_the_
     status = launch("status", str(spec), "--workdir", str(work)).stdout
     assert f"HUNG at step {hung['step']}" in status and "no step, evaluation or checkpoint" in status, status
     dry = launch("resubmit", str(spec), "--workdir", str(work), "--exclude-failed-nodes", "--dry-run").stdout
-    assert "nodes where a run ended in NODE_FAIL or HUNG: node1" in dry and "resubmitting 1 of 2 run(s): stopped" in dry
+    assert "nodes where a run ended in NODE_FAIL or BOOT_FAIL or HUNG: node1" in dry
+    assert "resubmitting 1 of 2 run(s): stopped" in dry
     assert launch("resubmit", str(spec), "--workdir", str(work)).returncode == 0
     assert wait(manifest_of(work, "hang").task_job_ids()[1], timeout=300) == "COMPLETED"
     steady, stopped = (read_metrics(work / "runs" / "hang" / name)[-1] for name in ("steady", "stopped"))

@@ -33,7 +33,7 @@ def resubmit(path: Path, states: tuple[str, ...], time: str | None = None, mem: 
         rows = ends.collect_rows(manifest)
         if exclude_failed_nodes:
             bad = ends.failed_nodes(rows, manifest)
-            print(f"nodes where a run ended in NODE_FAIL or HUNG: {', '.join(bad) or 'none'}")
+            print(f"nodes where a run ended in {' or '.join(ends.BAD_NODE_STATES)}: {', '.join(bad) or 'none'}")
             changes = parse_changes(time, mem, [*exclude, *bad])
         previous = choose(rows, states, changes)
         if not previous:

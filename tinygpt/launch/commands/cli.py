@@ -176,7 +176,7 @@ def _resubmit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--exclude", action="append", default=[], metavar="NODES",
                    help="nodes not to run on, e.g. node3 or node[3-4] (repeatable)")
     p.add_argument("--exclude-failed-nodes", action="store_true",
-                   help="also exclude the nodes on which a run of this sweep ended in NODE_FAIL or HUNG")
+                   help="also exclude the nodes on which a run of this sweep ended in NODE_FAIL, BOOT_FAIL or HUNG")
     p.add_argument("--dry-run", action="store_true", help="say what would be resubmitted, submit nothing")
 
 

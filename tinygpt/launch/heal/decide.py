@@ -16,7 +16,7 @@ from tinygpt.launch.heal.ends import End, failed_nodes, of_run
 from tinygpt.launch.heal.job import heal_jobs, job_state
 from tinygpt.launch.read.run_states import retry_rounds
 from tinygpt.launch.spec.resources import Minutes, parse_mem_mb
-from tinygpt.launch.spec.retry import NEVER, RetryPolicy
+from tinygpt.launch.spec.retry import ENDS, NEVER, RetryPolicy
 
 if TYPE_CHECKING:
     from tinygpt.launch.manifest import Manifest
@@ -98,7 +98,7 @@ def next_request(kind: str, before: dict[str, str], manifest: Manifest, policy: 
             return options, f"it ran out of memory at the most allowed, {policy.max_mem} MB"
         grown = math.ceil(mem * policy.mem_factor)
         options["mem"] = f"{min(grown, policy.max_mem) if policy.max_mem else grown}M"
-    elif kind in ("node_failure", "hung") and bad_nodes:
+    elif ENDS[kind].away_from_its_nodes and bad_nodes:
         excluded = [n for n in [options.get("exclude") or manifest.resources.get("exclude"), *bad_nodes] if n]
         options["exclude"] = ",".join(dict.fromkeys(excluded))
     fitted = policy.right_size(usage.peak_mem_mb if usage else None)

@@ -15,9 +15,10 @@
     unknown         Slurm keeps no record of its job
     live            it has not ended (pending, running, requeued)
 
-The same for our trainer and for a program of the user's: Slurm's state first, then, for a FAILED job only, the
-latest life of the run's log (read/log_files.py), of which only the lines Slurm's processes and the launcher
-wrote count: what a program prints is never evidence.
+Each kind is declared once, with the states that say it, in spec/retry.py's ENDS; this module reads them, and
+tells apart by the log what a state alone does not. The same for our trainer and for a program of the user's:
+Slurm's state first, then, for a FAILED job only, the latest life of the run's log (read/log_files.py), of which
+only the lines Slurm's processes and the launcher wrote count: what a program prints is never evidence.
 """
 
 from __future__ import annotations
@@ -32,15 +33,14 @@ from tinygpt.launch.node.supervise import FAILED, UNSAVED
 from tinygpt.launch.read import log_files
 from tinygpt.launch.read.run_states import Row, collect
 from tinygpt.launch.slurm.slurm_cli import RETRY
+from tinygpt.launch.spec.retry import ENDS
 
 if TYPE_CHECKING:
     from tinygpt.launch.manifest import Manifest
 
-BAD_NODE_STATES = ("NODE_FAIL", "HUNG")  # what --exclude-failed-nodes (and a policy's retry) keeps away from
-BY_STATE = {"COMPLETED": "finished", "FINISHED": "finished", "PRUNED": "finished", "TIMEOUT": "time_limit",
-            "OUT_OF_MEMORY": "out_of_memory", "NODE_FAIL": "node_failure", "BOOT_FAIL": "node_failure",
-            "HUNG": "hung", "PREEMPTED": "preempted", "CANCELLED": "cancelled", "DEADLINE": "cancelled",
-            "FAILED": "program"}
+BY_STATE = {state: kind.name for kind in ENDS.values() for state in kind.states}
+# what --exclude-failed-nodes (and a policy's retry) keeps away from
+BAD_NODE_STATES = tuple(state for kind in ENDS.values() if kind.away_from_its_nodes for state in kind.states)
 # The evidence read from a life's log: lines that Slurm's own processes (slurmstepd when OverMemoryKill or the
 # cgroup plugin ends a step for its memory, srun) and the run's supervisor (node/supervise.py) wrote, each known by
 # how its line starts; never what the program printed (a program that prints "CUDA out of memory" and exits 1 failed).

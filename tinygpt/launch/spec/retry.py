@@ -22,6 +22,7 @@ path, `{sweep}` the sweep's name, `{headline}` its first line. The heal job (hea
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -31,10 +32,32 @@ from tinygpt.base.schema import Int, OptFloat, OptText, Text
 from tinygpt.launch.spec.command import check_words
 from tinygpt.launch.spec.resources import MemMB, Resources, SlurmTime
 
-# The ends of a run a policy may retry, and what a retry changes.
-KINDS = {"time_limit": "more time", "out_of_memory": "more memory", "node_failure": "without the nodes that failed",
-         "hung": "without the nodes of its silent ranks", "preempted": "as it was"}
-NEVER = {"program": "a failure of the program itself", "cancelled": "cancelled by a person"}
+
+@dataclass(frozen=True)
+class EndKind:
+    """One way a run ends, in a retry policy's words: its one declaration. Slurm's job states that say it (an end
+    told apart by the run's log as well is read in heal/ends.py), what a retry changes, or why it is never retried."""
+
+    name: str
+    states: tuple[str, ...]
+    retried: str | None = None  # what a retry changes, in words; None: not retried
+    never: str | None = None  # why a policy may not retry it
+    away_from_its_nodes: bool = False  # a retry (and resubmit --exclude-failed-nodes) keeps off the nodes it ended on
+
+
+ENDS = {k.name: k for k in (
+    EndKind("finished", ("COMPLETED", "FINISHED", "PRUNED")),
+    EndKind("time_limit", ("TIMEOUT",), retried="more time"),
+    EndKind("out_of_memory", ("OUT_OF_MEMORY",), retried="more memory"),
+    EndKind("node_failure", ("NODE_FAIL", "BOOT_FAIL"), retried="without the nodes that failed",
+            away_from_its_nodes=True),
+    EndKind("hung", ("HUNG",), retried="without the nodes of its silent ranks", away_from_its_nodes=True),
+    EndKind("preempted", ("PREEMPTED",), retried="as it was"),
+    EndKind("cancelled", ("CANCELLED", "DEADLINE"), never="cancelled by a person"),
+    EndKind("program", ("FAILED",), never="a failure of the program itself"),
+)}
+KINDS = {k.name: k.retried for k in ENDS.values() if k.retried}  # the ends a policy may retry: what a retry changes
+NEVER = {k.name: k.never for k in ENDS.values() if k.never}
 NOTIFY_VALUES = ("summary", "sweep", "headline")
 MAX_ROUNDS = 100
 
@@ -67,8 +90,7 @@ class RetryPolicy(schema.Schema):
 
     rounds: Int = Field(3, ge=0, le=MAX_ROUNDS, description="at most this many rounds after the first (0: none)")
     ends: list[Literal[tuple(KINDS)]] = Field(list(KINDS), description=(
-        "the ends retried: time_limit, out_of_memory, node_failure, hung, preempted (a failure of the program "
-        "itself never is)"))
+        f"the ends retried: {', '.join(KINDS)} (a failure of the program itself never is)"))
     time_factor: float = Field(2.0, gt=1, le=100, description="a run that met its time limit asks for this much "
                                                                 "more time, up to max_time")
     max_time: SlurmTime = Field(None, description="the most time a retried run asks for (default: its partition's "
