@@ -533,6 +533,16 @@ def test_launcher_never_imports_torch():
     assert out.returncode == 0 and int(out.stdout) > 45, out.stderr
 
 
+def test_the_commands_parser_is_built_from_light_modules():
+    """What every command builds first, before it can hear a Ctrl-C as its own: neither pydantic nor rich, which
+    take most of a command's start (the validators and tables are imported by the command that uses them)."""
+    code = ("import sys; from tinygpt.launch.commands import cli; cli.parser()\n"
+            "print(sorted(m for m in ('pydantic', 'rich', 'torch', 'yaml') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
 def test_local_backend_runs_every_run_through_the_trainer(tmp_path, tiny_corpus):
     spec = write(tmp_path, f"""
 name: loc

@@ -245,14 +245,14 @@ def main(argv: list[str] | None = None) -> int:
     if problems := not_utf8(argv):
         print(f"error: {LaunchError(problems)}", file=sys.stderr)
         return 1
-    top = parser()
-    _complete(top)
-    if argv and argv[0] not in HANDLERS and argv[0] not in ("-h", "--help"):
-        argv = ["launch", *argv]  # (`launch.py SPEC`)
-    args = top.parse_args(argv)
-    if invoked_here:  # (the hints say the command as the user runs it; a test's call keeps `python launch.py`)
-        console.invoked(sys.argv[0], getattr(args, "workdir", None))
     try:
+        top = parser()  # (in the try: a Ctrl-C that lands while it imports what it needs ends the command 130)
+        _complete(top)
+        if argv and argv[0] not in HANDLERS and argv[0] not in ("-h", "--help"):
+            argv = ["launch", *argv]  # (`launch.py SPEC`)
+        args = top.parse_args(argv)
+        if invoked_here:  # (the hints say the command as the user runs it; a test's call keeps `python launch.py`)
+            console.invoked(sys.argv[0], getattr(args, "workdir", None))
         if problems := _blank(top, args):
             raise LaunchError(problems)
         if args.command in FORWARDED:  # (a profile with `login:`, or a sweep launched with one: over SSH)

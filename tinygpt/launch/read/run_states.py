@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tinygpt.launch import manifest as manifest_mod
 from tinygpt.launch.slurm import slurm_cli
 from tinygpt.training import metrics
 
@@ -239,6 +238,8 @@ def submission_history(manifest: Manifest) -> dict[int, tuple[str, ...]]:
 def chain_steps(manifest: Manifest) -> str | None:
     """`chain: data 12 COMPLETED -> training 13 -> report 14 PENDING (Dependency)`, or None without a chain (in
     waves, its report goes out after the last wave)."""
+    from tinygpt.launch import manifest as manifest_mod  # (not at import: the commands' parser reads this module)
+
     steps = [s for s in manifest.submissions if s.role in ("data", "report")]
     waves = manifest_mod.load_waves(manifest.dirs)
     later = ["report after the last wave"] if waves and waves.report and all(s.role != "report" for s in steps) else []
