@@ -20,6 +20,7 @@ from tests.support.slurm import (
     manifest_of,
     python,
     run_to_completion,
+    signal_steps,
     take_every_node,
     unique_name,
     wait,
@@ -69,7 +70,7 @@ def test_a_pytorch_script_of_its_own_stopped_by_the_signal_resumes_to_an_uninter
     job, run_dir = manifest.task_job_ids()[0], Path(manifest.runs[0].out_dir)
     try:
         wait_until(lambda: len(lines(run_dir)) >= 5, timeout=120, what="fit.py training")
-        subprocess.run(["scancel", "-s", "USR2", job], check=True, timeout=30)
+        signal_steps(job)
         state, restarts = run_to_completion(job)
     finally:
         cancel(job)
@@ -187,7 +188,7 @@ def test_a_ddp_script_under_torchrun_on_two_nodes_stopped_by_the_signal_resumes_
     job, run_dir = manifest.task_job_ids()[0], Path(manifest.runs[0].out_dir)
     try:
         wait_until(lambda: len(lines(run_dir)) >= 3, timeout=180, what="ddp_fit.py training on two nodes")
-        subprocess.run(["scancel", "-s", "USR2", job], check=True, timeout=30)
+        signal_steps(job)
         wait_until(lambda: (run_dir / "ckpt.pt").exists(), timeout=120, what="the workers' checkpoint")
         saved = wait_until(lambda: "stopped at step" in logs(work) and lines(run_dir)[-1]["step"], timeout=60,
                            what="the workers' exit")

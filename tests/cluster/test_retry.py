@@ -24,6 +24,7 @@ from tests.support.slurm import (
     node,
     python,
     sbatch,
+    signal_steps,
     squeue_nodes,
     unique_name,
     wait,
@@ -104,7 +105,7 @@ def test_a_sweep_with_every_kind_of_end_finishes_what_can_be_retried_and_sends_o
     try:
         timed = manifest.find("kind-time")[0]
         wait_until(lambda: (Path(timed.out_dir) / "lives").exists(), timeout=120, poll=0.2, what="the program running")
-        subprocess.run(["scancel", "-s", "USR2", manifest.task_job_ids()[timed.index]], check=True, timeout=30)
+        signal_steps(manifest.task_job_ids()[timed.index])
         wait_until(lambda: delivered.exists(), timeout=420, poll=1,
                    what=lambda: f"the summary delivered\n{logs(work)}")
         manifest = manifest_of(work, name)

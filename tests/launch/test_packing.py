@@ -10,7 +10,7 @@ import yaml
 
 from tests.support.paths import ROOT
 from tests.support.processes import slow_saves, wait_until
-from tests.support.slurm import job_env, manifest_of, run_to_completion, training, wait
+from tests.support.slurm import job_env, manifest_of, run_to_completion, signal_steps, training, wait
 from tests.support.tiny import read_metrics, tiny_train
 from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.spec import sweep as spec_mod
@@ -96,7 +96,7 @@ def test_a_signal_to_a_packed_task_requeues_it_and_both_runs_resume_exactly(tmp_
     assert ids[0] == ids[1]  # one task, two runs
     runs = [Path(r.out_dir) for r in manifest.runs]
     wait_until(lambda: all(training(run / "metrics.jsonl") for run in runs), timeout=120, what="both runs training")
-    subprocess.run(["scancel", "-s", "USR2", ids[0]], check=True, capture_output=True, timeout=30)
+    signal_steps(ids[0])
     gate.touch()
     assert run_to_completion(ids[0], timeout=400) == ("COMPLETED", 1)
     for index, run_dir in enumerate(runs):

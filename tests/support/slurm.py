@@ -202,13 +202,30 @@ def signal_when_training(job_id: str, metrics: Path, signal: str = "USR2", min_l
     """Send `signal` to the job's steps (the trainers) once its metrics show it training, then open `gate` (of
     `held_at_first_save`) if there is one. A signal Slurm refuses fails with its words and the job's state."""
     wait_until(lambda: training(metrics, min_lines), timeout=timeout, poll=0.05, what=f"job {job_id} training")
-    out = subprocess.run(["scancel", "-s", signal, job_id], capture_output=True, text=True, timeout=30)
-    if gate is not None:
-        gate.touch()
-    if out.returncode != 0:
+    try:
+        signal_steps(job_id, signal)
+    finally:
+        if gate is not None:
+            gate.touch()
+
+
+def signal_steps(job_id: str, signal: str = "USR2", timeout: float = 30.0) -> None:
+    """`scancel -s SIGNAL JOB`, as Slurm sends its warning: to the job's steps. Sent again while the job runs and
+    the controller refuses it: CI saw it answer a running job's signal with "already completing or completed"
+    (exit 229, ESLURM_ALREADY_DONE) once, on a shared cluster; fails with scancel's words and the job's state when
+    the job is not running or `timeout` seconds have passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        out = subprocess.run(["scancel", "-s", signal, job_id], capture_output=True, text=True, timeout=30)
+        if out.returncode == 0:
+            return
         state = job_fields(job_id).get("JobState")
-        raise AssertionError(f"scancel -s {signal} {job_id} failed ({out.returncode}): {out.stderr.strip()}; "
-                             f"the job is {state}, its run at: {metrics.read_text()[-300:]}")
+        if state != "RUNNING" or time.monotonic() > deadline:
+            raise AssertionError(f"scancel -s {signal} {job_id} failed ({out.returncode}): {out.stderr.strip()}; "
+                                 f"the job is {state}")
+        print(f"scancel -s {signal} {job_id} refused ({out.returncode}: {out.stderr.strip()}) while it runs; "
+              f"sending it again")
+        time.sleep(0.5)
 
 
 def counting_shim(tmp_path: Path, command: str) -> tuple[dict[str, str], Path]:
