@@ -51,25 +51,26 @@ class Waves(NamedTuple):
     tightest: Limit | None
 
 
-def at_launch(plan: Plan, cluster: LiveCluster, relaunch: bool, dry_run: bool, chain: bool) -> Waves | None:
+def at_launch(plan: Plan, cluster: LiveCluster, relaunch: bool, dry_run: bool, chained: bool) -> Waves | None:
     """The waves a checked sbatch array goes out in, when its tasks are more than the queue limits let out now (or
-    a relaunch adds to the waves of the launch before); None: all at once. A `chain`'s data step takes a place
-    before the first wave, and its report goes out after the last. A search's workers go out whole, as does
+    a relaunch adds to the waves of the launch before); None: all at once. A chain's (`chained`) data step takes a
+    place before the first wave, and its report goes out after the last. A search's workers go out whole, as does
     submitit's array (not asked), and Slurm's own words refuse what does not fit."""
     sweep = plan.sweep
     if sweep.search is not None or not plan.scripts:
         return None
     before = manifest_mod.load_waves(sweep.dirs) if relaunch else None
-    report = str(sweep.dirs.step_script("report")) if chain else None
+    report = str(sweep.dirs.step_script("report")) if chained else None
+    data_step = chained and sweep.command is None  # (a program of the user's brings its own data)
     record = joined(before, record_for(sweep, plan, queue_qos(sweep, cluster), report))
     tasks = tasks_of(record, set(manifest_mod.load(plan.manifest_path).waiting(record)))
     places, tightest = room(record, sweep.queue_margin)
-    if places is not None and chain and sweep.command is None:
-        places -= 1  # (the data step's)
-    if before is None and (places is None or tasks <= places + (0 if sweep.retry or chain else HEAL_PLACES)):
+    if places is not None and data_step:
+        places -= 1
+    if before is None and (places is None or tasks <= places + (0 if sweep.retry or chained else HEAL_PLACES)):
         return None
     if before is None and places <= 0 and not dry_run:
-        data = ", one for the chain's data step" if chain and sweep.command is None else ""
+        data = ", one for the chain's data step" if data_step else ""
         raise LaunchError(f"waves: no place in the queue for a first wave now ({tightest} counts your jobs; "
                           f"queue_margin {sweep.queue_margin}, and one place for the heal job{data}); launch again "
                           f"once some of your jobs have ended, or lower queue_margin")

@@ -227,11 +227,15 @@ def open_server(workdir: Path, port: int = 0, idle_s: float = 3600.0) -> Server:
                           f"or 0 for a free one") from None
 
 
+def page_path(sweep: str | None) -> str:
+    """The page of sweep `sweep`, or the list of the sweeps."""
+    return f"/sweep/{quote(sweep)}" if sweep else "/"
+
+
 def serve(workdir: Path, port: int = 0, idle_s: float = 3600.0, sweep: str | None = None) -> int:
     """Serve `workdir`'s sweeps until idle for idle_s seconds or Ctrl-C; print the URL to open first."""
     server = open_server(workdir, port, idle_s)
-    page = f"/sweep/{sweep}" if sweep else "/"
-    print(f"serving the sweeps of {server.reader.workdir} at {server.url(page)}\n"
+    print(f"serving the sweeps of {server.reader.workdir} at {server.url(page_path(sweep))}\n"
           f"  stops after {idle_s / 60:g} min with no page open (Ctrl-C: now)\n"
           f"{FROM_A_LAPTOP} `launch.py serve --cluster NAME` there forwards a port itself; or by hand: "
           f"ssh -N -L {server.port}:127.0.0.1:{server.port} LOGIN_NODE, then open the same link", flush=True)
@@ -249,19 +253,18 @@ class Page:
 
     def __init__(self, server: Server, path: str) -> None:
         self.server, self.url = server, server.url(path)
-        self._threads = [threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5}, daemon=True),
-                         threading.Thread(target=server.stop_when_idle, daemon=True)]
-        for thread in self._threads:
-            thread.start()
+        self._serving = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5}, daemon=True)
+        self._serving.start()
+        threading.Thread(target=server.stop_when_idle, daemon=True).start()
 
     def __repr__(self) -> str:
         return f"Page({self.url!r})"
 
     def stop(self) -> None:
         """Stop answering and close the port (nothing happens the second time)."""
-        if self._threads[0].is_alive():
+        if self._serving.is_alive():
             self.server.shutdown()
-        self._threads[0].join()
+        self._serving.join()
         self.server.server_close()
 
 
@@ -272,4 +275,4 @@ def start(workdir: str | os.PathLike[str] = ".", *, sweep: str | None = None, po
     Page's `url`. The command's checks and errors (`LaunchError`); on a login node, reach it from the laptop with
     `launch.py serve --cluster NAME` or an SSH forward of its port."""
     check_options(port, idle_minutes)
-    return Page(open_server(Path(workdir), port, idle_minutes * 60), f"/sweep/{quote(sweep)}" if sweep else "/")
+    return Page(open_server(Path(workdir), port, idle_minutes * 60), page_path(sweep))

@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 
 LAUNCHER_KEYS = {"out_dir": "runs/<sweep>/<run>", "sweep": "the spec's name"}  # set by the launcher, never a spec
 SHOWN_FAILING_POINTS = 3  # an Optuna search that fails on many combinations shows this many, then a count
-DEFAULT_TIME = Minutes(60)
+DEFAULT_TIME_MIN = 60
 
 
 class _Amounts(schema.Schema):
@@ -69,7 +69,7 @@ class _Amounts(schema.Schema):
     tasks_per_node: OptInt = Field(None, ge=1, description="processes per node (default: one per GPU, else 1)")
     cpus_per_task: OptInt = Field(None, ge=1, description="CPUs per process (default: the profile's cpus_per_gpu)")
     mem: MemMB = Field(None, description="memory per node, e.g. 4G (default: the profile's mem_per_gpu per GPU)")
-    time: SlurmTime = Field(int(DEFAULT_TIME), validate_default=True,  # (read as a written one is: Minutes)
+    time: SlurmTime = Field(DEFAULT_TIME_MIN, validate_default=True,  # (read as a written one is: Minutes)
                             description="time limit per job, e.g. 01:00:00 (default one hour)")
 
     @field_validator("time")
