@@ -9,8 +9,16 @@ import pytest
 import yaml
 
 from tests.support.paths import ROOT
-from tests.support.processes import slow_saves, wait_until
-from tests.support.slurm import job_env, manifest_of, run_to_completion, signal_steps, training, wait
+from tests.support.processes import wait_until
+from tests.support.slurm import (
+    held_at_first_save,
+    job_env,
+    manifest_of,
+    run_to_completion,
+    signal_steps,
+    training,
+    wait,
+)
 from tests.support.tiny import read_metrics, tiny_train
 from tinygpt.launch.errors import LaunchError
 from tinygpt.launch.spec import sweep as spec_mod
@@ -87,7 +95,7 @@ def test_a_signal_to_a_packed_task_requeues_it_and_both_runs_resume_exactly(tmp_
     spec = spec_file(tmp_path, tiny_corpus, "packed", 2, runs=2)
     # Each run holds its first checkpoint until the gate opens: the signal finds both training, however far
     # apart their steps started (run 0 had once finished before run 1 had imported torch).
-    env = job_env(**slow_saves(0), TINYGPT_TEST_SAVE_GATE=str(gate))
+    env = job_env(**held_at_first_save(gate))
     out = subprocess.run([sys.executable, str(ROOT / "launch.py"), str(spec), "--workdir", str(work)],
                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=180)
     assert out.returncode == 0, out.stdout + out.stderr

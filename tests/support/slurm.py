@@ -213,7 +213,7 @@ def signal_steps(job_id: str, signal: str = "USR2", timeout: float = 30.0) -> No
     """`scancel -s SIGNAL JOB` to a running job, as Slurm sends its warning: to the job's steps. Slurm signals them
     one after another, and a program the signal ends at once (it dies of it, or saves and requeues itself) can end
     the job before the last is signalled: scancel then says "already completing or completed" (exit 229 on Slurm
-    22.05, 1 on 24.11) of a signal that went through, as CI's logs showed (the program's log: died of SIGUSR2).
+    22.05) of a signal that went through, as CI's logs showed (the program's log: died of SIGUSR2).
     So a refusal once the job has left RUNNING is the signal's own doing (what follows in each test checks what it
     did); one while the job still runs sends it again; a job not running before is a failure."""
     state = job_fields(job_id).get("JobState")
