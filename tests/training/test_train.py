@@ -86,6 +86,42 @@ def test_weight_decay_applies_to_matrices_or_to_every_parameter(on):
     assert len(decayed["params"]) + len(plain["params"]) == len(list(model.parameters()))
 
 
+@pytest.mark.parametrize("grad_accum", [1, 3])
+def test_a_training_step_is_a_bare_loops_step_bit_for_bit(tmp_path, tiny_corpus, data_dir, grad_accum):
+    """What the trainer does in a step beyond forward, backward, clipping and AdamW changes nothing it computes:
+    its weights and loss after one step equal a hand-written loop's on a copy of the same model, optimizer and
+    batches (one micro-batch takes no division; several are each divided by their count)."""
+    import copy
+
+    from tests.support.tiny import tiny_config
+
+    cfg = tiny_config(tmp_path, tiny_corpus, "--grad-accum", str(grad_accum), "--grad-clip", "0.5",
+                     "--dropout", "0")
+    t = trainer.Trainer(cfg)
+    try:
+        model, adamw = copy.deepcopy((t.model, t.optimizer.parts["adamw"]))
+        drawn = t.batches.generator.get_state()
+        loss, lr = t.train_step()
+        t.batches.generator.set_state(drawn)
+        for group in adamw.param_groups:
+            group["lr"] = lr
+        total = 0.0
+        for _ in range(grad_accum):
+            x, y = t.batches.next_train()
+            _, micro = model(x, y)
+            micro = micro / grad_accum if grad_accum > 1 else micro
+            micro.backward()
+            total = micro.detach() if isinstance(total, float) else total + micro.detach()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        adamw.step()
+        assert torch.equal(loss, total)
+        ours, theirs = t.model.state_dict(), model.state_dict()
+        assert ours.keys() == theirs.keys()
+        assert all(torch.equal(ours[k], theirs[k]) for k in ours), "the trainer's step differs from the bare one"
+    finally:
+        t.close()
+
+
 def test_a_run_writes_metrics_config_checkpoints_and_sample(tmp_path, tiny_corpus, data_dir):
     out, result = run(tmp_path, tiny_corpus, "--sample-tokens", "40", "--sample-prompt", "ROMEO")
     assert result.finished and result.step == 20
