@@ -73,7 +73,7 @@ def bare(config: dict, steps: int, precision: str) -> list[float]:
     return ends
 
 
-def trainer(config: dict, steps: int, precision: str, optimizer: str) -> list[float]:
+def trainer(config: dict, steps: int, precision: str) -> list[float]:
     """Train `python -m tinygpt.train` with its default logging in a fresh process; its log lines' times."""
     with tempfile.TemporaryDirectory(prefix="tinygpt-bench-") as tmp:
         out = Path(tmp) / "run"
@@ -81,7 +81,7 @@ def trainer(config: dict, steps: int, precision: str, optimizer: str) -> list[fl
                "--max-steps", str(steps), "--log-interval", str(INTERVAL), "--eval-interval", str(10 * steps),
                "--ckpt-interval", str(10 * steps), "--eval-windows", "16", "--sample-tokens", "0",
                "--out-dir", str(out), "--resume", "never", "--progress", "off", "--device", "cpu",
-               "--precision", precision, "--optimizer", optimizer, "--data-dir", str(Path(tmp) / "data")]
+               "--precision", precision, "--optimizer", "adamw", "--data-dir", str(Path(tmp) / "data")]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=trainer_env())
         if proc.returncode != 0:
             raise SystemExit(f"trainer failed:\n{proc.stdout}\n{proc.stderr}")
@@ -112,7 +112,7 @@ def main() -> None:
         return interval_rate(json.loads(out), tokens_per_step, warmup)
 
     def run_trainer() -> float:
-        return interval_rate(trainer(config, args.steps, args.precision, "adamw"), tokens_per_step, warmup)
+        return interval_rate(trainer(config, args.steps, args.precision), tokens_per_step, warmup)
 
     bares, ours = [], []
     for i in range(args.rounds):

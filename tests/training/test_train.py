@@ -90,7 +90,7 @@ def test_weight_decay_applies_to_matrices_or_to_every_parameter(on):
 def test_a_training_step_is_a_bare_loops_step_bit_for_bit(tmp_path, tiny_corpus, data_dir, grad_accum):
     """What the trainer does in a step beyond forward, backward, clipping and AdamW changes nothing it computes:
     its weights and loss after one step equal a hand-written loop's on a copy of the same model, optimizer and
-    batches (one micro-batch takes no division; several are each divided by their count)."""
+    batches (each micro-batch's loss divided by their count)."""
     import copy
 
     from tests.support.tiny import tiny_config
@@ -105,13 +105,13 @@ def test_a_training_step_is_a_bare_loops_step_bit_for_bit(tmp_path, tiny_corpus,
         t.batches.generator.set_state(drawn)
         for group in adamw.param_groups:
             group["lr"] = lr
-        total = 0.0
+        micros = []
         for _ in range(grad_accum):
             x, y = t.batches.next_train()
             _, micro = model(x, y)
-            micro = micro / grad_accum if grad_accum > 1 else micro
-            micro.backward()
-            total = micro.detach() if isinstance(total, float) else total + micro.detach()
+            (micro / grad_accum).backward()
+            micros.append((micro / grad_accum).detach())
+        total = sum(micros, torch.zeros(()))
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
         adamw.step()
         assert torch.equal(loss, total)

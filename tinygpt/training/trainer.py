@@ -220,7 +220,7 @@ class Trainer:
         o = self.cfg.optim
         lr = lr_at(self.state.step, o)
         self.optimizer.set_lr(lr, beta1_at(self.state.step, o))
-        loss_sum = None
+        loss_sum = torch.zeros((), device=self.device)
         for micro in range(o.grad_accum):
             x, y = self.batches.next_train()
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
@@ -229,10 +229,9 @@ class Trainer:
             with sync:
                 with self.policy.autocast():
                     _, loss = self.train_model(x, y)
-                    if o.grad_accum > 1:  # (one micro-batch, the default: no division in the graph)
-                        loss = loss / o.grad_accum
+                    loss = loss / o.grad_accum
                 self.scaler.scale(loss).backward()
-            loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+            loss_sum += loss.detach()
         for optimizer in self.optimizer:  # (with fp16: the true gradients, for the clip and the overflow check)
             self.scaler.unscale_(optimizer)
         if o.grad_clip > 0:
